@@ -1,0 +1,321 @@
+#include "core/config.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+namespace archipelago {
+namespace {
+
+status invalid(std::string message) { return status(make_error(errc::invalid_input, std::move(message))); }
+
+template <class T>
+std::string number_text(T value) {
+  if constexpr (std::is_floating_point_v<T>) {
+    std::ostringstream out;
+    out.precision(10);
+    out << value;
+    std::string s = out.str();
+    // Keep reals recognisable as reals in TOML.
+    if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+    return s;
+  } else {
+    return std::to_string(value);
+  }
+}
+
+template <class T>
+bool parse_number(std::string_view text, T& out) {
+  if constexpr (std::is_floating_point_v<T>) {
+    std::string copy(text);
+    char* end = nullptr;
+    const double v = std::strtod(copy.c_str(), &end);
+    if (copy.empty() || end != copy.c_str() + copy.size() || !std::isfinite(v)) return false;
+    out = static_cast<T>(v);
+    return true;
+  } else {
+    auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+    return ec == std::errc{} && ptr == text.data() + text.size();
+  }
+}
+
+/// A numeric knob bounded to [lo, hi].
+template <class Section, class T>
+knob number_knob(std::string key, Section config::*section, T Section::*field, T lo, T hi,
+                 std::string help) {
+  knob k;
+  k.key = key;
+  k.type = std::is_floating_point_v<T> ? knob_type::real : knob_type::integer;
+  k.bound = "[" + number_text(lo) + ", " + number_text(hi) + "]";
+  k.help = std::move(help);
+  k.set = [=](config& cfg, std::string_view text) -> status {
+    T value{};
+    if (!parse_number(text, value))
+      return invalid(key + ": '" + std::string(text) + "' is not " +
+                     (std::is_floating_point_v<T> ? "a finite number" : "an integer"));
+    if (value < lo || value > hi)
+      return invalid(key + " must be in [" + number_text(lo) + ", " + number_text(hi) + "], got " +
+                     std::string(text));
+    cfg.*section.*field = value;
+    return {};
+  };
+  k.get = [=](const config& cfg) { return number_text(cfg.*section.*field); };
+  return k;
+}
+
+template <class Section>
+knob bool_knob(std::string key, Section config::*section, bool Section::*field, std::string help) {
+  knob k;
+  k.key = key;
+  k.type = knob_type::boolean;
+  k.bound = "true | false";
+  k.help = std::move(help);
+  k.set = [=](config& cfg, std::string_view text) -> status {
+    if (text == "true" || text == "1") cfg.*section.*field = true;
+    else if (text == "false" || text == "0") cfg.*section.*field = false;
+    else return invalid(key + ": '" + std::string(text) + "' is not true or false");
+    return {};
+  };
+  k.get = [=](const config& cfg) { return std::string(cfg.*section.*field ? "true" : "false"); };
+  return k;
+}
+
+/// A text knob; `check` returns an error message for a bad value, empty if fine.
+template <class Section>
+knob text_knob(std::string key, Section config::*section, std::string Section::*field,
+               std::string bound, std::string help,
+               std::function<std::string(std::string_view)> check = {}) {
+  knob k;
+  k.key = key;
+  k.type = knob_type::text;
+  k.bound = std::move(bound);
+  k.help = std::move(help);
+  k.set = [=](config& cfg, std::string_view text) -> status {
+    if (check) {
+      if (auto problem = check(text); !problem.empty()) return invalid(key + ": " + problem);
+    }
+    cfg.*section.*field = std::string(text);
+    return {};
+  };
+  k.get = [=](const config& cfg) { return cfg.*section.*field; };
+  return k;
+}
+
+std::vector<knob> make_knobs() {
+  using I = std::int64_t;
+  using U = std::uint64_t;
+  auto m = &config::model;
+  auto o = &config::optimizer;
+  auto d = &config::data;
+  auto t = &config::train;
+  std::string presets;
+  for (const auto& name : model_preset_names()) presets += (presets.empty() ? "" : " | ") + name;
+  return {
+      // model
+      text_knob("model.size", m, &model_config::size, presets,
+                "Named model size; the shape knobs below override it when non-zero. Default: nano.",
+                [](std::string_view v) -> std::string {
+                  auto p = model_preset(std::string(v));
+                  return p ? "" : p.err().message;
+                }),
+      number_knob("model.context", m, &model_config::context, 0, 4096,
+                  "Positions per sequence (T); 0 keeps the preset's. Default: 0."),
+      number_knob("model.d_model", m, &model_config::d_model, 0, 8192,
+                  "Residual width (C); 0 keeps the preset's. Default: 0."),
+      number_knob("model.n_layer", m, &model_config::n_layer, 0, 256,
+                  "Transformer blocks (L); 0 keeps the preset's. Default: 0."),
+      number_knob("model.n_head", m, &model_config::n_head, 0, 8192,
+                  "Attention heads; must divide d_model; 0 keeps the preset's. Default: 0."),
+      bool_knob("model.tied", m, &model_config::tied,
+                "Unembedding shares the token embedding. Default: true."),
+      // optimizer
+      number_knob("optimizer.lr", o, &optimizer_config::lr, 1e-9, 10.0,
+                  "Peak inner AdamW learning rate. Default: 3e-3."),
+      number_knob("optimizer.min_lr_ratio", o, &optimizer_config::min_lr_ratio, 0.0, 1.0,
+                  "Cosine decay ends at lr * min_lr_ratio. Default: 0.1."),
+      number_knob("optimizer.warmup_steps", o, &optimizer_config::warmup_steps, I{0}, I{1} << 40,
+                  "Linear warm-up steps. Default: 100."),
+      number_knob("optimizer.weight_decay", o, &optimizer_config::weight_decay, 0.0, 10.0,
+                  "Decoupled weight decay on matrices (not biases, norms, embeddings). Default: 0.1."),
+      number_knob("optimizer.beta1", o, &optimizer_config::beta1, 0.0, 0.999999,
+                  "AdamW first-moment decay. Default: 0.9."),
+      number_knob("optimizer.beta2", o, &optimizer_config::beta2, 0.0, 0.999999,
+                  "AdamW second-moment decay. Default: 0.95."),
+      number_knob("optimizer.eps", o, &optimizer_config::eps, 1e-30, 1.0,
+                  "AdamW denominator epsilon. Default: 1e-8."),
+      number_knob("optimizer.clip_norm", o, &optimizer_config::clip_norm, 0.0, 1e9,
+                  "Global gradient-norm clip; 0 disables. Default: 1.0."),
+      // data
+      text_knob("data.corpus", d, &data_config::corpus, "path or empty",
+                "Text file read as bytes; empty uses the built-in synthetic corpus. Default: empty."),
+      number_knob("data.heldout_fraction", d, &data_config::heldout_fraction, 0.001, 0.5,
+                  "Share of the corpus held out for evaluation. Default: 0.05."),
+      number_knob("data.batch", d, &data_config::batch, 1, 4096,
+                  "Sequences per step (B). Default: 32."),
+      number_knob("data.eval_tokens", d, &data_config::eval_tokens, I{1}, I{1} << 32,
+                  "Scored held-out tokens per evaluation (fewer if the held-out part is small). "
+                  "Default: 65536."),
+      number_knob("data.synthetic_bytes", d, &data_config::synthetic_bytes, I{1} << 12, I{1} << 32,
+                  "Size of the generated synthetic corpus. Default: 8388608."),
+      number_knob("data.synthetic_words", d, &data_config::synthetic_words, 4, 100000,
+                  "Word vocabulary of the synthetic source. Default: 256."),
+      number_knob("data.synthetic_seed", d, &data_config::synthetic_seed, U{0}, ~U{0},
+                  "Seed of the synthetic source (its words and transition tables). Default: 7."),
+      // train
+      number_knob("train.steps", t, &train_config::steps, I{1}, I{1} << 40,
+                  "Optimizer steps. Default: 3000."),
+      number_knob("train.threads", t, &train_config::threads, 1, 256,
+                  "Compute threads. Default: 2."),
+      number_knob("train.seed", t, &train_config::seed, U{0}, ~U{0},
+                  "Seed of initialization, data split and batch sampling. Default: 1."),
+      number_knob("train.eval_every", t, &train_config::eval_every, I{0}, I{1} << 40,
+                  "Steps between evaluations; 0 evaluates only at the end. Default: 250."),
+      number_knob("train.time_limit_s", t, &train_config::time_limit_s, 0.0, 1e9,
+                  "Stop after this many seconds of training; 0 means no limit. Default: 0."),
+  };
+}
+
+const knob* find_knob(std::string_view key) {
+  for (const auto& k : knobs())
+    if (k.key == key) return &k;
+  return nullptr;
+}
+
+}  // namespace
+
+const std::vector<knob>& knobs() {
+  static const std::vector<knob> table = make_knobs();
+  return table;
+}
+
+status set_knob(config& cfg, std::string_view key, std::string_view value) {
+  const knob* k = find_knob(key);
+  if (k == nullptr)
+    return invalid("unknown configuration key '" + std::string(key) +
+                   "' (archipelago config --knobs lists them)");
+  return k->set(cfg, value);
+}
+
+status set_knob_assignment(config& cfg, std::string_view assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string_view::npos || eq == 0)
+    return invalid("expected key=value, got '" + std::string(assignment) + "'");
+  return set_knob(cfg, assignment.substr(0, eq), assignment.substr(eq + 1));
+}
+
+status apply_toml(config& cfg, std::string_view toml_text, const std::string& origin) {
+  // Debian's toml++ is built with exceptions; they stop at this boundary.
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    return invalid(origin + ":" + std::to_string(e.source().begin.line) + ": " +
+                   std::string(e.description()));
+  }
+  status result;
+  root.for_each([&](const toml::key& section, const toml::node& node) {
+    if (!result) return;
+    const auto* table = node.as_table();
+    if (table == nullptr) {
+      result = invalid(origin + ": top-level key '" + std::string(section.str()) +
+                       "' must be a [section]");
+      return;
+    }
+    table->for_each([&](const toml::key& name, const toml::node& value) {
+      if (!result) return;
+      const std::string key = std::string(section.str()) + "." + std::string(name.str());
+      const knob* k = find_knob(key);
+      if (k == nullptr) {
+        result = invalid(origin + ":" + std::to_string(name.source().begin.line) +
+                         ": unknown configuration key '" + key + "'");
+        return;
+      }
+      std::string text;
+      bool type_ok = false;
+      switch (k->type) {
+        case knob_type::integer:
+          if (auto v = value.value_exact<std::int64_t>()) text = std::to_string(*v), type_ok = true;
+          break;
+        case knob_type::real:
+          if (auto v = value.value<double>()) text = number_text(*v), type_ok = true;
+          break;
+        case knob_type::boolean:
+          if (auto v = value.value_exact<bool>()) text = *v ? "true" : "false", type_ok = true;
+          break;
+        case knob_type::text:
+          if (auto v = value.value_exact<std::string>()) text = *v, type_ok = true;
+          break;
+      }
+      if (!type_ok) {
+        result = invalid(origin + ":" + std::to_string(value.source().begin.line) + ": " + key +
+                         " has the wrong type (expected " +
+                         (k->type == knob_type::integer ? "an integer"
+                          : k->type == knob_type::real  ? "a number"
+                          : k->type == knob_type::boolean ? "true or false"
+                                                         : "a string") +
+                         ")");
+        return;
+      }
+      if (auto s = k->set(cfg, text); !s)
+        result = invalid(origin + ": " + s.err().message);
+    });
+  });
+  return result;
+}
+
+status apply_toml_file(config& cfg, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return status(make_error(errc::not_found, "cannot read config file '" + path + "'"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return status(make_error(errc::io_error, "error reading config file '" + path + "'"));
+  return apply_toml(cfg, text.str(), path);
+}
+
+std::string to_toml(const config& cfg) {
+  std::string out;
+  std::string current_section;
+  for (const auto& k : knobs()) {
+    const auto dot = k.key.find('.');
+    const std::string section = k.key.substr(0, dot);
+    if (section != current_section) {
+      out += (out.empty() ? "[" : "\n[") + section + "]\n";
+      current_section = section;
+    }
+    std::string value = k.get(cfg);
+    if (k.type == knob_type::text) {
+      std::string quoted = "\"";
+      for (char c : value) {
+        if (c == '"' || c == '\\') quoted += '\\';
+        quoted += c;
+      }
+      value = quoted + "\"";
+    }
+    out += k.key.substr(dot + 1) + " = " + value + "\n";
+  }
+  return out;
+}
+
+expected<model_shape> resolve_model(const model_config& m) {
+  auto preset = model_preset(m.size);
+  if (!preset) return preset.err();
+  model_shape s = *preset;
+  if (m.context) s.context = m.context;
+  if (m.d_model) s.d_model = m.d_model;
+  if (m.n_layer) s.n_layer = m.n_layer;
+  if (m.n_head) s.n_head = m.n_head;
+  s.tied = m.tied;
+  if (auto ok = validate(s); !ok) return ok.err();
+  return s;
+}
+
+status validate(const config& cfg) {
+  if (auto shape = resolve_model(cfg.model); !shape) return status(shape.err());
+  return {};
+}
+
+}  // namespace archipelago

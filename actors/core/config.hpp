@@ -1,0 +1,94 @@
+#pragma once
+// Configuration: one TOML file plus flags that override it. Every knob, with its
+// default, bound and meaning, is declared once, in the table in config.cpp;
+// `archipelago config --knobs` prints that table.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/layout.hpp"
+
+namespace archipelago {
+
+struct model_config {
+  std::string size = "nano";  // preset; the fields below override it when non-zero
+  int context = 0;
+  int d_model = 0;
+  int n_layer = 0;
+  int n_head = 0;
+  bool tied = true;
+};
+
+struct optimizer_config {
+  double lr = 3e-3;            // peak inner learning rate
+  double min_lr_ratio = 0.1;   // cosine decays to lr * min_lr_ratio
+  std::int64_t warmup_steps = 100;
+  double weight_decay = 0.1;   // decoupled; matrices only
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double clip_norm = 1.0;      // global gradient norm; 0 disables clipping
+};
+
+struct data_config {
+  std::string corpus;                   // empty: the built-in synthetic corpus
+  double heldout_fraction = 0.05;
+  int batch = 32;                       // sequences per step
+  std::int64_t eval_tokens = 65536;     // scored tokens per evaluation
+  std::int64_t synthetic_bytes = 8 << 20;
+  int synthetic_words = 256;            // vocabulary of the synthetic source
+  std::uint64_t synthetic_seed = 7;
+};
+
+struct train_config {
+  std::int64_t steps = 3000;
+  int threads = 2;                      // compute threads (OpenMP)
+  std::uint64_t seed = 1;
+  std::int64_t eval_every = 250;        // steps between evaluations; 0: only at the end
+  double time_limit_s = 0;              // stop early after this wall time; 0: no limit
+};
+
+struct config {
+  model_config model;
+  optimizer_config optimizer;
+  data_config data;
+  train_config train;
+};
+
+enum class knob_type : std::uint8_t { integer, real, boolean, text };
+
+struct knob {
+  std::string key;           // "section.name"
+  knob_type type;
+  std::string bound;         // human-readable bound, e.g. "[1, 64]"
+  std::string help;
+  std::function<status(config&, std::string_view)> set;  // parses and checks the bound
+  std::function<std::string(const config&)> get;
+};
+
+/// Every knob, in declaration order.
+const std::vector<knob>& knobs();
+
+/// Sets one knob from text ("--set key=value"). Unknown keys and values out of
+/// bounds are errc::invalid_input naming the key.
+status set_knob(config& cfg, std::string_view key, std::string_view value);
+/// Applies "key=value".
+status set_knob_assignment(config& cfg, std::string_view assignment);
+
+/// Applies a TOML document (sections = knob prefixes). `origin` names the file in errors.
+status apply_toml(config& cfg, std::string_view toml_text, const std::string& origin);
+/// Reads and applies a TOML file; a missing or unreadable file is an error.
+status apply_toml_file(config& cfg, const std::string& path);
+
+/// The whole configuration as TOML (round-trips through apply_toml).
+std::string to_toml(const config& cfg);
+
+/// Cross-knob checks and the resolved model shape (preset + overrides).
+expected<model_shape> resolve_model(const model_config& m);
+status validate(const config& cfg);
+
+}  // namespace archipelago

@@ -1,0 +1,539 @@
+#include "learner/model/gpt.hpp"
+
+#include <omp.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <vector>
+
+#include "core/prng.hpp"
+
+namespace archipelago {
+namespace {
+
+using Eigen::Index;
+
+template <class S>
+using row_matrix = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class S>
+using matrix_view = Eigen::Map<row_matrix<S>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class S>
+using const_matrix_view = Eigen::Map<const row_matrix<S>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class S>
+using array_view = Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>;
+template <class S>
+using const_array_view = Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>;
+
+template <class S>
+matrix_view<S> view(S* p, Index rows, Index cols, Index stride) {
+  return matrix_view<S>(p, rows, cols, Eigen::OuterStride<>(stride));
+}
+template <class S>
+const_matrix_view<S> view(const S* p, Index rows, Index cols, Index stride) {
+  return const_matrix_view<S>(p, rows, cols, Eigen::OuterStride<>(stride));
+}
+template <class S>
+matrix_view<S> view(S* p, Index rows, Index cols) {
+  return view(p, rows, cols, cols);
+}
+template <class S>
+const_matrix_view<S> view(const S* p, Index rows, Index cols) {
+  return view(p, rows, cols, cols);
+}
+
+constexpr double layernorm_eps = 1e-5;
+constexpr int reduce_chunks = 32;          // fixed, so sums do not depend on thread count
+constexpr Index elementwise_block = 16384;  // elements per parallel block
+
+/// out[j] += Σ_rows a[r, j], summed in fixed chunks for determinism.
+template <class S>
+void colsum_add(const S* a, Index rows, Index cols, S* out, S* scratch) {
+  const int chunks = static_cast<int>(std::min<Index>(reduce_chunks, rows));
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < chunks; ++c) {
+    array_view<S> part(scratch + c * cols, cols);
+    part.setZero();
+    for (Index r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r)
+      part += const_array_view<S>(a + r * cols, cols);
+  }
+  array_view<S> total(out, cols);
+  for (int c = 0; c < chunks; ++c) total += array_view<S>(scratch + c * cols, cols);
+}
+
+/// Every row of y[rows, cols] set to `bias` (+ `base` row if given).
+template <class S>
+void broadcast_rows(S* y, const S* bias, const S* base, Index rows, Index cols) {
+  const_array_view<S> b(bias, cols);
+#pragma omp parallel for schedule(static)
+  for (Index r = 0; r < rows; ++r) {
+    array_view<S> out(y + r * cols, cols);
+    if (base) out = const_array_view<S>(base + r * cols, cols) + b;
+    else out = b;
+  }
+}
+
+template <class S>
+void layernorm_forward(const S* x, S* y, S* stats, const S* gain, const S* shift, Index rows,
+                       Index cols) {
+  const_array_view<S> g(gain, cols), b(shift, cols);
+#pragma omp parallel for schedule(static)
+  for (Index r = 0; r < rows; ++r) {
+    const_array_view<S> in(x + r * cols, cols);
+    const S mean = in.sum() / static_cast<S>(cols);
+    const S var = (in - mean).square().sum() / static_cast<S>(cols);
+    const S rstd = S(1) / std::sqrt(var + static_cast<S>(layernorm_eps));
+    array_view<S>(y + r * cols, cols) = (in - mean) * rstd * g + b;
+    stats[2 * r] = mean;
+    stats[2 * r + 1] = rstd;
+  }
+}
+
+/// dx += LayerNorm backward of dy; dgain/dshift accumulate. scratch: reduce_chunks·2·cols.
+template <class S>
+void layernorm_backward(const S* dy, const S* x, const S* stats, const S* gain, S* dx, S* dgain,
+                        S* dshift, Index rows, Index cols, S* scratch) {
+  const int chunks = static_cast<int>(std::min<Index>(reduce_chunks, rows));
+  const_array_view<S> g(gain, cols);
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < chunks; ++c) {
+    array_view<S> pg(scratch + 2 * c * cols, cols), pb(scratch + (2 * c + 1) * cols, cols);
+    pg.setZero();
+    pb.setZero();
+    for (Index r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) {
+      const S mean = stats[2 * r], rstd = stats[2 * r + 1];
+      const_array_view<S> in(x + r * cols, cols), d(dy + r * cols, cols);
+      const auto xhat = (in - mean) * rstd;
+      pg += d * xhat;
+      pb += d;
+      const auto dxhat = d * g;
+      const S m1 = dxhat.sum() / static_cast<S>(cols);
+      const S m2 = (dxhat * xhat).sum() / static_cast<S>(cols);
+      array_view<S>(dx + r * cols, cols) += rstd * (dxhat - m1 - xhat * m2);
+    }
+  }
+  array_view<S> tg(dgain, cols), tb(dshift, cols);
+  for (int c = 0; c < chunks; ++c) {
+    tg += array_view<S>(scratch + 2 * c * cols, cols);
+    tb += array_view<S>(scratch + (2 * c + 1) * cols, cols);
+  }
+}
+
+// GELU, tanh approximation (as GPT-2).
+template <class S>
+constexpr S gelu_k0 = static_cast<S>(0.7978845608028654);  // sqrt(2/pi)
+template <class S>
+constexpr S gelu_k1 = static_cast<S>(0.044715);
+
+template <class S>
+void gelu_forward(const S* x, S* y, Index n) {
+  const Index blocks = (n + elementwise_block - 1) / elementwise_block;
+#pragma omp parallel for schedule(static)
+  for (Index k = 0; k < blocks; ++k) {
+    const Index begin = k * elementwise_block, len = std::min(elementwise_block, n - begin);
+    const_array_view<S> in(x + begin, len);
+    array_view<S>(y + begin, len) =
+        S(0.5) * in * (S(1) + (gelu_k0<S> * (in + gelu_k1<S> * in.cube())).tanh());
+  }
+}
+
+/// dx = dy · gelu'(x), in place over dy.
+template <class S>
+void gelu_backward(const S* x, S* dy, Index n) {
+  const Index blocks = (n + elementwise_block - 1) / elementwise_block;
+#pragma omp parallel for schedule(static)
+  for (Index k = 0; k < blocks; ++k) {
+    const Index begin = k * elementwise_block, len = std::min(elementwise_block, n - begin);
+    const_array_view<S> in(x + begin, len);
+    array_view<S> d(dy + begin, len);
+    const auto t = (gelu_k0<S> * (in + gelu_k1<S> * in.cube())).tanh().eval();
+    d *= S(0.5) * (S(1) + t) +
+         S(0.5) * in * (S(1) - t.square()) * gelu_k0<S> * (S(1) + S(3) * gelu_k1<S> * in.square());
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+template <class S>
+struct gpt<S>::workspace {
+  struct layer_offsets {
+    std::size_t ln1g, ln1b, wqkv, bqkv, wo, bo, ln2g, ln2b, w1, b1, w2, b2;
+  };
+  std::size_t wte = 0, wpe = 0, lnfg = 0, lnfb = 0, lm_head = 0;
+  std::vector<layer_offsets> layers;
+
+  // Capacity, and the shape of the batch currently held.
+  Index cap_tokens = 0, cap_batch = 0;
+  int threads = 0;
+  int batch = 0, len = 0;
+
+  // Activations kept for the backward pass (per layer, [N, ·] row-major).
+  aligned_buffer<S> x;                   // (L+1)·N·C residual stream; x[L] feeds LNf
+  aligned_buffer<S> ln1, ln2, atty, xm;  // L·N·C
+  aligned_buffer<S> qkv;                 // L·N·3C
+  aligned_buffer<S> hpre, hact;          // L·N·4C
+  aligned_buffer<S> att;                 // L·B·H·T·T softmax probabilities
+  aligned_buffer<S> ln1_stats, ln2_stats;  // L·N·2 (mean, rstd)
+  aligned_buffer<S> lnf, lnf_stats;
+  aligned_buffer<S> logits;              // N·V; holds dlogits after backward starts
+  aligned_buffer<double> row_loss;       // N
+  std::vector<std::int32_t> tokens;      // N inputs of the held batch
+
+  // Backward scratch.
+  aligned_buffer<S> dx, dln, dqkv, dh, datty;
+  aligned_buffer<S> dprob;               // threads·T·T
+  aligned_buffer<S> reduce;              // reduce_chunks · max(2C, 4C, V)
+
+  void ensure(const model_shape& s, int want_batch) {
+    const Index tokens_needed = static_cast<Index>(want_batch) * s.context;
+    const int t = omp_get_max_threads();
+    if (tokens_needed <= cap_tokens && want_batch <= cap_batch && t <= threads) return;
+    cap_batch = std::max<Index>(cap_batch, want_batch);
+    cap_tokens = cap_batch * s.context;
+    threads = std::max(threads, t);
+    const Index n = cap_tokens, c = s.d_model, l = s.n_layer, tt = s.context;
+    x.resize((l + 1) * n * c);
+    ln1.resize(l * n * c);
+    ln2.resize(l * n * c);
+    atty.resize(l * n * c);
+    xm.resize(l * n * c);
+    qkv.resize(l * n * 3 * c);
+    hpre.resize(l * n * 4 * c);
+    hact.resize(l * n * 4 * c);
+    att.resize(l * cap_batch * s.n_head * tt * tt);
+    ln1_stats.resize(l * n * 2);
+    ln2_stats.resize(l * n * 2);
+    lnf.resize(n * c);
+    lnf_stats.resize(n * 2);
+    logits.resize(n * s.vocab);
+    row_loss.resize(n);
+    tokens.resize(n);
+    dx.resize(n * c);
+    dln.resize(n * c);
+    datty.resize(n * c);
+    dqkv.resize(n * 3 * c);
+    dh.resize(n * 4 * c);
+    dprob.resize(static_cast<Index>(threads) * tt * tt);
+    reduce.resize(reduce_chunks * std::max<Index>(4 * c, s.vocab));
+  }
+};
+
+template <class S>
+gpt<S>::gpt(const param_layout& layout)
+    : layout_(layout),
+      params_(layout.total_floats),
+      grads_(layout.total_floats),
+      ws_(std::make_unique<workspace>()) {
+  auto at = [&](const std::string& name) {
+    const tensor_spec* t = layout_.find(name);
+    assert(t != nullptr);
+    return t->offset;
+  };
+  ws_->wte = at("wte");
+  ws_->wpe = at("wpe");
+  ws_->lnfg = at("lnf.g");
+  ws_->lnfb = at("lnf.b");
+  if (!layout_.shape.tied) ws_->lm_head = at("lm_head");
+  for (int l = 0; l < layout_.shape.n_layer; ++l) {
+    const std::string p = "h" + std::to_string(l) + ".";
+    ws_->layers.push_back({at(p + "ln1.g"), at(p + "ln1.b"), at(p + "attn.wqkv"),
+                           at(p + "attn.bqkv"), at(p + "attn.wo"), at(p + "attn.bo"),
+                           at(p + "ln2.g"), at(p + "ln2.b"), at(p + "mlp.w1"), at(p + "mlp.b1"),
+                           at(p + "mlp.w2"), at(p + "mlp.b2")});
+  }
+}
+
+template <class S>
+gpt<S>::~gpt() = default;
+
+template <class S>
+void gpt<S>::init(std::uint64_t seed) {
+  params_.zero();
+  const double residual_scale = 1.0 / std::sqrt(2.0 * layout_.shape.n_layer);
+  for (std::size_t i = 0; i < layout_.tensors.size(); ++i) {
+    const tensor_spec& t = layout_.tensors[i];
+    S* p = params_.data() + t.offset;
+    const bool is_gain = t.name.ends_with(".g");
+    if (t.kind == tensor_kind::vector) {
+      std::fill(p, p + t.size(), is_gain ? S(1) : S(0));
+      continue;
+    }
+    const bool residual = t.name.ends_with("attn.wo") || t.name.ends_with("mlp.w2");
+    const double stddev = 0.02 * (residual ? residual_scale : 1.0);
+    prng rng(derive_seed(seed, i));
+    for (std::size_t k = 0; k < t.size(); ++k) p[k] = static_cast<S>(stddev * rng.normal());
+  }
+}
+
+template <class S>
+void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
+  const model_shape& s = layout_.shape;
+  assert(len >= 1 && len <= s.context && batch >= 1);
+  workspace& w = *ws_;
+  w.ensure(s, batch);
+  w.batch = batch;
+  w.len = len;
+  const Index n = static_cast<Index>(batch) * len, c = s.d_model, v = s.vocab, h = s.n_head,
+              hd = s.head_dim();
+  const S* p = params_.data();
+  std::copy(inputs, inputs + n, w.tokens.begin());
+
+  // Embeddings.
+  {
+    S* x0 = w.x.data();
+#pragma omp parallel for schedule(static)
+    for (Index r = 0; r < n; ++r) {
+      const std::int32_t tok = inputs[r];
+      assert(tok >= 0 && tok < v);
+      array_view<S>(x0 + r * c, c) = const_array_view<S>(p + w.wte + tok * c, c) +
+                                     const_array_view<S>(p + w.wpe + (r % len) * c, c);
+    }
+  }
+
+  const S scale = S(1) / std::sqrt(static_cast<S>(hd));
+  for (int l = 0; l < s.n_layer; ++l) {
+    const auto& o = w.layers[l];
+    const S* xl = w.x.data() + l * n * c;
+    S* ln1 = w.ln1.data() + l * n * c;
+    S* qkv = w.qkv.data() + l * n * 3 * c;
+    S* att = w.att.data() + l * w.cap_batch * h * s.context * s.context;
+    S* atty = w.atty.data() + l * n * c;
+    S* xm = w.xm.data() + l * n * c;
+    S* ln2 = w.ln2.data() + l * n * c;
+    S* hpre = w.hpre.data() + l * n * 4 * c;
+    S* hact = w.hact.data() + l * n * 4 * c;
+    S* xnext = w.x.data() + (l + 1) * n * c;
+
+    layernorm_forward(xl, ln1, w.ln1_stats.data() + l * n * 2, p + o.ln1g, p + o.ln1b, n, c);
+    broadcast_rows(qkv, p + o.bqkv, static_cast<const S*>(nullptr), n, 3 * c);
+    view(qkv, n, 3 * c).noalias() += view(static_cast<const S*>(ln1), n, c) * view(p + o.wqkv, c, 3 * c);
+
+    // Causal self-attention, one (sequence, head) pair per task.
+#pragma omp parallel for schedule(static)
+    for (Index bh = 0; bh < batch * h; ++bh) {
+      const Index b = bh / h, hh = bh % h;
+      const S* base = qkv + b * len * 3 * c + hh * hd;
+      auto q = view(base, len, hd, 3 * c);
+      auto k = view(base + c, len, hd, 3 * c);
+      auto vv = view(base + 2 * c, len, hd, 3 * c);
+      auto prob = view(att + bh * len * len, len, len);
+      prob.noalias() = q * k.transpose();
+      for (Index i = 0; i < len; ++i) {
+        auto row = prob.row(i).head(i + 1).array();
+        const S mx = row.maxCoeff();
+        row = ((row - mx) * scale).exp();
+        row /= row.sum();
+        prob.row(i).tail(len - i - 1).setZero();
+      }
+      view(atty + b * len * c + hh * hd, len, hd, c).noalias() = prob * vv;
+    }
+
+    broadcast_rows(xm, p + o.bo, xl, n, c);
+    view(xm, n, c).noalias() += view(static_cast<const S*>(atty), n, c) * view(p + o.wo, c, c);
+
+    layernorm_forward(static_cast<const S*>(xm), ln2, w.ln2_stats.data() + l * n * 2, p + o.ln2g,
+                      p + o.ln2b, n, c);
+    broadcast_rows(hpre, p + o.b1, static_cast<const S*>(nullptr), n, 4 * c);
+    view(hpre, n, 4 * c).noalias() += view(static_cast<const S*>(ln2), n, c) * view(p + o.w1, c, 4 * c);
+    gelu_forward(static_cast<const S*>(hpre), hact, n * 4 * c);
+    broadcast_rows(xnext, p + o.b2, static_cast<const S*>(xm), n, c);
+    view(xnext, n, c).noalias() += view(static_cast<const S*>(hact), n, 4 * c) * view(p + o.w2, 4 * c, c);
+  }
+
+  layernorm_forward(static_cast<const S*>(w.x.data() + s.n_layer * n * c), w.lnf.data(),
+                    w.lnf_stats.data(), p + w.lnfg, p + w.lnfb, n, c);
+  auto logits = view(w.logits.data(), n, v);
+  const auto lnf = view(static_cast<const S*>(w.lnf.data()), n, c);
+  if (s.tied) logits.noalias() = lnf * view(p + w.wte, v, c).transpose();
+  else logits.noalias() = lnf * view(p + w.lm_head, c, v);
+}
+
+template <class S>
+double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* targets,
+                                int batch) {
+  const model_shape& s = layout_.shape;
+  const int len = s.context;
+  forward(inputs, batch, len);
+  workspace& w = *ws_;
+  const Index n = static_cast<Index>(batch) * len, c = s.d_model, v = s.vocab, h = s.n_head,
+              hd = s.head_dim();
+  const S* p = params_.data();
+  S* g = grads_.data();
+  grads_.zero();
+
+  // Softmax cross-entropy; logits become dlogits = (softmax − onehot) / N.
+  const S inv_n = S(1) / static_cast<S>(n);
+#pragma omp parallel for schedule(static)
+  for (Index r = 0; r < n; ++r) {
+    array_view<S> z(w.logits.data() + r * v, v);
+    const S mx = z.maxCoeff();
+    z = (z - mx).exp();
+    const S sum = z.sum();
+    const std::int32_t t = targets[r];
+    assert(t >= 0 && t < v);
+    w.row_loss[r] = std::log(static_cast<double>(sum)) - std::log(static_cast<double>(z[t]));
+    z *= inv_n / sum;
+    z[t] -= inv_n;
+  }
+  double loss = 0;
+  for (Index r = 0; r < n; ++r) loss += w.row_loss[r];
+  loss /= static_cast<double>(n);
+
+  // Unembedding.
+  const auto dlogits = view(static_cast<const S*>(w.logits.data()), n, v);
+  const auto lnf = view(static_cast<const S*>(w.lnf.data()), n, c);
+  auto dln = view(w.dln.data(), n, c);
+  if (s.tied) {
+    view(g + w.wte, v, c).noalias() += dlogits.transpose() * lnf;
+    dln.noalias() = dlogits * view(p + w.wte, v, c);
+  } else {
+    view(g + w.lm_head, c, v).noalias() += lnf.transpose() * dlogits;
+    dln.noalias() = dlogits * view(p + w.lm_head, c, v).transpose();
+  }
+  w.dx.zero();
+  layernorm_backward(static_cast<const S*>(w.dln.data()), w.x.data() + s.n_layer * n * c,
+                     w.lnf_stats.data(), p + w.lnfg, w.dx.data(), g + w.lnfg, g + w.lnfb, n, c,
+                     w.reduce.data());
+
+  const S scale = S(1) / std::sqrt(static_cast<S>(hd));
+  auto dx = view(w.dx.data(), n, c);
+  for (int l = s.n_layer - 1; l >= 0; --l) {
+    const auto& o = w.layers[l];
+    const S* xl = w.x.data() + l * n * c;
+    const S* ln1 = w.ln1.data() + l * n * c;
+    const S* qkv = w.qkv.data() + l * n * 3 * c;
+    const S* att = w.att.data() + l * w.cap_batch * h * s.context * s.context;
+    const S* atty = w.atty.data() + l * n * c;
+    const S* xm = w.xm.data() + l * n * c;
+    const S* ln2 = w.ln2.data() + l * n * c;
+    const S* hpre = w.hpre.data() + l * n * 4 * c;
+    const S* hact = w.hact.data() + l * n * 4 * c;
+
+    // MLP: dx holds d(x_{l+1}).
+    auto dh = view(w.dh.data(), n, 4 * c);
+    dh.noalias() = dx * view(p + o.w2, 4 * c, c).transpose();
+    view(g + o.w2, 4 * c, c).noalias() += view(hact, n, 4 * c).transpose() * dx;
+    colsum_add(static_cast<const S*>(w.dx.data()), n, c, g + o.b2, w.reduce.data());
+    gelu_backward(hpre, w.dh.data(), n * 4 * c);
+    view(g + o.w1, c, 4 * c).noalias() += view(ln2, n, c).transpose() * view(static_cast<const S*>(w.dh.data()), n, 4 * c);
+    colsum_add(static_cast<const S*>(w.dh.data()), n, 4 * c, g + o.b1, w.reduce.data());
+    dln.noalias() = view(static_cast<const S*>(w.dh.data()), n, 4 * c) * view(p + o.w1, c, 4 * c).transpose();
+    layernorm_backward(static_cast<const S*>(w.dln.data()), xm, w.ln2_stats.data() + l * n * 2,
+                       p + o.ln2g, w.dx.data(), g + o.ln2g, g + o.ln2b, n, c, w.reduce.data());
+
+    // Attention: dx now holds d(xm).
+    auto datty = view(w.datty.data(), n, c);
+    datty.noalias() = dx * view(p + o.wo, c, c).transpose();
+    view(g + o.wo, c, c).noalias() += view(atty, n, c).transpose() * dx;
+    colsum_add(static_cast<const S*>(w.dx.data()), n, c, g + o.bo, w.reduce.data());
+
+    S* dqkv = w.dqkv.data();
+#pragma omp parallel for schedule(static)
+    for (Index bh = 0; bh < batch * h; ++bh) {
+      const Index b = bh / h, hh = bh % h;
+      const Index at_base = b * len * 3 * c + hh * hd;
+      auto q = view(qkv + at_base, len, hd, 3 * c);
+      auto k = view(qkv + at_base + c, len, hd, 3 * c);
+      auto vv = view(qkv + at_base + 2 * c, len, hd, 3 * c);
+      auto prob = view(att + bh * len * len, len, len);
+      auto dy = view(static_cast<const S*>(w.datty.data()) + b * len * c + hh * hd, len, hd, c);
+      auto dq = view(dqkv + at_base, len, hd, 3 * c);
+      auto dk = view(dqkv + at_base + c, len, hd, 3 * c);
+      auto dv = view(dqkv + at_base + 2 * c, len, hd, 3 * c);
+      auto dprob = view(w.dprob.data() + omp_get_thread_num() * len * len, len, len);
+
+      dv.noalias() = prob.transpose() * dy;
+      dprob.noalias() = dy * vv.transpose();
+      // Softmax backward; the scale of the scores folds in here.
+      for (Index i = 0; i < len; ++i) {
+        auto d = dprob.row(i).head(i + 1).array();
+        const auto pr = prob.row(i).head(i + 1).array();
+        const S dot = (d * pr).sum();
+        d = pr * (d - dot) * scale;
+        dprob.row(i).tail(len - i - 1).setZero();
+      }
+      dq.noalias() = dprob * k;
+      dk.noalias() = dprob.transpose() * q;
+    }
+    const auto dqkv_view = view(static_cast<const S*>(dqkv), n, 3 * c);
+    view(g + o.wqkv, c, 3 * c).noalias() += view(ln1, n, c).transpose() * dqkv_view;
+    colsum_add(static_cast<const S*>(dqkv), n, 3 * c, g + o.bqkv, w.reduce.data());
+    dln.noalias() = dqkv_view * view(p + o.wqkv, c, 3 * c).transpose();
+    layernorm_backward(static_cast<const S*>(w.dln.data()), xl, w.ln1_stats.data() + l * n * 2,
+                       p + o.ln1g, w.dx.data(), g + o.ln1g, g + o.ln1b, n, c, w.reduce.data());
+  }
+
+  // Embeddings: dx holds d(x_0).
+  {
+    S* dwpe = g + w.wpe;
+    const S* d = w.dx.data();
+#pragma omp parallel for schedule(static)
+    for (Index t = 0; t < len; ++t) {
+      array_view<S> out(dwpe + t * c, c);
+      for (Index b = 0; b < batch; ++b) out += const_array_view<S>(d + (b * len + t) * c, c);
+    }
+    // Each task owns a range of vocabulary rows and scans every token in order,
+    // so the scatter has no races and a fixed summation order.
+    S* dwte = g + w.wte;
+    constexpr int vocab_chunks = 16;
+#pragma omp parallel for schedule(static)
+    for (int chunk = 0; chunk < vocab_chunks; ++chunk) {
+      const std::int32_t lo = static_cast<std::int32_t>(v * chunk / vocab_chunks);
+      const std::int32_t hi = static_cast<std::int32_t>(v * (chunk + 1) / vocab_chunks);
+      for (Index r = 0; r < n; ++r) {
+        const std::int32_t tok = w.tokens[r];
+        if (tok >= lo && tok < hi) array_view<S>(dwte + tok * c, c) += const_array_view<S>(d + r * c, c);
+      }
+    }
+  }
+  return loss;
+}
+
+template <class S>
+void gpt<S>::forward_scored(const std::int32_t* inputs, const std::int32_t* targets, int batch,
+                            int len, const int* first_scored, double& loss_sum,
+                            std::int64_t& scored) {
+  forward(inputs, batch, len);
+  workspace& w = *ws_;
+  const Index v = layout_.shape.vocab, n = static_cast<Index>(batch) * len;
+#pragma omp parallel for schedule(static)
+  for (Index r = 0; r < n; ++r) {
+    if (r % len < first_scored[r / len]) {
+      w.row_loss[r] = 0;
+      continue;
+    }
+    const_array_view<S> z(w.logits.data() + r * v, v);
+    const S mx = z.maxCoeff();
+    const double lse = std::log(static_cast<double>((z - mx).exp().sum())) + mx;
+    w.row_loss[r] = lse - static_cast<double>(z[targets[r]]);
+  }
+  for (Index r = 0; r < n; ++r) {
+    if (r % len < first_scored[r / len]) continue;
+    loss_sum += w.row_loss[r];
+    ++scored;
+  }
+}
+
+template <class S>
+void gpt<S>::next_logits(const std::int32_t* tokens, int len, S* logits_out) {
+  forward(tokens, 1, len);
+  const S* row = ws_->logits.data() + static_cast<Index>(len - 1) * layout_.shape.vocab;
+  std::copy(row, row + layout_.shape.vocab, logits_out);
+}
+
+template <class S>
+double gpt<S>::flops_per_step(int batch) const {
+  const model_shape& s = layout_.shape;
+  const double c = s.d_model, t = s.context, tokens = static_cast<double>(batch) * t;
+  const double per_token_layer = 2.0 * (3 * c * c + c * c + 8 * c * c) + 2.0 * 2.0 * t * c;
+  const double per_token = s.n_layer * per_token_layer + 2.0 * c * s.vocab;
+  return 3.0 * per_token * tokens;
+}
+
+template class gpt<float>;
+template class gpt<double>;
+
+}  // namespace archipelago

@@ -1,0 +1,78 @@
+#pragma once
+// A byte-level decoder-only transformer (GPT-style) with a hand-written forward
+// and backward pass in Eigen.
+//
+//   x = wte[tokens] + wpe[positions]
+//   per block:  x += attn(LN1(x)) ;  x += W2·gelu(W1·LN2(x))
+//   logits = LNf(x) · wteᵀ   (or · lm_head when untied);  loss = mean cross-entropy
+//
+// Parameters and gradients each live in one contiguous 64-byte aligned buffer
+// laid out by core/layout.hpp. Matrices are row-major, activations are [N, C]
+// row-major with N = batch · positions, so every dense layer is one GEMM.
+//
+// Templated on the scalar: float is the engine, double exists for the gradient
+// checks against finite differences.
+//
+// Determinism: every reduction is split into a fixed number of chunks summed in
+// order, so the same seed and thread count give bit-identical losses.
+
+#include <cstdint>
+#include <memory>
+
+#include "core/layout.hpp"
+#include "learner/model/aligned_buffer.hpp"
+
+namespace archipelago {
+
+template <class S>
+class gpt {
+ public:
+  explicit gpt(const param_layout& layout);
+  ~gpt();
+  gpt(const gpt&) = delete;
+  gpt& operator=(const gpt&) = delete;
+
+  const param_layout& layout() const { return layout_; }
+  const model_shape& shape() const { return layout_.shape; }
+
+  S* params() { return params_.data(); }
+  const S* params() const { return params_.data(); }
+  S* grads() { return grads_.data(); }
+  const S* grads() const { return grads_.data(); }
+  std::size_t buffer_size() const { return params_.size(); }
+
+  /// GPT-2 style initialisation from a seed: N(0, 0.02), residual projections
+  /// scaled by 1/sqrt(2L), biases 0, LayerNorm gains 1.
+  void init(std::uint64_t seed);
+
+  /// Forward and backward over `batch` sequences of `context` tokens
+  /// (inputs/targets row-major [batch][context], values 0..255). Overwrites the
+  /// gradient buffer and returns the mean loss in nats per token.
+  double forward_backward(const std::int32_t* inputs, const std::int32_t* targets, int batch);
+
+  /// Forward only. Adds to `loss_sum` the loss (nats) of positions
+  /// [first_scored[b], len) of each sequence and to `scored` their count.
+  void forward_scored(const std::int32_t* inputs, const std::int32_t* targets, int batch, int len,
+                      const int* first_scored, double& loss_sum, std::int64_t& scored);
+
+  /// Next-byte logits after a single sequence of `len` tokens (1 ≤ len ≤ context).
+  void next_logits(const std::int32_t* tokens, int len, S* logits_out);
+
+  /// Matrix-multiply FLOPs of one forward+backward over `batch` full sequences
+  /// (forward GEMMs ×3, attention counted causal-full as computed).
+  double flops_per_step(int batch) const;
+
+ private:
+  struct workspace;
+  void forward(const std::int32_t* inputs, int batch, int len);
+
+  param_layout layout_;
+  aligned_buffer<S> params_;
+  aligned_buffer<S> grads_;
+  std::unique_ptr<workspace> ws_;
+};
+
+extern template class gpt<float>;
+extern template class gpt<double>;
+
+}  // namespace archipelago

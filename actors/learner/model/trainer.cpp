@@ -1,0 +1,85 @@
+#include "learner/model/trainer.hpp"
+
+#include <omp.h>
+
+#include <Eigen/Core>
+#include <cmath>
+#include <numbers>
+
+#include "core/prng.hpp"
+#include "learner/model/synthetic.hpp"
+
+namespace archipelago {
+
+void set_compute_threads(int threads) {
+  omp_set_num_threads(threads);
+  Eigen::setNbThreads(threads);
+}
+
+expected<dataset> load_dataset(const data_config& data, int shards, int context, std::uint64_t seed) {
+  double floor_bpb = std::numeric_limits<double>::quiet_NaN();
+  auto text = [&]() -> expected<corpus> {
+    if (!data.corpus.empty()) return corpus::from_file(data.corpus);
+    auto source = synthetic_source::make({data.synthetic_seed, data.synthetic_words});
+    if (!source) return source.err();
+    floor_bpb = source->entropy_rate_bits_per_byte();
+    return corpus::from_bytes(source->generate(static_cast<std::size_t>(data.synthetic_bytes),
+                                               derive_seed(data.synthetic_seed, 1)),
+                              "synthetic");
+  }();
+  if (!text) return text.err();
+  auto split = split_corpus(*text, shards, data.heldout_fraction, context, derive_seed(seed, 2));
+  if (!split) return split.err();
+  return dataset{std::move(*text), std::move(*split), floor_bpb};
+}
+
+engine::engine(const config& cfg, const model_shape& shape, const dataset& data, int shard)
+    : cfg_(cfg),
+      data_(data),
+      model_(make_layout(shape)),
+      optimizer_(model_.layout(), cfg.optimizer),
+      sampler_(data.text, data.split.shards.at(shard), shape.context,
+               derive_seed(cfg.train.seed, 100 + static_cast<std::uint64_t>(shard))),
+      eval_windows_(make_eval_windows(data.split.heldout, shape.context, cfg.data.eval_tokens)),
+      batch_(cfg.data.batch) {
+  model_.init(derive_seed(cfg.train.seed, 3));
+  inputs_.resize(static_cast<std::size_t>(batch_) * shape.context);
+  targets_.resize(inputs_.size());
+}
+
+double engine::step() {
+  sampler_.next(batch_, inputs_.data(), targets_.data());
+  const double loss = model_.forward_backward(inputs_.data(), targets_.data(), batch_);
+  last_lr_ = scheduled_lr(cfg_.optimizer, steps_, cfg_.train.steps);
+  optimizer_.step(model_.params(), model_.grads(), last_lr_);
+  ++steps_;
+  return loss;
+}
+
+eval_result engine::evaluate() {
+  const int t = model_.shape().context;
+  const std::uint8_t* bytes = data_.text.data();
+  std::vector<std::int32_t> in(static_cast<std::size_t>(batch_) * t), out(in.size());
+  std::vector<int> first(batch_);
+  double loss_sum = 0;
+  std::int64_t scored = 0;
+  for (std::size_t w = 0; w < eval_windows_.size(); w += batch_) {
+    const int b = static_cast<int>(std::min<std::size_t>(batch_, eval_windows_.size() - w));
+    for (int i = 0; i < b; ++i) {
+      const eval_window& win = eval_windows_[w + i];
+      for (int k = 0; k < t; ++k) {
+        in[i * t + k] = bytes[win.offset + k];
+        out[i * t + k] = bytes[win.offset + k + 1];
+      }
+      first[i] = win.first_scored;
+    }
+    model_.forward_scored(in.data(), out.data(), b, t, first.data(), loss_sum, scored);
+  }
+  eval_result r;
+  r.scored = scored;
+  r.loss = scored > 0 ? loss_sum / static_cast<double>(scored) : std::nan("");
+  r.bits_per_byte = r.loss / std::numbers::ln2;
+  return r;
+}
+
+}  // namespace archipelago

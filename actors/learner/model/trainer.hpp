@@ -1,0 +1,71 @@
+#pragma once
+// The learner's engine: one model replica, its optimizer and its data shard,
+// advanced one step at a time. `archipelago train` drives it directly; the
+// learner role drives the same engine inside the mesh.
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "learner/model/adamw.hpp"
+#include "learner/model/corpus.hpp"
+#include "learner/model/gpt.hpp"
+
+namespace archipelago {
+
+/// The corpus, split into a held-out part and `shards` learner shards.
+struct dataset {
+  corpus text;
+  corpus_split split;
+  /// Exact entropy rate of the synthetic source; NaN for a real corpus.
+  double entropy_floor_bpb = std::numeric_limits<double>::quiet_NaN();
+};
+
+/// Loads data.corpus (or generates the synthetic corpus) and splits it.
+expected<dataset> load_dataset(const data_config& data, int shards, int context, std::uint64_t seed);
+
+struct eval_result {
+  double loss = 0;          // nats per byte (= per token)
+  double bits_per_byte = 0;
+  std::int64_t scored = 0;  // tokens scored
+};
+
+class engine {
+ public:
+  /// `shard` selects the learner's part of `data`; `data` must outlive the engine.
+  engine(const config& cfg, const model_shape& shape, const dataset& data, int shard);
+
+  /// One inner step: sample a batch, forward, backward, AdamW at the scheduled
+  /// learning rate. Returns the batch's mean loss (nats/token).
+  double step();
+
+  /// Loss on the held-out windows (data.eval_tokens of them at most).
+  eval_result evaluate();
+
+  gpt<float>& model() { return model_; }
+  adamw& optimizer() { return optimizer_; }
+  std::int64_t steps_done() const { return steps_; }
+  std::int64_t tokens_per_step() const { return static_cast<std::int64_t>(batch_) * model_.shape().context; }
+  double last_lr() const { return last_lr_; }
+
+ private:
+  config cfg_;
+  const dataset& data_;
+  gpt<float> model_;
+  adamw optimizer_;
+  batch_sampler sampler_;
+  std::vector<eval_window> eval_windows_;
+  int batch_;
+  std::vector<std::int32_t> inputs_, targets_;
+  std::int64_t steps_ = 0;
+  double last_lr_ = 0;
+};
+
+/// Applies the thread count to OpenMP and Eigen.
+void set_compute_threads(int threads);
+
+}  // namespace archipelago

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The real archipelago binary: bad input gives one clear line and exit code 2;
+# a short training run lowers the loss, prints a JSON summary last, writes a
+# checkpoint that `sample` reads back.
+set -uo pipefail
+A=${ARCHIPELAGO:?set ARCHIPELAGO to the archipelago binary}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+passes=0
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+pass() { passes=$((passes + 1)); }
+
+# expect_error CODE PATTERN -- command...: exit code CODE, one stderr line matching PATTERN.
+expect_error() {
+  local code=$1 pattern=$2
+  shift 3
+  local err
+  timeout 60 "$@" >"$work/out" 2>"$work/err"
+  local rc=$?
+  err=$(cat "$work/err")
+  if [[ $rc -ne $code ]]; then fail "$* exited $rc, expected $code (stderr: $err)"; return; fi
+  if ! grep -qE "$pattern" "$work/err"; then fail "$*: stderr '$err' does not match '$pattern'"; return; fi
+  if [[ $(wc -l <"$work/err") -ne 1 ]]; then fail "$*: expected one error line, got: $err"; return; fi
+  pass
+}
+
+printf 'short' >"$work/short.txt"
+: >"$work/empty.txt"
+printf '[train\nsteps = 3\n' >"$work/broken.toml"
+printf '[train]\nsteps = 3\n' >"$work/unreadable.toml"
+chmod 000 "$work/unreadable.toml"
+
+expect_error 2 "corpus file '.*/missing.txt' does not exist" -- "$A" train --corpus "$work/missing.txt" --steps 1
+expect_error 2 "corpus '.*empty.txt' is empty" -- "$A" train --corpus "$work/empty.txt" --steps 1
+expect_error 2 "has 5 bytes, fewer than context \+ 1" -- "$A" train --corpus "$work/short.txt" --steps 1
+expect_error 2 "unknown model size 'huge'" -- "$A" train --model huge --steps 1
+expect_error 2 "optimizer.lr must be in" -- "$A" train --lr 0 --steps 1
+expect_error 2 "optimizer.lr must be in" -- "$A" train --lr -0.5 --steps 1
+expect_error 2 "train.threads must be in" -- "$A" train --threads 0 --steps 1
+expect_error 2 "train.threads: 'x' is not an integer" -- "$A" train --threads x --steps 1
+expect_error 2 "broken.toml:[0-9]+:" -- "$A" train --config "$work/broken.toml"
+expect_error 2 "cannot read config file '.*missing.toml'" -- "$A" train --config "$work/missing.toml"
+if [[ $(id -u) -ne 0 ]]; then
+  expect_error 2 "cannot read config file" -- "$A" train --config "$work/unreadable.toml"
+fi
+expect_error 2 "unknown configuration key 'train.stepz'" -- "$A" train --set train.stepz=3
+expect_error 2 "unknown model size 'huge'" -- "$A" bench compute --model huge
+expect_error 2 "checkpoint file '.*' does not exist" -- "$A" sample --checkpoint "$work/none.ckpt"
+expect_error 2 "temperature must be a positive number" -- "$A" sample --checkpoint "$work/none.ckpt" --temperature 0
+expect_error 2 "" -- "$A" train --no-such-flag
+
+# --help works on every command and exits 0.
+for cmd in "" train sample config bench "bench compute"; do
+  # shellcheck disable=SC2086
+  if timeout 20 "$A" $cmd --help >"$work/help" 2>&1 && grep -q "Usage" "$work/help"; then pass
+  else fail "archipelago $cmd --help"; fi
+done
+
+# A short real run on the synthetic corpus: the loss falls, JSON is last.
+if timeout 240 "$A" train --steps 500 --set train.eval_every=250 --json --out "$work/model.ckpt" \
+    >"$work/train.out" 2>"$work/train.err"; then
+  last=$(tail -n 1 "$work/train.out")
+  if python3 - "$last" <<'PY'
+import json, math, sys
+s = json.loads(sys.argv[1])
+for key in ["model", "params", "tokens", "wall_s", "tokens_per_s", "train_loss", "eval_loss",
+            "eval_bpb", "entropy_floor_bpb"]:
+    assert key in s, key
+assert s["model"] == "nano" and s["params"] == 120576, s
+assert s["tokens"] == 500 * 32 * 64, s
+assert 0 < s["entropy_floor_bpb"] < 3, s
+# 8 bits/byte is chance and ~4 the byte frequencies; 500 steps learn words (measured ~2.1).
+assert s["eval_bpb"] < 3.0, s
+assert abs(s["eval_bpb"] - s["eval_loss"] / math.log(2)) < 1e-3, s
+PY
+  then pass; else fail "train --json summary: $last"; fi
+else
+  fail "train run failed: $(tail -5 "$work/train.err")"
+fi
+
+# The checkpoint is read back by sample; --json again last.
+if timeout 60 "$A" sample --checkpoint "$work/model.ckpt" --bytes 64 --prompt "The " --json >"$work/sample.out" 2>&1; then
+  if tail -n 1 "$work/sample.out" | python3 -c 'import json,sys; s=json.loads(sys.stdin.read()); assert len(s["text"].encode("latin-1", "replace")) >= 1, s'; then pass
+  else fail "sample --json: $(tail -n 1 "$work/sample.out")"; fi
+else
+  fail "sample failed: $(cat "$work/sample.out")"
+fi
+
+# A corrupted checkpoint is refused, not used.
+cp "$work/model.ckpt" "$work/bad.ckpt"
+printf '\x01\x02\x03' | dd of="$work/bad.ckpt" bs=1 seek=4000 conv=notrunc status=none
+expect_error 1 "checksum mismatch" -- "$A" sample --checkpoint "$work/bad.ckpt"
+
+echo "$passes passed, $failures failed"
+[[ $failures -eq 0 ]]

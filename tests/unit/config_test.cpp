@@ -1,0 +1,73 @@
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "core/config.hpp"
+
+using namespace archipelago;
+
+TEST_CASE("every knob's default round-trips through TOML") {
+  config defaults;
+  const std::string text = to_toml(defaults);
+  config parsed;
+  parsed.train.steps = 1;  // changed, so the round trip must restore it
+  REQUIRE(apply_toml(parsed, text, "roundtrip"));
+  CHECK(to_toml(parsed) == text);
+  for (const auto& k : knobs()) {
+    CAPTURE(k.key);
+    CHECK(!k.help.empty());
+    CHECK(!k.bound.empty());
+    CHECK(k.help.find("Default:") != std::string::npos);
+  }
+}
+
+TEST_CASE("TOML values and flag overrides apply in order") {
+  config cfg;
+  REQUIRE(apply_toml(cfg, "[model]\nsize = \"micro\"\n[optimizer]\nlr = 1e-3\n[train]\nsteps = 10\n", "t"));
+  CHECK(cfg.model.size == "micro");
+  CHECK(cfg.optimizer.lr == doctest::Approx(1e-3));
+  REQUIRE(set_knob_assignment(cfg, "train.steps=20"));
+  CHECK(cfg.train.steps == 20);
+  auto shape = resolve_model(cfg.model);
+  REQUIRE(shape);
+  CHECK(shape->d_model == 160);
+  REQUIRE(set_knob(cfg, "model.d_model", "40"));
+  CHECK(resolve_model(cfg.model)->d_model == 40);
+}
+
+TEST_CASE("bad configuration is reported with the key and the bound") {
+  config cfg;
+  auto lr = set_knob(cfg, "optimizer.lr", "-1");
+  REQUIRE_FALSE(lr);
+  CHECK(lr.err().code == errc::invalid_input);
+  CHECK(lr.err().message.find("optimizer.lr must be in") != std::string::npos);
+  CHECK_FALSE(set_knob(cfg, "train.threads", "0"));
+  CHECK_FALSE(set_knob(cfg, "train.threads", "two"));
+  CHECK_FALSE(set_knob(cfg, "optimizer.lr", "nan"));
+  CHECK_FALSE(set_knob(cfg, "model.size", "huge"));
+  auto unknown = set_knob(cfg, "train.stepz", "1");
+  REQUIRE_FALSE(unknown);
+  CHECK(unknown.err().message.find("train.stepz") != std::string::npos);
+  CHECK_FALSE(set_knob_assignment(cfg, "no_equals_sign"));
+
+  auto syntax = apply_toml(cfg, "[train\nsteps = 1\n", "broken.toml");
+  REQUIRE_FALSE(syntax);
+  CHECK(syntax.err().message.find("broken.toml") != std::string::npos);
+  auto type = apply_toml(cfg, "[train]\nsteps = \"many\"\n", "typed.toml");
+  REQUIRE_FALSE(type);
+  CHECK(type.err().message.find("train.steps has the wrong type") != std::string::npos);
+  auto bare = apply_toml(cfg, "steps = 1\n", "bare.toml");
+  CHECK_FALSE(bare);
+  auto missing = apply_toml_file(cfg, "/nonexistent/archipelago.toml");
+  REQUIRE_FALSE(missing);
+  CHECK(missing.err().code == errc::not_found);
+}
+
+TEST_CASE("a shape override that breaks the model is caught by validate") {
+  config cfg;
+  REQUIRE(set_knob(cfg, "model.n_head", "7"));
+  auto ok = validate(cfg);
+  REQUIRE_FALSE(ok);
+  CHECK(ok.err().message.find("n_head") != std::string::npos);
+}

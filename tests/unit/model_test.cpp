@@ -1,0 +1,163 @@
+// The float engine: determinism, agreement with the double build, learning,
+// and AdamW against a direct transcription of its update rule.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/prng.hpp"
+#include "learner/model/adamw.hpp"
+#include "learner/model/gpt.hpp"
+#include "learner/model/trainer.hpp"
+
+using namespace archipelago;
+
+namespace {
+
+const model_shape tiny{256, 16, 32, 2, 4, true};
+
+std::vector<std::int32_t> random_tokens(std::size_t n, std::uint64_t seed) {
+  prng rng(seed);
+  std::vector<std::int32_t> out(n);
+  for (auto& t : out) t = static_cast<std::int32_t>(rng.below(256));
+  return out;
+}
+
+std::vector<double> train_losses(int threads, std::uint64_t seed, int steps) {
+  set_compute_threads(threads);
+  const param_layout layout = make_layout(tiny);
+  gpt<float> model(layout);
+  model.init(seed);
+  optimizer_config opt;
+  opt.warmup_steps = 2;
+  adamw optim(layout, opt);
+  const int batch = 4;
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    const auto in = random_tokens(batch * tiny.context, derive_seed(seed, s));
+    const auto out = random_tokens(batch * tiny.context, derive_seed(seed, 1000 + s));
+    losses.push_back(model.forward_backward(in.data(), out.data(), batch));
+    optim.step(model.params(), model.grads(), scheduled_lr(opt, s, steps));
+  }
+  set_compute_threads(2);
+  return losses;
+}
+
+}  // namespace
+
+TEST_CASE("same seed and thread count give bit-identical losses") {
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    const auto a = train_losses(threads, 5, 6);
+    const auto b = train_losses(threads, 5, 6);
+    REQUIRE(a.size() == b.size());
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+  }
+  CHECK(train_losses(2, 5, 3) != train_losses(2, 6, 3));
+}
+
+TEST_CASE("initial loss is near ln(256) and the float engine agrees with double") {
+  const param_layout layout = make_layout(tiny);
+  gpt<float> f(layout);
+  gpt<double> d(layout);
+  f.init(3);
+  d.init(3);
+  const auto in = random_tokens(2 * tiny.context, 77), out = random_tokens(2 * tiny.context, 78);
+  const double lf = f.forward_backward(in.data(), out.data(), 2);
+  const double ld = d.forward_backward(in.data(), out.data(), 2);
+  CHECK(ld == doctest::Approx(std::log(256.0)).epsilon(0.01));
+  CHECK(lf == doctest::Approx(ld).epsilon(1e-5));
+  for (std::size_t i = 0; i < layout.total_floats; i += 97)
+    CHECK(f.grads()[i] == doctest::Approx(d.grads()[i]).epsilon(1e-3).scale(1e-6));
+}
+
+TEST_CASE("the model memorises a fixed sequence") {
+  const std::uint64_t seed = 21;
+  CAPTURE(seed);
+  const param_layout layout = make_layout(tiny);
+  gpt<float> model(layout);
+  model.init(seed);
+  optimizer_config opt;
+  opt.lr = 1e-2;
+  opt.warmup_steps = 5;
+  adamw optim(layout, opt);
+  const auto in = random_tokens(tiny.context, seed);
+  std::vector<std::int32_t> out(in.begin() + 1, in.end());
+  out.push_back(in.front());
+  double first = 0, last = 0;
+  for (int s = 0; s < 150; ++s) {
+    last = model.forward_backward(in.data(), out.data(), 1);
+    if (s == 0) first = last;
+    optim.step(model.params(), model.grads(), scheduled_lr(opt, s, 150));
+  }
+  CHECK(first > 5.0);
+  CHECK(last < 0.1);
+}
+
+TEST_CASE("forward_scored scores exactly the requested positions") {
+  const param_layout layout = make_layout(tiny);
+  gpt<float> model(layout);
+  model.init(4);
+  const auto in = random_tokens(2 * tiny.context, 5), out = random_tokens(2 * tiny.context, 6);
+  const int all[2] = {0, 0}, half[2] = {8, 15};
+  double full_sum = 0, part_sum = 0;
+  std::int64_t full_n = 0, part_n = 0;
+  model.forward_scored(in.data(), out.data(), 2, tiny.context, all, full_sum, full_n);
+  model.forward_scored(in.data(), out.data(), 2, tiny.context, half, part_sum, part_n);
+  CHECK(full_n == 32);
+  CHECK(part_n == 8 + 1);
+  CHECK(part_sum < full_sum);
+  // The training loss on the same batch is the mean of the scored losses.
+  const double mean = model.forward_backward(in.data(), out.data(), 2);
+  CHECK(full_sum / full_n == doctest::Approx(mean).epsilon(1e-6));
+}
+
+TEST_CASE("AdamW matches its update rule; clipping bounds the step") {
+  model_shape s{256, 4, 4, 1, 1, true};
+  const param_layout layout = make_layout(s);
+  optimizer_config opt;
+  opt.clip_norm = 0;
+  adamw optim(layout, opt);
+  std::vector<float> p(layout.total_floats), g(layout.total_floats), p0;
+  prng rng(8);
+  for (const auto& t : layout.tensors)
+    for (std::size_t k = 0; k < t.size(); ++k) {
+      p[t.offset + k] = static_cast<float>(rng.normal());
+      g[t.offset + k] = static_cast<float>(rng.normal());
+    }
+  p0 = p;
+  const double lr = 0.01;
+  optim.step(p.data(), g.data(), lr);
+  for (const auto& t : layout.tensors) {
+    CAPTURE(t.name);
+    const std::size_t i = t.offset;
+    // Step 1: m̂ = g, v̂ = g², update = g/(|g|+eps) ≈ sign(g).
+    const double decay = t.decays() ? 1.0 - lr * opt.weight_decay : 1.0;
+    const double expect = p0[i] * decay - lr * g[i] / (std::abs(g[i]) + opt.eps);
+    CHECK(p[i] == doctest::Approx(expect).epsilon(1e-5));
+  }
+  const double norm = global_norm(g.data(), g.size());
+  double direct = 0;
+  for (float x : g) direct += static_cast<double>(x) * x;
+  CHECK(norm == doctest::Approx(std::sqrt(direct)).epsilon(1e-9));
+
+  opt.clip_norm = 1e-3;
+  adamw clipped(layout, opt);
+  std::vector<float> q = p0;
+  const double reported = clipped.step(q.data(), g.data(), lr);
+  CHECK(reported == doctest::Approx(norm));
+}
+
+TEST_CASE("the schedule warms up linearly and decays by cosine to the floor") {
+  optimizer_config opt;
+  opt.lr = 1.0;
+  opt.warmup_steps = 10;
+  opt.min_lr_ratio = 0.1;
+  CHECK(scheduled_lr(opt, 0, 100) == doctest::Approx(0.1));
+  CHECK(scheduled_lr(opt, 9, 100) == doctest::Approx(1.0));
+  CHECK(scheduled_lr(opt, 55, 100) == doctest::Approx(0.55));
+  CHECK(scheduled_lr(opt, 100, 100) == doctest::Approx(0.1));
+  CHECK(scheduled_lr(opt, 500, 100) == doctest::Approx(0.1));
+}

@@ -1,0 +1,158 @@
+#include "cli_common.hpp"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+namespace archipelago::cli {
+
+std::atomic<bool> stop_requested{false};
+
+namespace {
+extern "C" void on_stop_signal(int) { stop_requested.store(true); }
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+int report(const error& err) {
+  std::cerr << "archipelago: " << err.message << "\n";
+  return err.how() == reaction::fix_input ? exit_bad_input : exit_failure;
+}
+
+void config_flags::add_to(CLI::App& app) {
+  app.add_option("--config", config_file, "TOML configuration file (knobs: archipelago config --knobs)");
+  app.add_option("--set", assignments, "Override one knob: --set section.key=value (repeatable)");
+}
+
+void config_flags::add_shortcut(CLI::App& app, const std::string& flag, const std::string& key,
+                                const std::string& help) {
+  shortcut_values_.push_back(std::make_unique<std::string>());
+  shortcut_keys_.emplace_back(flag, key);
+  app.add_option(flag, *shortcut_values_.back(), help + " (knob " + key + ")");
+}
+
+expected<config> config_flags::resolve() const {
+  config cfg;
+  if (!config_file.empty())
+    if (auto ok = apply_toml_file(cfg, config_file); !ok) return ok.err();
+  for (std::size_t i = 0; i < shortcut_keys_.size(); ++i) {
+    const std::string& value = *shortcut_values_[i];
+    if (value.empty()) continue;
+    if (auto ok = set_knob(cfg, shortcut_keys_[i].second, value); !ok)
+      return make_error(errc::invalid_input, shortcut_keys_[i].first + ": " + ok.err().message);
+  }
+  for (const auto& a : assignments)
+    if (auto ok = set_knob_assignment(cfg, a); !ok) return make_error(errc::invalid_input, "--set " + ok.err().message);
+  if (auto ok = validate(cfg); !ok) return ok.err();
+  return cfg;
+}
+
+progress_line::progress_line(int plain_every) : tty_(isatty(STDERR_FILENO) != 0), plain_every_(plain_every) {}
+
+void progress_line::update(const std::string& text, bool force_plain) {
+  if (tty_) {
+    std::fprintf(stderr, "\r\033[K%s", text.c_str());
+    std::fflush(stderr);
+    dirty_ = true;
+  } else if (force_plain || (plain_every_ > 0 && (count_ + 1) % plain_every_ == 0)) {
+    std::fprintf(stderr, "%s\n", text.c_str());
+  }
+  ++count_;
+}
+
+void progress_line::finish() {
+  if (tty_ && dirty_) std::fprintf(stderr, "\n");
+  dirty_ = false;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out;
+}
+
+void json_line::key(const std::string& k) {
+  if (!body_.empty()) body_ += ",";
+  body_ += "\"" + json_escape(k) + "\":";
+}
+
+json_line& json_line::add(const std::string& k, const std::string& value) {
+  key(k);
+  body_ += "\"" + json_escape(value) + "\"";
+  return *this;
+}
+
+json_line& json_line::add(const std::string& k, double value) {
+  key(k);
+  if (!std::isfinite(value)) {
+    body_ += "null";
+  } else {
+    std::ostringstream out;
+    out.precision(6);
+    out << value;
+    body_ += out.str();
+  }
+  return *this;
+}
+
+json_line& json_line::add(const std::string& k, std::int64_t value) {
+  key(k);
+  body_ += std::to_string(value);
+  return *this;
+}
+
+json_line& json_line::add(const std::string& k, std::uint64_t value) {
+  key(k);
+  body_ += std::to_string(value);
+  return *this;
+}
+
+json_line& json_line::add(const std::string& k, bool value) {
+  key(k);
+  body_ += value ? "true" : "false";
+  return *this;
+}
+
+json_line& json_line::add_raw(const std::string& k, const std::string& json) {
+  key(k);
+  body_ += json;
+  return *this;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  char buf[32];
+  const auto s = static_cast<long>(seconds + 0.5);
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, (s / 60) % 60);
+  else if (s >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", s);
+  return buf;
+}
+
+}  // namespace archipelago::cli

@@ -1,0 +1,85 @@
+#pragma once
+// Shared plumbing of the archipelago subcommands: configuration flags, exit
+// codes, signal handling, the live progress line and the --json summary line.
+
+#include <CLI/CLI.hpp>
+
+#include <atomic>
+#include <memory>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+
+namespace archipelago::cli {
+
+/// Exit codes: 0 success, 1 failure at run time, 2 bad input (flag, config, file).
+inline constexpr int exit_ok = 0;
+inline constexpr int exit_failure = 1;
+inline constexpr int exit_bad_input = 2;
+
+/// Prints "archipelago: <message>" on stderr and returns the exit code for it.
+int report(const error& err);
+
+/// --config FILE, --set key=value and the shortcut flags every training command takes.
+struct config_flags {
+  std::string config_file;
+  std::vector<std::string> assignments;
+
+  /// Registers --config and --set on `app`.
+  void add_to(CLI::App& app);
+  /// Registers a flag `--name VALUE` that sets knob `key`.
+  void add_shortcut(CLI::App& app, const std::string& flag, const std::string& key,
+                    const std::string& help);
+  /// Defaults, then the TOML file, then shortcut flags, then --set, then validation.
+  expected<config> resolve() const;
+
+ private:
+  std::vector<std::pair<std::string, std::string>> shortcut_keys_;  // flag storage → key
+  std::vector<std::unique_ptr<std::string>> shortcut_values_;
+};
+
+/// Set by SIGINT/SIGTERM; long-running commands poll it and stop cleanly.
+extern std::atomic<bool> stop_requested;
+void install_stop_handlers();
+
+/// A status line rewritten in place on a terminal, printed every `plain_every`
+/// updates otherwise (so logs get some progress without flooding).
+class progress_line {
+ public:
+  explicit progress_line(int plain_every = 0);
+  void update(const std::string& text, bool force_plain = false);
+  void finish();
+
+ private:
+  bool tty_;
+  int plain_every_;
+  int count_ = 0;
+  bool dirty_ = false;
+};
+
+/// Builds the one-line JSON summary. Numbers that are NaN become null.
+class json_line {
+ public:
+  json_line& add(const std::string& key, const std::string& value);
+  json_line& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
+  json_line& add(const std::string& key, double value);
+  json_line& add(const std::string& key, std::int64_t value);
+  json_line& add(const std::string& key, int value) { return add(key, static_cast<std::int64_t>(value)); }
+  json_line& add(const std::string& key, std::uint64_t value);
+  json_line& add(const std::string& key, bool value);
+  json_line& add_raw(const std::string& key, const std::string& json);
+  std::string str() const { return "{" + body_ + "}"; }
+
+ private:
+  void key(const std::string& k);
+  std::string body_;
+};
+
+std::string json_escape(const std::string& s);
+std::string format_duration(double seconds);
+
+}  // namespace archipelago::cli

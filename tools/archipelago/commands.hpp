@@ -1,0 +1,18 @@
+#pragma once
+// Each subcommand registers itself on the CLI11 app and returns a runner that
+// yields the process exit code.
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace archipelago::cli {
+
+using runner = std::function<int()>;
+
+runner add_train_command(CLI::App& app);
+runner add_sample_command(CLI::App& app);
+runner add_bench_command(CLI::App& app);
+runner add_config_command(CLI::App& app);
+
+}  // namespace archipelago::cli

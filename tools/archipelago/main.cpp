@@ -1,0 +1,42 @@
+// archipelago: one executable with git-like subcommands.
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <map>
+
+#include "cli_common.hpp"
+#include "commands.hpp"
+
+int main(int argc, char** argv) {
+  using namespace archipelago::cli;
+  CLI::App app{"archipelago: Decoupled DiLoCo training on unreliable, mixed, far-apart machines"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "archipelago 0.1.0");
+
+  std::map<CLI::App*, runner> runners;
+  auto add = [&](runner (*adder)(CLI::App&)) {
+    runner r = adder(app);
+    runners[app.get_subcommands({}).back()] = std::move(r);
+  };
+  add(add_train_command);
+  add(add_sample_command);
+  add(add_bench_command);
+  add(add_config_command);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "archipelago: " << e.what() << " (see --help)\n";
+    return exit_bad_input;
+  }
+  for (auto& [sub, run] : runners)
+    if (sub->parsed()) return run();
+  return exit_bad_input;
+}

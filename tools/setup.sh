@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Sets up archipelago on Debian 12: installs the Debian packages that are missing,
+# configures and builds; then optionally runs the main job or the tests.
+# Idempotent, and quick when everything is already there.
+#
+#   tools/setup.sh            install + build
+#   tools/setup.sh run [ARGS] install + build + `archipelago train ARGS` (built-in default job)
+#   tools/setup.sh test       install + build + every test (ctest)
+#
+# Environment: BUILD_DIR (default build), ARCHIPELAGO_MARCH (x86-64-v3 | native),
+# WITH_TORCH=1 also installs the PyTorch reference's packages (benchmarks only).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+MARCH=${ARCHIPELAGO_MARCH:-x86-64-v3}
+ACTION=${1:-build}
+[[ $# -gt 0 ]] && shift
+
+# Build and test dependencies, all from Debian 12.
+packages=(
+  g++ cmake ninja-build pkg-config python3
+  libcaf-dev libzmq3-dev cppzmq-dev capnproto libcapnp-dev librocksdb-dev
+  libeigen3-dev doctest-dev libcli11-dev libtomlplusplus-dev libxxhash-dev
+)
+if [[ ${WITH_TORCH:-0} == 1 ]]; then
+  packages+=(python3-torch libopenblas0-openmp)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [[ ! -f $BUILD_DIR/CMakeCache.txt ]]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DARCHIPELAGO_MARCH="$MARCH"
+fi
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+
+case $ACTION in
+  build) ;;
+  run) exec "$BUILD_DIR/archipelago" train "$@" ;;
+  test) exec ctest --test-dir "$BUILD_DIR" --output-on-failure "$@" ;;
+  *) echo "setup: unknown action '$ACTION' (build, run or test)" >&2; exit 2 ;;
+esac
