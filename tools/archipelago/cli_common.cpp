@@ -35,10 +35,10 @@ void config_flags::add_to(CLI::App& app) {
 }
 
 void config_flags::add_shortcut(CLI::App& app, const std::string& flag, const std::string& key,
-                                const std::string& help) {
+                                const std::string& value_name, const std::string& help) {
   shortcut_values_.push_back(std::make_unique<std::string>());
   shortcut_keys_.emplace_back(flag, key);
-  app.add_option(flag, *shortcut_values_.back(), help + " (knob " + key + ")");
+  app.add_option(flag, *shortcut_values_.back(), help + " (knob " + key + ")")->type_name(value_name);
 }
 
 expected<config> config_flags::resolve() const {

@@ -33,7 +33,7 @@ struct config_flags {
   void add_to(CLI::App& app);
   /// Registers a flag `--name VALUE` that sets knob `key`.
   void add_shortcut(CLI::App& app, const std::string& flag, const std::string& key,
-                    const std::string& help);
+                    const std::string& value_name, const std::string& help);
   /// Defaults, then the TOML file, then shortcut flags, then --set, then validation.
   expected<config> resolve() const;
 

@@ -23,9 +23,6 @@
 #include "learner/model/gpt.hpp"
 #include "learner/model/trainer.hpp"
 
-#ifndef ARCHIPELAGO_SOURCE_DIR
-#define ARCHIPELAGO_SOURCE_DIR "."
-#endif
 
 namespace archipelago::cli {
 namespace {
@@ -37,6 +34,7 @@ struct compute_options {
   int steps = 0;   // timed steps; 0 picks by model size
   int warmup = 3;
   bool against_torch = false;
+  bool profile = false;
   std::string python = "/usr/bin/python3";
   std::string torch_script = ARCHIPELAGO_SOURCE_DIR "/tools/bench/torch_reference.py";
   bool json = false;
@@ -137,10 +135,14 @@ int run_compute(const compute_options& o) {
     in[i] = static_cast<std::int32_t>(rng.below(256));
     out[i] = static_cast<std::int32_t>(rng.below(256));
   }
+  step_profile profile;
+  double optimizer_s = 0;
   auto model_step = [&] {
     const auto t0 = seconds_clock::now();
     model.forward_backward(in.data(), out.data(), o.batch);
+    const auto t1 = seconds_clock::now();
     optim.step(model.params(), model.grads(), 1e-3);
+    optimizer_s += since(t1);
     return since(t0);
   };
 
@@ -162,6 +164,8 @@ int run_compute(const compute_options& o) {
     model_step();
     gemm_sample();
   }
+  optimizer_s = 0;
+  if (o.profile) model.set_profile(&profile);
   std::vector<double> step_s, gemm_s;
   auto measure = [&](int count) {
     for (int i = 0; i < count; ++i) {
@@ -210,8 +214,9 @@ int run_compute(const compute_options& o) {
   const double gemm_gflops = gemm_flops / gemm_med * 1e-9;
   const double ratio_gemm = model_gflops / gemm_gflops;
 
-  std::printf("bench compute: model %s (%zu parameters), batch %d x %d tokens, %d threads, %s\n",
-              o.model.c_str(), layout.param_count, o.batch, t, o.threads,
+  std::printf("bench compute: model %s (%zu parameters), batch %d x %d tokens, %d threads, "
+              "-march=%s (Eigen: %s)\n",
+              o.model.c_str(), layout.param_count, o.batch, t, o.threads, ARCHIPELAGO_BUILD_MARCH,
               Eigen::SimdInstructionSetsInUse());
   std::printf("  engine   step %.2f ms median (best %.2f) over %zu steps: %.0f tokens/s, %.1f GFLOP/s\n",
               step_med * 1e3, step_best * 1e3, step_s.size(), tokens_per_s, model_gflops);
@@ -219,6 +224,21 @@ int run_compute(const compute_options& o) {
               static_cast<long>(gn), static_cast<long>(gk), static_cast<long>(gk),
               static_cast<long>(gm), gemm_med * 1e3, gemm_gflops);
   std::printf("  ratio    engine / matched GEMM = %.2f\n", ratio_gemm);
+  if (o.profile) {
+    double total = 0;
+    for (double x : step_s) total += x;
+    std::printf("  profile  (share of %.2f ms per step; profiling adds timer reads)\n", total / step_s.size() * 1e3);
+    auto row = [&](const char* name, double seconds) {
+      std::printf("    %-12s %8.2f ms  %5.1f%%\n", name, seconds / step_s.size() * 1e3, 100 * seconds / total);
+    };
+    double covered = optimizer_s;
+    for (int p = 0; p < step_profile::phase_count; ++p) {
+      row(step_profile::name(p), profile.seconds[p]);
+      covered += profile.seconds[p];
+    }
+    row("AdamW", optimizer_s);
+    row("other", total - covered);
+  }
   double ratio_torch = std::nan(""), ratio_installed = std::nan("");
   for (const auto& run : torch_runs) {
     if (!run.error.empty()) continue;
@@ -237,6 +257,7 @@ int run_compute(const compute_options& o) {
         .add("threads", o.threads)
         .add("batch", o.batch)
         .add("context", t)
+        .add("march", ARCHIPELAGO_BUILD_MARCH)
         .add("simd", Eigen::SimdInstructionSetsInUse())
         .add("steps", static_cast<std::int64_t>(step_s.size()))
         .add("step_ms_median", step_med * 1e3)
@@ -267,6 +288,7 @@ runner add_bench_command(CLI::App& app) {
   compute->add_option("--steps", o->steps, "Timed steps (default: 40 nano, 15 micro, 6 mini)");
   compute->add_option("--warmup", o->warmup, "Untimed warm-up steps (default 3)");
   compute->add_flag("--against-torch", o->against_torch, "Also run the PyTorch reference, as installed and tuned");
+  compute->add_flag("--profile", o->profile, "Show where a step's time goes, phase by phase");
   compute->add_option("--python", o->python, "Python interpreter with torch (default /usr/bin/python3)");
   compute->add_option("--torch-script", o->torch_script, "Path of torch_reference.py");
   compute->add_flag("--json", o->json, "Print a one-line JSON summary last");

@@ -168,15 +168,15 @@ int run_train(const train_options& opts) {
 runner add_train_command(CLI::App& app) {
   auto opts = std::make_shared<train_options>();
   CLI::App* cmd = app.add_subcommand("train", "Train one learner (no mesh) and evaluate it");
-  opts->flags.add_shortcut(*cmd, "--model", "model.size", "Model size: nano, micro or mini");
-  opts->flags.add_shortcut(*cmd, "--corpus", "data.corpus",
+  opts->flags.add_shortcut(*cmd, "--model", "model.size", "SIZE", "Model size: nano, micro or mini");
+  opts->flags.add_shortcut(*cmd, "--corpus", "data.corpus", "FILE",
                            "Text file to train on (default: the built-in synthetic corpus)");
-  opts->flags.add_shortcut(*cmd, "--steps", "train.steps", "Optimizer steps");
-  opts->flags.add_shortcut(*cmd, "--threads", "train.threads", "Compute threads");
-  opts->flags.add_shortcut(*cmd, "--lr", "optimizer.lr", "Peak learning rate");
-  opts->flags.add_shortcut(*cmd, "--batch", "data.batch", "Sequences per step");
-  opts->flags.add_shortcut(*cmd, "--seed", "train.seed", "Run seed");
-  opts->flags.add_shortcut(*cmd, "--time-limit", "train.time_limit_s", "Stop after this many seconds");
+  opts->flags.add_shortcut(*cmd, "--steps", "train.steps", "N", "Optimizer steps");
+  opts->flags.add_shortcut(*cmd, "--threads", "train.threads", "N", "Compute threads");
+  opts->flags.add_shortcut(*cmd, "--lr", "optimizer.lr", "RATE", "Peak learning rate");
+  opts->flags.add_shortcut(*cmd, "--batch", "data.batch", "B", "Sequences per step");
+  opts->flags.add_shortcut(*cmd, "--seed", "train.seed", "SEED", "Run seed");
+  opts->flags.add_shortcut(*cmd, "--time-limit", "train.time_limit_s", "SECONDS", "Stop after this many seconds");
   opts->flags.add_to(*cmd);
   cmd->add_option("--out", opts->out, "Write the trained model to this checkpoint file");
   cmd->add_option("--sample-bytes", opts->sample_bytes, "Bytes of sample text to print at the end (0: none)")

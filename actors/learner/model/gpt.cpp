@@ -5,6 +5,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cassert>
+#include <chrono>
 #include <cmath>
 #include <vector>
 
@@ -153,7 +154,41 @@ void gelu_backward(const S* x, S* dy, Index n) {
   }
 }
 
+/// Adds the scope's wall time to one phase of a profile, if profiling is on.
+class phase_timer {
+ public:
+  phase_timer(step_profile* profile, int phase) : profile_(profile), phase_(phase) {
+    if (profile_) start_ = std::chrono::steady_clock::now();
+  }
+  ~phase_timer() { stop(); }
+  /// Ends this phase and starts `next`.
+  void next(int phase) {
+    stop();
+    phase_ = phase;
+    if (profile_) start_ = std::chrono::steady_clock::now();
+  }
+
+ private:
+  void stop() {
+    if (profile_ && phase_ >= 0)
+      profile_->seconds[phase_] +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    phase_ = -1;
+  }
+  step_profile* profile_;
+  int phase_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+using phase = step_profile::phase;
+
 }  // namespace
+
+const char* step_profile::name(int p) {
+  static const char* const names[] = {"embedding", "layernorm", "dense GEMMs", "attention",
+                                      "gelu",      "loss",      "bias grads"};
+  return p >= 0 && p < phase_count ? names[p] : "?";
+}
 
 // ---------------------------------------------------------------------------
 
@@ -280,6 +315,7 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
               hd = s.head_dim();
   const S* p = params_.data();
   std::copy(inputs, inputs + n, w.tokens.begin());
+  phase_timer timer(profile_, phase::embedding);
 
   // Embeddings.
   {
@@ -307,11 +343,14 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
     S* hact = w.hact.data() + l * n * 4 * c;
     S* xnext = w.x.data() + (l + 1) * n * c;
 
+    timer.next(phase::layernorm);
     layernorm_forward(xl, ln1, w.ln1_stats.data() + l * n * 2, p + o.ln1g, p + o.ln1b, n, c);
+    timer.next(phase::dense);
     broadcast_rows(qkv, p + o.bqkv, static_cast<const S*>(nullptr), n, 3 * c);
     view(qkv, n, 3 * c).noalias() += view(static_cast<const S*>(ln1), n, c) * view(p + o.wqkv, c, 3 * c);
 
     // Causal self-attention, one (sequence, head) pair per task.
+    timer.next(phase::attention);
 #pragma omp parallel for schedule(static)
     for (Index bh = 0; bh < batch * h; ++bh) {
       const Index b = bh / h, hh = bh % h;
@@ -331,20 +370,27 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
       view(atty + b * len * c + hh * hd, len, hd, c).noalias() = prob * vv;
     }
 
+    timer.next(phase::dense);
     broadcast_rows(xm, p + o.bo, xl, n, c);
     view(xm, n, c).noalias() += view(static_cast<const S*>(atty), n, c) * view(p + o.wo, c, c);
 
+    timer.next(phase::layernorm);
     layernorm_forward(static_cast<const S*>(xm), ln2, w.ln2_stats.data() + l * n * 2, p + o.ln2g,
                       p + o.ln2b, n, c);
+    timer.next(phase::dense);
     broadcast_rows(hpre, p + o.b1, static_cast<const S*>(nullptr), n, 4 * c);
     view(hpre, n, 4 * c).noalias() += view(static_cast<const S*>(ln2), n, c) * view(p + o.w1, c, 4 * c);
+    timer.next(phase::gelu);
     gelu_forward(static_cast<const S*>(hpre), hact, n * 4 * c);
+    timer.next(phase::dense);
     broadcast_rows(xnext, p + o.b2, static_cast<const S*>(xm), n, c);
     view(xnext, n, c).noalias() += view(static_cast<const S*>(hact), n, 4 * c) * view(p + o.w2, 4 * c, c);
   }
 
+  timer.next(phase::layernorm);
   layernorm_forward(static_cast<const S*>(w.x.data() + s.n_layer * n * c), w.lnf.data(),
                     w.lnf_stats.data(), p + w.lnfg, p + w.lnfb, n, c);
+  timer.next(phase::dense);
   auto logits = view(w.logits.data(), n, v);
   const auto lnf = view(static_cast<const S*>(w.lnf.data()), n, c);
   if (s.tied) logits.noalias() = lnf * view(p + w.wte, v, c).transpose();
@@ -362,6 +408,7 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
               hd = s.head_dim();
   const S* p = params_.data();
   S* g = grads_.data();
+  phase_timer timer(profile_, phase::loss);
   grads_.zero();
 
   // Softmax cross-entropy; logits become dlogits = (softmax − onehot) / N.
@@ -383,6 +430,7 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
   loss /= static_cast<double>(n);
 
   // Unembedding.
+  timer.next(phase::dense);
   const auto dlogits = view(static_cast<const S*>(w.logits.data()), n, v);
   const auto lnf = view(static_cast<const S*>(w.lnf.data()), n, c);
   auto dln = view(w.dln.data(), n, c);
@@ -393,6 +441,7 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
     view(g + w.lm_head, c, v).noalias() += lnf.transpose() * dlogits;
     dln.noalias() = dlogits * view(p + w.lm_head, c, v).transpose();
   }
+  timer.next(phase::layernorm);
   w.dx.zero();
   layernorm_backward(static_cast<const S*>(w.dln.data()), w.x.data() + s.n_layer * n * c,
                      w.lnf_stats.data(), p + w.lnfg, w.dx.data(), g + w.lnfg, g + w.lnfb, n, c,
@@ -413,22 +462,32 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
     const S* hact = w.hact.data() + l * n * 4 * c;
 
     // MLP: dx holds d(x_{l+1}).
+    timer.next(phase::dense);
     auto dh = view(w.dh.data(), n, 4 * c);
     dh.noalias() = dx * view(p + o.w2, 4 * c, c).transpose();
     view(g + o.w2, 4 * c, c).noalias() += view(hact, n, 4 * c).transpose() * dx;
+    timer.next(phase::bias_grads);
     colsum_add(static_cast<const S*>(w.dx.data()), n, c, g + o.b2, w.reduce.data());
+    timer.next(phase::gelu);
     gelu_backward(hpre, w.dh.data(), n * 4 * c);
-    view(g + o.w1, c, 4 * c).noalias() += view(ln2, n, c).transpose() * view(static_cast<const S*>(w.dh.data()), n, 4 * c);
+    timer.next(phase::dense);
+    const auto dh_view = view(static_cast<const S*>(w.dh.data()), n, 4 * c);
+    view(g + o.w1, c, 4 * c).noalias() += view(ln2, n, c).transpose() * dh_view;
+    dln.noalias() = dh_view * view(p + o.w1, c, 4 * c).transpose();
+    timer.next(phase::bias_grads);
     colsum_add(static_cast<const S*>(w.dh.data()), n, 4 * c, g + o.b1, w.reduce.data());
-    dln.noalias() = view(static_cast<const S*>(w.dh.data()), n, 4 * c) * view(p + o.w1, c, 4 * c).transpose();
+    timer.next(phase::layernorm);
     layernorm_backward(static_cast<const S*>(w.dln.data()), xm, w.ln2_stats.data() + l * n * 2,
                        p + o.ln2g, w.dx.data(), g + o.ln2g, g + o.ln2b, n, c, w.reduce.data());
 
     // Attention: dx now holds d(xm).
+    timer.next(phase::dense);
     auto datty = view(w.datty.data(), n, c);
     datty.noalias() = dx * view(p + o.wo, c, c).transpose();
     view(g + o.wo, c, c).noalias() += view(atty, n, c).transpose() * dx;
+    timer.next(phase::bias_grads);
     colsum_add(static_cast<const S*>(w.dx.data()), n, c, g + o.bo, w.reduce.data());
+    timer.next(phase::attention);
 
     S* dqkv = w.dqkv.data();
 #pragma omp parallel for schedule(static)
@@ -458,15 +517,19 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
       dq.noalias() = dprob * k;
       dk.noalias() = dprob.transpose() * q;
     }
+    timer.next(phase::dense);
     const auto dqkv_view = view(static_cast<const S*>(dqkv), n, 3 * c);
     view(g + o.wqkv, c, 3 * c).noalias() += view(ln1, n, c).transpose() * dqkv_view;
-    colsum_add(static_cast<const S*>(dqkv), n, 3 * c, g + o.bqkv, w.reduce.data());
     dln.noalias() = dqkv_view * view(p + o.wqkv, c, 3 * c).transpose();
+    timer.next(phase::bias_grads);
+    colsum_add(static_cast<const S*>(dqkv), n, 3 * c, g + o.bqkv, w.reduce.data());
+    timer.next(phase::layernorm);
     layernorm_backward(static_cast<const S*>(w.dln.data()), xl, w.ln1_stats.data() + l * n * 2,
                        p + o.ln1g, w.dx.data(), g + o.ln1g, g + o.ln1b, n, c, w.reduce.data());
   }
 
   // Embeddings: dx holds d(x_0).
+  timer.next(phase::embedding);
   {
     S* dwpe = g + w.wpe;
     const S* d = w.dx.data();

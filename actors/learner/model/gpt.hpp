@@ -24,6 +24,13 @@
 
 namespace archipelago {
 
+/// Where a step's time goes, for `bench compute --profile`.
+struct step_profile {
+  enum phase : int { embedding, layernorm, dense, attention, gelu, loss, bias_grads, phase_count };
+  static const char* name(int p);
+  double seconds[phase_count] = {};
+};
+
 template <class S>
 class gpt {
  public:
@@ -62,6 +69,9 @@ class gpt {
   /// (forward GEMMs ×3, attention counted causal-full as computed).
   double flops_per_step(int batch) const;
 
+  /// Accumulate per-phase wall time into `profile` (nullptr: off, the default).
+  void set_profile(step_profile* profile) { profile_ = profile; }
+
  private:
   struct workspace;
   void forward(const std::int32_t* inputs, int batch, int len);
@@ -70,6 +80,7 @@ class gpt {
   aligned_buffer<S> params_;
   aligned_buffer<S> grads_;
   std::unique_ptr<workspace> ws_;
+  step_profile* profile_ = nullptr;
 };
 
 extern template class gpt<float>;
