@@ -24,7 +24,7 @@ packages=(
   libeigen3-dev doctest-dev libcli11-dev libtomlplusplus-dev libxxhash-dev
 )
 if [[ ${WITH_TORCH:-0} == 1 ]]; then
-  packages+=(python3-torch libopenblas0-openmp)
+  packages+=(python3-torch libopenblas0-pthread libopenblas0-openmp)
 fi
 
 missing=()

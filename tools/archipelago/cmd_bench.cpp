@@ -35,6 +35,7 @@ struct compute_options {
   int warmup = 3;
   bool against_torch = false;
   bool profile = false;
+  int rounds = 3;  // with --against-torch
   std::string python = "/usr/bin/python3";
   std::string torch_script = ARCHIPELAGO_SOURCE_DIR "/tools/bench/torch_reference.py";
   bool json = false;
@@ -74,17 +75,18 @@ std::string json_string(const std::string& line, const std::string& key) {
   return line.substr(at + skip, end - at - skip);
 }
 
-struct torch_run {
+/// One PyTorch configuration, run once per round.
+struct torch_config {
   std::string label;
   std::string env;
-  double tokens_per_s = std::nan("");
-  double step_ms = std::nan("");
+  std::vector<double> tokens_per_s;  // per round
+  std::vector<double> ratio;         // engine / this, per round
   std::string blas;
   std::string error;
 };
 
 /// Runs the PyTorch reference once under `env`; its last stdout line is JSON.
-void run_torch(torch_run& run, const compute_options& o, int steps) {
+void run_torch(torch_config& run, const compute_options& o, int steps) {
   const std::string cmd = "env " + run.env + " " + o.python + " " + o.torch_script + " --model " +
                           o.model + " --threads " + std::to_string(o.threads) + " --batch " +
                           std::to_string(o.batch) + " --steps " + std::to_string(steps) +
@@ -107,8 +109,7 @@ void run_torch(torch_run& run, const compute_options& o, int steps) {
                 output.substr(output.size() > 400 ? output.size() - 400 : 0);
     return;
   }
-  run.tokens_per_s = json_number(last, "tokens_per_s");
-  run.step_ms = json_number(last, "step_ms_median");
+  run.tokens_per_s.push_back(json_number(last, "tokens_per_s"));
   run.blas = json_string(last, "blas");
 }
 
@@ -172,36 +173,45 @@ int run_compute(const compute_options& o) {
       if (stop_requested.load()) return;
       step_s.push_back(model_step());
       gemm_s.push_back(gemm_sample());
-      progress.update("bench compute " + o.model + ": sample " + std::to_string(step_s.size()) + "/" +
-                      std::to_string(o.against_torch ? 2 * ((count + 1) / 2) : count));
+      progress.update("bench compute " + o.model + ": sample " + std::to_string(step_s.size()));
     }
   };
   install_stop_handlers();
 
-  std::vector<torch_run> torch_runs;
+  std::vector<torch_config> torch_runs;
   if (o.against_torch) {
-    // Ours, then both PyTorch configurations, then ours again: the baselines are
-    // bracketed by our own samples, which absorbs slow drifts in machine load.
-    measure((steps + 1) / 2);
-    progress.finish();
-    const char* openmp_blas = "/usr/lib/x86_64-linux-gnu/openblas-openmp";
-    const std::string tuned_env =
-        std::filesystem::exists(openmp_blas)
-            ? std::string("LD_LIBRARY_PATH=") + openmp_blas + " OPENBLAS_CORETYPE=SkylakeX -u OPENBLAS_L2_SIZE"
-            : "OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1 -u OPENBLAS_L2_SIZE";
+    // "as installed" is what `apt-get install python3-torch` gives (the pthread
+    // OpenBLAS, core type auto-detected); "tuned" follows MACHINE.md §6 (the
+    // OpenMP OpenBLAS with its AVX-512 kernels forced).
+    const std::string blas_dir = "/usr/lib/x86_64-linux-gnu/openblas-";
+    const std::string clean_env = "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE -u OPENBLAS_NUM_THREADS";
     torch_runs.resize(2);
     torch_runs[0].label = "tuned";
-    torch_runs[0].env = tuned_env;
+    torch_runs[0].env = std::filesystem::exists(blas_dir + "openmp")
+                            ? clean_env + " LD_LIBRARY_PATH=" + blas_dir + "openmp OPENBLAS_CORETYPE=SkylakeX"
+                            : clean_env + " OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1";
     torch_runs[1].label = "as_installed";
-    torch_runs[1].env = "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE -u OPENBLAS_NUM_THREADS";
+    torch_runs[1].env = std::filesystem::exists(blas_dir + "pthread")
+                            ? clean_env + " LD_LIBRARY_PATH=" + blas_dir + "pthread"
+                            : clean_env;
+  }
+  // Rounds of (ours, then each PyTorch configuration); a ratio is taken within
+  // each round and the median ratio reported, so a drift in the load of this
+  // shared machine affects both sides of a ratio alike.
+  const int rounds = o.against_torch ? o.rounds : 1;
+  for (int r = 0; r < rounds && !stop_requested.load(); ++r) {
+    const std::size_t first = step_s.size();
+    measure(steps);
+    progress.finish();
+    const double ours = static_cast<double>(n_tokens) /
+                        median(std::vector<double>(step_s.begin() + first, step_s.end()));
     for (auto& run : torch_runs) {
-      std::fprintf(stderr, "running PyTorch reference (%s)...\n", run.label.c_str());
+      if (!run.error.empty() || stop_requested.load()) continue;
+      std::fprintf(stderr, "round %d/%d: PyTorch reference (%s)...\n", r + 1, rounds, run.label.c_str());
       run_torch(run, o, steps);
       if (!run.error.empty()) std::fprintf(stderr, "archipelago: %s\n", run.error.c_str());
+      else run.ratio.push_back(ours / run.tokens_per_s.back());
     }
-    measure((steps + 1) / 2);
-  } else {
-    measure(steps);
   }
   progress.finish();
   if (step_s.empty()) return report(make_error(errc::internal, "interrupted before any sample"));
@@ -241,10 +251,14 @@ int run_compute(const compute_options& o) {
   }
   double ratio_torch = std::nan(""), ratio_installed = std::nan("");
   for (const auto& run : torch_runs) {
-    if (!run.error.empty()) continue;
-    const double ratio = tokens_per_s / run.tokens_per_s;
-    std::printf("  PyTorch  %-12s %.0f tokens/s (step %.2f ms, BLAS %s): engine / PyTorch = %.2f\n",
-                run.label.c_str(), run.tokens_per_s, run.step_ms, run.blas.c_str(), ratio);
+    if (run.ratio.empty()) continue;
+    const double ratio = median(run.ratio);
+    std::string per_round;
+    for (double x : run.ratio) per_round += (per_round.empty() ? "" : " ") + std::to_string(x).substr(0, 4);
+    std::printf("  PyTorch  %-12s %.0f tokens/s median of %zu rounds (BLAS %s)\n"
+                "           engine / PyTorch = %.2f (per round: %s)\n",
+                run.label.c_str(), median(run.tokens_per_s), run.tokens_per_s.size(),
+                run.blas.c_str(), ratio, per_round.c_str());
     if (run.label == "tuned") ratio_torch = ratio;
     else ratio_installed = ratio;
   }
@@ -267,7 +281,8 @@ int run_compute(const compute_options& o) {
         .add("ratio_vs_gemm", ratio_gemm);
     if (o.against_torch) {
       for (const auto& run : torch_runs)
-        j.add("torch_" + run.label + "_tokens_per_s", run.tokens_per_s);
+        j.add("torch_" + run.label + "_tokens_per_s", median(run.tokens_per_s));
+      j.add("rounds", rounds);
       j.add("ratio_vs_torch", ratio_torch).add("ratio_vs_torch_as_installed", ratio_installed);
     }
     std::printf("%s\n", j.str().c_str());
@@ -288,6 +303,8 @@ runner add_bench_command(CLI::App& app) {
   compute->add_option("--steps", o->steps, "Timed steps (default: 40 nano, 15 micro, 6 mini)");
   compute->add_option("--warmup", o->warmup, "Untimed warm-up steps (default 3)");
   compute->add_flag("--against-torch", o->against_torch, "Also run the PyTorch reference, as installed and tuned");
+  compute->add_option("--rounds", o->rounds, "Rounds of (engine, PyTorch) with --against-torch (default 3)")
+      ->check(CLI::Range(1, 100));
   compute->add_flag("--profile", o->profile, "Show where a step's time goes, phase by phase");
   compute->add_option("--python", o->python, "Python interpreter with torch (default /usr/bin/python3)");
   compute->add_option("--torch-script", o->torch_script, "Path of torch_reference.py");

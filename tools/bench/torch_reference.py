@@ -368,7 +368,10 @@ def main():
         return loss
 
     losses, times = [], []
+    load_before = os.getloadavg()[0]
     for i in range(total_steps):
+        if i == args.warmup:
+            cpu0, wall0 = time.process_time(), time.perf_counter()
         x, y = batches[i]
         t0 = time.perf_counter()
         loss = step(x, y)
@@ -380,6 +383,8 @@ def main():
             print(f"error: non-finite loss at step {i}", file=sys.stderr)
             sys.exit(3)
 
+    cpu_util = ((time.process_time() - cpu0) / (time.perf_counter() - wall0)
+                if times else float("nan"))
     blas = blas_info()  # after matmuls ran, so the BLAS library is mapped
 
     tokens_per_step = B * T
@@ -404,6 +409,7 @@ def main():
         "steps": len(times),
         "step_ms_median": round(med * 1e3, 3),
         "step_ms_best": round(best * 1e3, 3),
+        "step_ms_all": [round(t * 1e3, 2) for t in times],
         "tokens_per_s": round(tokens_per_step / med, 1),
         "tokens_per_s_best": round(tokens_per_step / best, 1),
         "gflops": round(gf(step_flops, med), 2),
@@ -411,6 +417,10 @@ def main():
         "gflops_causal": round(gf(step_flops_causal, med), 2),
         "gflops_6n": round(gf(step_flops_6n, med), 2),
         "flops_per_step": step_flops,
+        # process CPU time / wall time over the timed steps: about `threads` when the machine
+        # is ours (OpenMP threads spin), clearly less when another process took CPU time.
+        "cpu_util": round(cpu_util, 2),
+        "loadavg_1min_before": round(load_before, 2),
         "flop_formula": "3*B*T*(L*(24*C^2+4*T*C)+2*C*256) exact matmul fwd+bwd, dense attention",
         "data": "file" if args.data_file else args.data,
         "loss_first": round(losses[0], 4),

@@ -47,6 +47,7 @@ const_matrix_view<S> view(const S* p, Index rows, Index cols) {
 constexpr double layernorm_eps = 1e-5;
 constexpr int reduce_chunks = 32;          // fixed, so sums do not depend on thread count
 constexpr Index elementwise_block = 16384;  // elements per parallel block
+constexpr Index attention_row_block = 32;   // causal blocking: skips most of the upper triangle
 
 /// out[j] += Σ_rows a[r, j], summed in fixed chunks for determinism.
 template <class S>
@@ -72,6 +73,35 @@ void broadcast_rows(S* y, const S* bias, const S* base, Index rows, Index cols) 
     array_view<S> out(y + r * cols, cols);
     if (base) out = const_array_view<S>(base + r * cols, cols) + b;
     else out = b;
+  }
+}
+
+/// out[m×k] += Aᵀ·B for A [rows×m], B [rows×k]: a weight gradient, a reduction
+/// over all tokens into a small matrix. Eigen parallelises a GEMM over its
+/// output, which is too small here to keep every thread busy, so the token
+/// dimension is split into one slice per thread instead; the partial products
+/// are then added in slice order (deterministic for a given thread count).
+template <class S>
+void add_weight_grad(const_matrix_view<S> a, const_matrix_view<S> b, S* out, S* scratch,
+                     int threads) {
+  const Index m = a.cols(), k = b.cols(), rows = a.rows();
+  auto result = view(out, m, k);
+  if (threads <= 1 || m * k >= (Index{1} << 18) || rows < 64 * threads) {
+    result.noalias() += a.transpose() * b;
+    return;
+  }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int t = 0; t < threads; ++t) {
+    const Index r0 = rows * t / threads, r1 = rows * (t + 1) / threads;
+    view(scratch + t * m * k, m, k).noalias() =
+        a.middleRows(r0, r1 - r0).transpose() * b.middleRows(r0, r1 - r0);
+  }
+  const Index total = m * k;
+#pragma omp parallel for schedule(static)
+  for (Index e = 0; e < total; e += elementwise_block) {
+    const Index len = std::min(elementwise_block, total - e);
+    array_view<S> dst(out + e, len);
+    for (int t = 0; t < threads; ++t) dst += array_view<S>(scratch + t * m * k + e, len);
   }
 }
 
@@ -221,6 +251,7 @@ struct gpt<S>::workspace {
   aligned_buffer<S> dx, dln, dqkv, dh, datty;
   aligned_buffer<S> dprob;               // threads·T·T
   aligned_buffer<S> reduce;              // reduce_chunks · max(2C, 4C, V)
+  aligned_buffer<S> wgrad;               // threads · max(4C·C, V·C): split weight gradients
 
   void ensure(const model_shape& s, int want_batch) {
     const Index tokens_needed = static_cast<Index>(want_batch) * s.context;
@@ -253,6 +284,7 @@ struct gpt<S>::workspace {
     dh.resize(n * 4 * c);
     dprob.resize(static_cast<Index>(threads) * tt * tt);
     reduce.resize(reduce_chunks * std::max<Index>(4 * c, s.vocab));
+    wgrad.resize(static_cast<Index>(threads) * std::max<Index>(4 * c, s.vocab) * c);
   }
 };
 
@@ -359,15 +391,20 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
       auto k = view(base + c, len, hd, 3 * c);
       auto vv = view(base + 2 * c, len, hd, 3 * c);
       auto prob = view(att + bh * len * len, len, len);
-      prob.noalias() = q * k.transpose();
-      for (Index i = 0; i < len; ++i) {
-        auto row = prob.row(i).head(i + 1).array();
-        const S mx = row.maxCoeff();
-        row = ((row - mx) * scale).exp();
-        row /= row.sum();
-        prob.row(i).tail(len - i - 1).setZero();
+      auto y = view(atty + b * len * c + hh * hd, len, hd, c);
+      // Causal: row block [r0, r1) only needs keys and values [0, r1).
+      for (Index r0 = 0; r0 < len; r0 += attention_row_block) {
+        const Index r1 = std::min<Index>(len, r0 + attention_row_block), rl = r1 - r0;
+        prob.block(r0, 0, rl, r1).noalias() = q.middleRows(r0, rl) * k.topRows(r1).transpose();
+        for (Index i = r0; i < r1; ++i) {
+          auto row = prob.row(i).head(i + 1).array();
+          const S mx = row.maxCoeff();
+          row = ((row - mx) * scale).exp();
+          row /= row.sum();
+          prob.row(i).tail(len - i - 1).setZero();
+        }
+        y.middleRows(r0, rl).noalias() = prob.block(r0, 0, rl, r1) * vv.topRows(r1);
       }
-      view(atty + b * len * c + hh * hd, len, hd, c).noalias() = prob * vv;
     }
 
     timer.next(phase::dense);
@@ -435,10 +472,10 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
   const auto lnf = view(static_cast<const S*>(w.lnf.data()), n, c);
   auto dln = view(w.dln.data(), n, c);
   if (s.tied) {
-    view(g + w.wte, v, c).noalias() += dlogits.transpose() * lnf;
+    add_weight_grad(dlogits, lnf, g + w.wte, w.wgrad.data(), omp_get_max_threads());
     dln.noalias() = dlogits * view(p + w.wte, v, c);
   } else {
-    view(g + w.lm_head, c, v).noalias() += lnf.transpose() * dlogits;
+    add_weight_grad(lnf, dlogits, g + w.lm_head, w.wgrad.data(), omp_get_max_threads());
     dln.noalias() = dlogits * view(p + w.lm_head, c, v).transpose();
   }
   timer.next(phase::layernorm);
@@ -465,14 +502,15 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
     timer.next(phase::dense);
     auto dh = view(w.dh.data(), n, 4 * c);
     dh.noalias() = dx * view(p + o.w2, 4 * c, c).transpose();
-    view(g + o.w2, 4 * c, c).noalias() += view(hact, n, 4 * c).transpose() * dx;
+    add_weight_grad(view(hact, n, 4 * c), view(static_cast<const S*>(w.dx.data()), n, c), g + o.w2,
+                    w.wgrad.data(), omp_get_max_threads());
     timer.next(phase::bias_grads);
     colsum_add(static_cast<const S*>(w.dx.data()), n, c, g + o.b2, w.reduce.data());
     timer.next(phase::gelu);
     gelu_backward(hpre, w.dh.data(), n * 4 * c);
     timer.next(phase::dense);
     const auto dh_view = view(static_cast<const S*>(w.dh.data()), n, 4 * c);
-    view(g + o.w1, c, 4 * c).noalias() += view(ln2, n, c).transpose() * dh_view;
+    add_weight_grad(view(ln2, n, c), dh_view, g + o.w1, w.wgrad.data(), omp_get_max_threads());
     dln.noalias() = dh_view * view(p + o.w1, c, 4 * c).transpose();
     timer.next(phase::bias_grads);
     colsum_add(static_cast<const S*>(w.dh.data()), n, 4 * c, g + o.b1, w.reduce.data());
@@ -484,7 +522,8 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
     timer.next(phase::dense);
     auto datty = view(w.datty.data(), n, c);
     datty.noalias() = dx * view(p + o.wo, c, c).transpose();
-    view(g + o.wo, c, c).noalias() += view(atty, n, c).transpose() * dx;
+    add_weight_grad(view(atty, n, c), view(static_cast<const S*>(w.dx.data()), n, c), g + o.wo,
+                    w.wgrad.data(), omp_get_max_threads());
     timer.next(phase::bias_grads);
     colsum_add(static_cast<const S*>(w.dx.data()), n, c, g + o.bo, w.reduce.data());
     timer.next(phase::attention);
@@ -504,22 +543,30 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
       auto dv = view(dqkv + at_base + 2 * c, len, hd, 3 * c);
       auto dprob = view(w.dprob.data() + omp_get_thread_num() * len * len, len, len);
 
-      dv.noalias() = prob.transpose() * dy;
-      dprob.noalias() = dy * vv.transpose();
-      // Softmax backward; the scale of the scores folds in here.
-      for (Index i = 0; i < len; ++i) {
-        auto d = dprob.row(i).head(i + 1).array();
-        const auto pr = prob.row(i).head(i + 1).array();
-        const S dot = (d * pr).sum();
-        d = pr * (d - dot) * scale;
-        dprob.row(i).tail(len - i - 1).setZero();
+      // Row blocks as in the forward pass; entries above the diagonal are zero.
+      for (Index r0 = 0; r0 < len; r0 += attention_row_block) {
+        const Index r1 = std::min<Index>(len, r0 + attention_row_block), rl = r1 - r0;
+        dprob.block(r0, 0, rl, r1).noalias() = dy.middleRows(r0, rl) * vv.topRows(r1).transpose();
+        // Softmax backward; the scale of the scores folds in here.
+        for (Index i = r0; i < r1; ++i) {
+          auto d = dprob.row(i).head(i + 1).array();
+          const auto pr = prob.row(i).head(i + 1).array();
+          const S dot = (d * pr).sum();
+          d = pr * (d - dot) * scale;
+          dprob.row(i).tail(len - i - 1).setZero();
+        }
+        dq.middleRows(r0, rl).noalias() = dprob.block(r0, 0, rl, r1) * k.topRows(r1);
       }
-      dq.noalias() = dprob * k;
-      dk.noalias() = dprob.transpose() * q;
+      // Keys and values of block [c0, c1) are seen by query rows [c0, len).
+      for (Index c0 = 0; c0 < len; c0 += attention_row_block) {
+        const Index cl = std::min<Index>(len, c0 + attention_row_block) - c0;
+        dv.middleRows(c0, cl).noalias() = prob.block(c0, c0, len - c0, cl).transpose() * dy.bottomRows(len - c0);
+        dk.middleRows(c0, cl).noalias() = dprob.block(c0, c0, len - c0, cl).transpose() * q.bottomRows(len - c0);
+      }
     }
     timer.next(phase::dense);
     const auto dqkv_view = view(static_cast<const S*>(dqkv), n, 3 * c);
-    view(g + o.wqkv, c, 3 * c).noalias() += view(ln1, n, c).transpose() * dqkv_view;
+    add_weight_grad(view(ln1, n, c), dqkv_view, g + o.wqkv, w.wgrad.data(), omp_get_max_threads());
     dln.noalias() = dqkv_view * view(p + o.wqkv, c, 3 * c).transpose();
     timer.next(phase::bias_grads);
     colsum_add(static_cast<const S*>(dqkv), n, 3 * c, g + o.bqkv, w.reduce.data());
@@ -591,7 +638,9 @@ template <class S>
 double gpt<S>::flops_per_step(int batch) const {
   const model_shape& s = layout_.shape;
   const double c = s.d_model, t = s.context, tokens = static_cast<double>(batch) * t;
-  const double per_token_layer = 2.0 * (3 * c * c + c * c + 8 * c * c) + 2.0 * 2.0 * t * c;
+  // Attention counts only the causal half of QKᵀ and PV (a query at position i
+  // needs i + 1 keys), the work any implementation must do.
+  const double per_token_layer = 2.0 * (3 * c * c + c * c + 8 * c * c) + 2.0 * 2.0 * (t + 1) / 2 * c;
   const double per_token = s.n_layer * per_token_layer + 2.0 * c * s.vocab;
   return 3.0 * per_token * tokens;
 }

@@ -65,8 +65,8 @@ class gpt {
   /// Next-byte logits after a single sequence of `len` tokens (1 ≤ len ≤ context).
   void next_logits(const std::int32_t* tokens, int len, S* logits_out);
 
-  /// Matrix-multiply FLOPs of one forward+backward over `batch` full sequences
-  /// (forward GEMMs ×3, attention counted causal-full as computed).
+  /// Matrix-multiply FLOPs of one forward+backward over `batch` full sequences:
+  /// 3× the forward GEMMs, attention counted over its causal half.
   double flops_per_step(int batch) const;
 
   /// Accumulate per-phase wall time into `profile` (nullptr: off, the default).
