@@ -1,0 +1,202 @@
+@0xc7f0878e97f17d97;
+# The one message type of the archipelago wire. Every message between learners,
+# sync brokers, parameter shards and the chaos monkey is an Envelope: a header
+# and one body. Tensors never travel inside it: each tensor is an extra ZeroMQ
+# frame after the Envelope frame, described by one TensorFrame entry, so a
+# fragment of megabytes is sent straight from memory and stays out of Cap'n
+# Proto's traversal limit. Evolution rules: schemas/README.md.
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("archipelago::wire");
+
+const protocolVersion :UInt16 = 1;
+# Bumped only for a change an old peer would misread; a peer that receives a
+# different version answers with an Error naming both versions.
+
+enum Role {
+  learner @0;
+  syncBroker @1;
+  parameterShard @2;
+  chaosMonkey @3;
+}
+
+struct NodeAddress {
+  role @0 :Role;        # which kind of actor
+  index @1 :UInt32;     # its index within the role (learner 3, shard 0, ...)
+}
+
+struct Header {
+  protocolVersion @0 :UInt16;  # the sender's protocolVersion
+  sender @1 :NodeAddress;      # who sent this message
+  incarnation @2 :UInt64;      # sender's process incarnation; grows on every restart
+  sequence @3 :UInt64;         # per (sender, incarnation), from 1, +1 per message; duplicate suppression key
+  round @4 :UInt64;            # the round this message concerns; 0 when none
+}
+
+enum TensorEncoding {
+  fp32 @0;   # raw little-endian float32
+  bf16 @1;   # upper 16 bits of float32, round to nearest even
+  int8 @2;   # per-block fp32 absmax scale + int8 codes
+  int4 @3;   # per-block fp32 absmax scale + two int4 codes per byte
+  int2 @4;   # per-block fp32 absmax scale + four ternary codes per byte
+}
+
+struct TensorFrame {
+  # Describes the ZeroMQ frame at the same position after the Envelope frame.
+  name @0 :Text;                 # tensor or fragment name, e.g. "fragment/3"
+  encoding @1 :TensorEncoding;   # how the frame's bytes encode the values
+  elementCount @2 :UInt64;       # float values after decoding
+  byteLength @3 :UInt64;         # exact length of the frame in bytes
+  blockSize @4 :UInt32;          # quantisation block (elements); ignored for fp32/bf16
+  checksum @5 :UInt64;           # XXH3-64 of the frame's bytes; a mismatch rejects the message
+}
+
+struct Envelope {
+  header @0 :Header;
+  tensors @1 :List(TensorFrame);  # one entry per extra frame, in frame order
+  body :union {
+    join @2 :Join;
+    welcome @3 :Welcome;
+    heartbeat @4 :Heartbeat;
+    leave @5 :Leave;
+    progress @6 :Progress;
+    roundOpen @7 :RoundOpen;
+    contribution @8 :Contribution;
+    roundClose @9 :RoundClose;
+    fragmentUpdate @10 :FragmentUpdate;
+    fetchFragment @11 :FetchFragment;
+    chaosCommand @12 :ChaosCommand;
+    error @13 :Error;
+    ack @14 :Ack;
+  }
+}
+
+struct Join {
+  # A node announces itself (first start or rejoin with a new incarnation).
+  layoutFingerprint @0 :UInt64;  # param_layout::fingerprint(); must match the mesh's
+  configHash @1 :UInt64;         # hash of the knobs that must agree across the mesh
+  batchTokens @2 :UInt32;        # tokens per inner step (learners)
+  threads @3 :UInt16;            # compute threads (learners)
+  endpoint @4 :Text;             # where this node can be reached, e.g. "tcp://10.0.0.5:7100"
+}
+
+struct ShardInfo {
+  index @0 :UInt32;              # parameter shard index
+  endpoint @1 :Text;             # where to reach it
+  fragments @2 :List(UInt32);    # fragments it owns
+}
+
+struct Welcome {
+  # The broker's answer to Join.
+  fragments @0 :UInt32;              # P
+  shards @1 :List(ShardInfo);        # who owns which fragment
+  heartbeatIntervalMs @2 :UInt32;    # the mesh's heartbeat interval
+  currentRound @3 :UInt64;           # next round the broker will open
+}
+
+struct Heartbeat {
+  stepsDone @0 :UInt64;  # sender's inner steps so far (learners); 0 otherwise
+}
+
+struct Leave {
+  reason @0 :Text;       # why the node leaves (shutdown, drain, ...)
+}
+
+struct Progress {
+  # A learner's per-step report to the broker (small; every step).
+  step @0 :UInt64;         # inner steps done by this incarnation
+  stepTimeNs @1 :UInt64;   # duration of the last step
+  tokens @2 :UInt64;       # tokens processed by this incarnation
+}
+
+struct RoundOpen {
+  fragment @0 :UInt32;     # fragment p of round header.round
+  shard @1 :UInt32;        # the shard that collects contributions for it
+}
+
+struct Contribution {
+  # A learner's progress on one fragment; tensors[0] is the delta θ_p − anchor_p.
+  fragment @0 :UInt32;
+  anchorVersion @1 :UInt64;  # version of Θ_p the delta is taken against
+  steps @2 :UInt64;          # inner steps since that anchor (c_steps)
+  tokens @3 :UInt64;         # tokens since that anchor (c_tokens)
+}
+
+struct Member {
+  learner @0 :UInt32;        # learner index
+  incarnation @1 :UInt64;    # its incarnation
+  weight @2 :Float64;        # merge weight c_tokens² / c_steps
+}
+
+enum CloseReason {
+  allEligible @0;    # every eligible learner contributed
+  graceExpired @1;   # quorum reached, grace window ran out
+  timeout @2;        # bounded wait exceeded without quorum
+}
+
+struct RoundClose {
+  # The broker closes round header.round; the shard merges exactly these members.
+  fragment @0 :UInt32;
+  members @1 :List(Member);
+  reason @2 :CloseReason;
+  quorumNs @3 :Int64;        # time from open to quorum
+  graceNs @4 :Int64;         # length of the grace window granted
+}
+
+struct FragmentUpdate {
+  # A new global value of a fragment; tensors[0] is Θ_p (fp32).
+  fragment @0 :UInt32;
+  version @1 :UInt64;        # v_p after the outer step
+}
+
+struct FetchFragment {
+  # A joiner asks for the current Θ_p; the reply is a FragmentUpdate.
+  fragment @0 :UInt32;
+}
+
+enum ChaosKind {
+  crash @0;        # SIGKILL / actor kill
+  pause @1;        # SIGSTOP for durationMs
+  slowDown @2;     # multiply step time by factor
+  shapeLink @3;    # apply link to the links between target and peer
+  heal @4;         # undo every fault on target
+  storageFault @5; # make target's store fail writes for durationMs
+}
+
+struct LinkShape {
+  bandwidthBytesPerS @0 :Float64;  # 0 = unlimited
+  latencyNs @1 :Int64;
+  jitterNs @2 :Int64;
+  loss @3 :Float64;                # probabilities in [0, 1]
+  duplicate @4 :Float64;
+  reorder @5 :Float64;
+  corrupt @6 :Float64;
+}
+
+struct ChaosCommand {
+  kind @0 :ChaosKind;
+  target @1 :NodeAddress;      # node the fault applies to
+  peer @2 :NodeAddress;        # other end, for link faults
+  durationMs @3 :UInt64;       # 0 = until healed
+  factor @4 :Float64;          # slow-down factor
+  link @5 :LinkShape;          # for shapeLink
+}
+
+enum ErrorCode {
+  versionMismatch @0;   # protocol versions differ (message names both)
+  malformed @1;         # the envelope or a tensor frame failed validation
+  unknownPeer @2;       # sender is not allowed or not a member
+  badContribution @3;   # contribution rejected (NaN, stale anchor, wrong size)
+  overloaded @4;        # a bounded queue is full; retry later
+  internal @5;          # a bug on the answering side
+}
+
+struct Error {
+  code @0 :ErrorCode;
+  message @1 :Text;           # one line for a human
+  inReplyTo @2 :UInt64;       # sequence of the offending message, 0 if unknown
+}
+
+struct Ack {
+  sequence @0 :UInt64;        # sequence being acknowledged
+}
