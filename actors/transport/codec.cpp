@@ -37,6 +37,7 @@ const char* to_string(reject_reason reason) {
   switch (reason) {
     case reject_reason::no_frames: return "no_frames";
     case reject_reason::bad_envelope_size: return "bad_envelope_size";
+    case reject_reason::envelope_checksum: return "envelope_checksum";
     case reject_reason::malformed: return "malformed";
     case reject_reason::version_mismatch: return "version_mismatch";
     case reject_reason::unknown_body: return "unknown_body";
@@ -75,19 +76,26 @@ decode_result decode_envelope(const std::vector<frame_view>& frames, const decod
   };
   if (frames.empty()) return fail(reject_reason::no_frames, "message has no frames");
   const frame_view first = frames.front();
-  if (first.size == 0 || first.size % sizeof(capnp::word) != 0 || first.size > limits.max_envelope_bytes)
+  if (first.size < 2 * sizeof(capnp::word) || first.size % sizeof(capnp::word) != 0 ||
+      first.size > limits.max_envelope_bytes)
     return fail(reject_reason::bad_envelope_size,
                 "envelope frame of " + std::to_string(first.size) +
-                    " bytes (must be a non-zero multiple of 8, at most " +
+                    " bytes (must be a multiple of 8, at least 16, at most " +
                     std::to_string(limits.max_envelope_bytes) + ")");
+  // The last word is the checksum of the Cap'n Proto message before it.
+  const std::size_t message_bytes = first.size - sizeof(capnp::word);
+  std::uint64_t trailer = 0;
+  std::memcpy(&trailer, first.data + message_bytes, sizeof trailer);
+  if (checksum64(first.data, message_bytes) != trailer)
+    return fail(reject_reason::envelope_checksum, "envelope checksum mismatch");
 
   auto env = std::make_unique<decoded_envelope>();
   const capnp::word* words = reinterpret_cast<const capnp::word*>(first.data);
-  const std::size_t word_count = first.size / sizeof(capnp::word);
+  const std::size_t word_count = message_bytes / sizeof(capnp::word);
   // ZeroMQ delivers small frames at arbitrary offsets; Cap'n Proto needs 8-byte alignment.
   if (reinterpret_cast<std::uintptr_t>(first.data) % alignof(capnp::word) != 0) {
     env->aligned_copy_ = kj::heapArray<capnp::word>(word_count);
-    std::memcpy(env->aligned_copy_.begin(), first.data, first.size);
+    std::memcpy(env->aligned_copy_.begin(), first.data, message_bytes);
     words = env->aligned_copy_.begin();
   }
   capnp::ReaderOptions options;
@@ -214,7 +222,11 @@ encoded_message envelope_builder::finish() {
     info.setChecksum(checksum64(t.bytes->data(), t.bytes->size()));
     out.tensors.push_back(t.bytes);
   }
-  out.envelope = capnp::messageToFlatArray(builder_);
+  const kj::Array<capnp::word> flat = capnp::messageToFlatArray(builder_);
+  out.envelope = kj::heapArray<capnp::word>(flat.size() + 1);
+  std::memcpy(static_cast<void*>(out.envelope.begin()), flat.begin(), flat.size() * sizeof(capnp::word));
+  const std::uint64_t sum = checksum64(flat.begin(), flat.size() * sizeof(capnp::word));
+  std::memcpy(static_cast<void*>(out.envelope.begin() + flat.size()), &sum, sizeof sum);
   return out;
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// Envelope codec: one Cap'n Proto Envelope frame plus one raw frame per tensor
+// Envelope codec: one Cap'n Proto Envelope frame (the flat message followed by
+// one word, its XXH3-64 checksum) plus one raw frame per tensor
 // (schemas/envelope.capnp, schemas/README.md). Encoding computes each tensor
 // frame's length and checksum into the Envelope; decoding validates everything
 // a peer could get wrong before anyone reads a field: frame shape and
@@ -32,7 +33,8 @@ struct frame_view {
 /// Why a message was rejected; the transport keeps one counter per reason.
 enum class reject_reason : std::uint8_t {
   no_frames,          // an empty multipart message
-  bad_envelope_size,  // empty, not a multiple of 8 bytes, or above the limit
+  bad_envelope_size,  // too short, not a multiple of 8 bytes, or above the limit
+  envelope_checksum,  // the envelope frame's trailing checksum does not match
   malformed,          // Cap'n Proto validation failed (bounds, limits, text)
   version_mismatch,   // protocol versions differ
   unknown_body,       // union tag this build does not know

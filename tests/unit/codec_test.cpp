@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/prng.hpp"
+#include "core/checksum.hpp"
 #include "transport/codec.hpp"
 
 using namespace archipelago;
@@ -147,6 +148,15 @@ TEST_CASE("malformed messages are rejected with the reason") {
     std::vector<std::uint8_t> bytes(13, 0);
     CHECK(decode_envelope({{bytes.data(), 0}}).reason() == reject_reason::bad_envelope_size);
     CHECK(decode_envelope({{bytes.data(), 13}}).reason() == reject_reason::bad_envelope_size);
+    CHECK(decode_envelope({{bytes.data(), 8}}).reason() == reject_reason::bad_envelope_size);
+  }
+  SUBCASE("a flipped bit anywhere in the envelope frame") {
+    owned_message good(heartbeat_message());
+    for (std::size_t bit = 0; bit < good.frames[0].size() * 8; bit += 5) {
+      owned_message m = good;
+      m.frames[0][bit / 8] ^= static_cast<std::uint8_t>(1u << (bit % 8));
+      CHECK(decode(m).reason() == reject_reason::envelope_checksum);
+    }
   }
   SUBCASE("oversized envelope frame") {
     std::vector<std::uint8_t> big(2 << 20, 0);
@@ -157,7 +167,7 @@ TEST_CASE("malformed messages are rejected with the reason") {
     m.frames[0].resize(m.frames[0].size() - 8);
     auto r = decode(m);
     CHECK_FALSE(r.ok());
-    CHECK(r.reason() == reject_reason::malformed);
+    CHECK(r.reason() == reject_reason::envelope_checksum);
   }
   SUBCASE("random bytes never crash and are rejected or valid") {
     const std::uint64_t seed = 77;
@@ -176,7 +186,12 @@ TEST_CASE("malformed messages are rejected with the reason") {
     root.initHeader().setProtocolVersion(wire::PROTOCOL_VERSION + 1);
     root.getBody().initHeartbeat();
     auto flat = capnp::messageToFlatArray(mb);
-    auto r = decode_envelope({{reinterpret_cast<const std::uint8_t*>(flat.begin()), flat.size() * 8}});
+    std::vector<std::uint8_t> frame(reinterpret_cast<const std::uint8_t*>(flat.begin()),
+                                    reinterpret_cast<const std::uint8_t*>(flat.end()));
+    const std::uint64_t sum = checksum64(frame.data(), frame.size());
+    frame.insert(frame.end(), reinterpret_cast<const std::uint8_t*>(&sum),
+                 reinterpret_cast<const std::uint8_t*>(&sum) + 8);
+    auto r = decode_envelope({{frame.data(), frame.size()}});
     REQUIRE(r.reason() == reject_reason::version_mismatch);
     CHECK(r.peer_version() == wire::PROTOCOL_VERSION + 1);
     CHECK(r.message().find(std::to_string(wire::PROTOCOL_VERSION + 1)) != std::string::npos);
@@ -192,12 +207,18 @@ TEST_CASE("malformed messages are rejected with the reason") {
     owned_message ma(a.finish()), mb(b.finish());
     REQUIRE(ma.frames[0].size() == mb.frames[0].size());
     std::size_t diffs = 0;
-    for (std::size_t i = 0; i < ma.frames[0].size(); ++i)
+    for (std::size_t i = 0; i + 8 < ma.frames[0].size(); ++i)
       if (ma.frames[0][i] != mb.frames[0][i]) {
         ma.frames[0][i] = 200;
         ++diffs;
       }
-    REQUIRE(diffs == 1);
+    diffs += std::memcmp(ma.frames[0].data() + ma.frames[0].size() - 8,
+                         mb.frames[0].data() + mb.frames[0].size() - 8, 8) != 0;
+    REQUIRE(diffs == 2);  // the discriminant and the checksum word
+    // Re-seal the patched message so the decoder gets past the checksum.
+    const std::size_t body = ma.frames[0].size() - 8;
+    const std::uint64_t sum = checksum64(ma.frames[0].data(), body);
+    std::memcpy(ma.frames[0].data() + body, &sum, 8);
     CHECK(decode(ma).reason() == reject_reason::unknown_body);
   }
   SUBCASE("tensor frames that do not match their descriptors") {

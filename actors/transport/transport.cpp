@@ -1,0 +1,559 @@
+#include "transport/transport.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <queue>
+#include <set>
+#include <thread>
+#include <zmq.hpp>
+
+#include "core/prng.hpp"
+
+namespace archipelago::transport {
+
+std::shared_ptr<zmq::context_t> make_io_context() {
+  // One I/O thread: ZeroMQ suggests one per GB/s, and this machine class has 2 cores.
+  return std::make_shared<zmq::context_t>(1);
+}
+
+inbound_message::inbound_message() = default;
+inbound_message::~inbound_message() = default;
+
+std::uint64_t transport_counters::rejected_total() const {
+  std::uint64_t total = 0;
+  for (auto r : rejected) total += r;
+  return total;
+}
+
+namespace {
+
+std::string identity_of(node_address a) { return a.to_string(); }
+
+/// Frames of one outbound message, sharing the encoded bytes (no copy).
+std::vector<zmq::message_t> make_frames(const std::shared_ptr<const encoded_message>& msg,
+                                        std::optional<std::uint64_t> flip_bit) {
+  std::vector<zmq::message_t> frames;
+  auto hold = [](const std::shared_ptr<const encoded_message>& m) {
+    return new std::shared_ptr<const encoded_message>(m);
+  };
+  auto release = [](void*, void* hint) { delete static_cast<std::shared_ptr<const encoded_message>*>(hint); };
+  frames.emplace_back(const_cast<capnp::word*>(msg->envelope.begin()), msg->envelope.size() * sizeof(capnp::word),
+                      release, hold(msg));
+  for (const auto& t : msg->tensors)
+    frames.emplace_back(const_cast<std::uint8_t*>(t->data()), t->size(), release, hold(msg));
+  if (flip_bit) {
+    // Corruption emulation: flip one bit of a private copy of the frame it falls in.
+    std::uint64_t bit = *flip_bit;
+    for (auto& f : frames) {
+      if (bit < f.size() * 8) {
+        zmq::message_t copy(f.data(), f.size());
+        static_cast<std::uint8_t*>(copy.data())[bit / 8] ^= static_cast<std::uint8_t>(1u << (bit % 8));
+        f = std::move(copy);
+        break;
+      }
+      bit -= f.size() * 8;
+    }
+  }
+  return frames;
+}
+
+struct scheduled_send {
+  nanos at = 0;
+  std::uint64_t order = 0;  // FIFO among equal times
+  node_address to;
+  std::shared_ptr<const encoded_message> message;
+  std::optional<std::uint64_t> flip_bit;
+  bool operator>(const scheduled_send& o) const { return at != o.at ? at > o.at : order > o.order; }
+};
+
+struct command {
+  enum class kind { send, add_peer, set_link, stop } what = kind::send;
+  std::vector<node_address> to;
+  std::shared_ptr<const encoded_message> message;
+  std::string endpoint;
+  link_profile profile;
+};
+
+}  // namespace
+
+struct node_transport::impl {
+  transport_config cfg;
+  const clock_source& clock;
+  message_handler on_message;
+  peer_handler on_peer;
+
+  std::shared_ptr<zmq::context_t> context_owner;
+  zmq::context_t& context;
+  std::string bound_endpoint;
+  int wake_fd = -1;
+  std::thread io;
+  std::atomic<std::uint64_t> sequence{0};
+
+  // Shared with callers (under mutex).
+  mutable std::mutex mutex;
+  std::deque<command> commands;
+  std::set<node_address> known_peers;
+  transport_counters stats;  // written by the I/O thread under mutex, read by counters()
+  bool stopped = false;
+
+  // I/O thread only.
+  struct peer {
+    std::string endpoint;
+    std::unique_ptr<zmq::socket_t> dealer;
+    link_shaper shaper;
+    std::deque<std::vector<zmq::message_t>> waiting;
+    nanos reconnect_at = -1;
+    reconnect_backoff backoff;
+    bool dead = false;
+  };
+  std::map<node_address, peer> peers;
+  std::unique_ptr<zmq::socket_t> router;
+  std::priority_queue<scheduled_send, std::vector<scheduled_send>, std::greater<>> schedule;
+  std::uint64_t schedule_order = 0;
+  peer_liveness liveness;
+  dedup_window dedup;
+  std::set<node_address> dead_reported;
+  std::uint64_t log_budget[static_cast<int>(reject_reason::count_)] = {};
+
+  impl(transport_config c, const clock_source& clk, message_handler m, peer_handler p)
+      : cfg(std::move(c)), clock(clk), on_message(std::move(m)), on_peer(std::move(p)),
+        context_owner(cfg.context ? cfg.context : make_io_context()), context(*context_owner),
+        liveness(cfg.heartbeat) {}
+
+  template <class F>
+  void count(F&& f) {
+    std::lock_guard<std::mutex> lock(mutex);
+    f(stats);
+  }
+
+  void wake() {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_fd, &one, sizeof one);
+  }
+
+  std::unique_ptr<zmq::socket_t> make_dealer(const std::string& endpoint) {
+    auto s = std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
+    s->set(zmq::sockopt::linger, 0);
+    s->set(zmq::sockopt::sndhwm, cfg.socket_hwm);
+    s->set(zmq::sockopt::rcvhwm, cfg.socket_hwm);
+    s->set(zmq::sockopt::routing_id, identity_of(cfg.self));
+    s->set(zmq::sockopt::immediate, 1);  // do not queue for a peer that is not connected
+    s->set(zmq::sockopt::reconnect_ivl, 100);
+    s->set(zmq::sockopt::reconnect_ivl_max, 5000);
+    s->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(cfg.limits.max_tensor_bytes));
+    s->connect(endpoint);
+    return s;
+  }
+
+  // -- outbound -------------------------------------------------------------
+
+  void enqueue(node_address to, const std::shared_ptr<const encoded_message>& msg, nanos now) {
+    auto it = peers.find(to);
+    if (it == peers.end()) {
+      count([](auto& s) { ++s.unknown_peer; });
+      return;
+    }
+    const auto deliveries = it->second.shaper.submit(now, msg->total_bytes());
+    if (deliveries.empty()) count([](auto& s) { ++s.shaped_lost; });
+    if (deliveries.size() > 1) count([](auto& s) { ++s.shaped_duplicated; });
+    for (const auto& d : deliveries) {
+      if (d.corrupt) count([](auto& s) { ++s.shaped_corrupted; });
+      schedule.push({d.at_ns, schedule_order++, to, msg,
+                     d.corrupt ? std::optional<std::uint64_t>(d.flip_bit) : std::nullopt});
+    }
+  }
+
+  void release_due(nanos now) {
+    while (!schedule.empty() && schedule.top().at <= now) {
+      const scheduled_send s = schedule.top();
+      schedule.pop();
+      auto it = peers.find(s.to);
+      if (it == peers.end()) continue;
+      peer& p = it->second;
+      if (p.waiting.size() >= cfg.peer_queue_capacity) {
+        count([](auto& c) { ++c.peer_queue_full; });
+        continue;
+      }
+      p.waiting.push_back(make_frames(s.message, s.flip_bit));
+      flush(p);
+    }
+  }
+
+  /// Sends what a peer's socket accepts now; the rest waits for POLLOUT.
+  void flush(peer& p) {
+    if (!p.dealer) return;
+    while (!p.waiting.empty()) {
+      auto& frames = p.waiting.front();
+      std::size_t bytes = 0;
+      for (auto& f : frames) bytes += f.size();
+      // With immediate=1 and a HWM, the first frame either goes or nothing does.
+      auto sent = p.dealer->send(frames[0], frames.size() > 1 ? zmq::send_flags::sndmore | zmq::send_flags::dontwait
+                                                              : zmq::send_flags::dontwait);
+      if (!sent) return;
+      for (std::size_t i = 1; i < frames.size(); ++i)
+        p.dealer->send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      p.waiting.pop_front();
+      count([&](auto& c) {
+        ++c.sent_messages;
+        c.sent_bytes += bytes;
+      });
+    }
+  }
+
+  void send_heartbeats(nanos now) {
+    if (!liveness.heartbeat_due(now)) return;
+    liveness.heartbeat_sent(now);
+    for (auto& [addr, p] : peers) {
+      if (p.dead) continue;
+      envelope_builder b(cfg.self, cfg.self_incarnation, ++sequence, 0);
+      b.body().initHeartbeat();
+      enqueue(addr, std::make_shared<const encoded_message>(b.finish()), now);
+      count([](auto& c) { ++c.heartbeats_sent; });
+    }
+  }
+
+  // -- liveness and reconnects ---------------------------------------------
+
+  void check_liveness(nanos now) {
+    for (node_address addr : liveness.expire(now)) {
+      count([](auto& c) { ++c.peers_died; });
+      if (on_peer) on_peer(addr, false);
+      auto it = peers.find(addr);
+      if (it == peers.end()) continue;
+      peer& p = it->second;
+      // Paranoid Pirate: drop the socket (and what it queued) and reconnect later.
+      p.dead = true;
+      p.dealer.reset();
+      p.waiting.clear();
+      p.reconnect_at = now + p.backoff.next_delay();
+    }
+    for (auto& [addr, p] : peers) {
+      if (p.dead && p.reconnect_at >= 0 && now >= p.reconnect_at) {
+        p.dealer = make_dealer(p.endpoint);
+        p.reconnect_at = now + p.backoff.next_delay();  // again later unless it answers
+        count([](auto& c) { ++c.reconnects; });
+        // A heartbeat straight away, so a live peer answers within one interval.
+        envelope_builder b(cfg.self, cfg.self_incarnation, ++sequence, 0);
+        b.body().initHeartbeat();
+        p.waiting.push_back(make_frames(std::make_shared<const encoded_message>(b.finish()), std::nullopt));
+        flush(p);
+      }
+    }
+  }
+
+  void heard_from(node_address sender, nanos now) {
+    liveness.heard_from(sender, now);
+    auto it = peers.find(sender);
+    if (it != peers.end() && it->second.dead) {
+      it->second.dead = false;
+      it->second.reconnect_at = -1;
+      it->second.backoff.reset();
+      if (on_peer) on_peer(sender, true);
+    }
+  }
+
+  // -- inbound --------------------------------------------------------------
+
+  void log_reject(reject_reason reason, const std::string& from, const std::string& message) {
+    auto& budget = log_budget[static_cast<int>(reason)];
+    if (budget++ < 10 || budget % 1000 == 0)
+      std::fprintf(stderr, "archipelago transport %s: rejected message from '%s' (%s): %s\n",
+                   cfg.self.to_string().c_str(), from.c_str(), to_string(reason), message.c_str());
+  }
+
+  void reply_error(zmq::socket_t& socket, const std::string* identity, wire::ErrorCode code,
+                   const std::string& text) {
+    envelope_builder b(cfg.self, cfg.self_incarnation, ++sequence, 0);
+    auto e = b.body().initError();
+    e.setCode(code);
+    e.setMessage(text);
+    auto msg = std::make_shared<const encoded_message>(b.finish());
+    auto frames = make_frames(msg, std::nullopt);
+    if (identity) {
+      zmq::message_t id(identity->data(), identity->size());
+      if (!socket.send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return;
+    }
+    for (std::size_t i = 0; i < frames.size(); ++i)
+      socket.send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore | zmq::send_flags::dontwait
+                                                   : zmq::send_flags::dontwait);
+  }
+
+  /// Receives and handles every complete message waiting on `socket`.
+  void receive_all(zmq::socket_t& socket, bool has_identity, nanos now) {
+    for (int budget = 0; budget < 256; ++budget) {
+      auto in = std::make_shared<inbound_message>();
+      zmq::message_t part;
+      if (!socket.recv(part, zmq::recv_flags::dontwait)) return;
+      std::string identity;
+      if (has_identity) {
+        identity.assign(static_cast<const char*>(part.data()), part.size());
+        if (!part.more()) continue;  // identity without a message: ignore
+        part = zmq::message_t();
+        if (!socket.recv(part, zmq::recv_flags::dontwait)) return;
+      }
+      std::size_t bytes = part.size();
+      bool more = part.more();
+      in->frames.push_back(std::move(part));
+      while (more) {
+        zmq::message_t next;
+        if (!socket.recv(next, zmq::recv_flags::none)) break;  // parts of one message arrive together
+        more = next.more();
+        bytes += next.size();
+        in->frames.push_back(std::move(next));
+      }
+      count([&](auto& c) {
+        ++c.received_messages;
+        c.received_bytes += bytes;
+      });
+      handle(socket, has_identity ? &identity : nullptr, std::move(in), now);
+    }
+  }
+
+  void handle(zmq::socket_t& socket, const std::string* identity, std::shared_ptr<inbound_message> in,
+              nanos now) {
+    std::vector<frame_view> views;
+    for (auto& f : in->frames) views.push_back({static_cast<const std::uint8_t*>(f.data()), f.size()});
+    decode_result r = decode_envelope(views, cfg.limits);
+    const std::string from = identity ? *identity : std::string("(reply socket)");
+    if (!r.ok()) {
+      count([&](auto& c) { ++c.rejected[static_cast<int>(r.reason())]; });
+      log_reject(r.reason(), from, r.message());
+      if (r.reason() == reject_reason::version_mismatch)
+        reply_error(socket, identity, wire::ErrorCode::VERSION_MISMATCH, r.message());
+      return;
+    }
+    in->envelope = r.take();
+    const decoded_envelope& env = *in->envelope;
+    const node_address sender = env.sender();
+    switch (dedup.check(sender, incarnation{env.header().getIncarnation()}, env.header().getSequence())) {
+      case dedup_window::verdict::fresh: break;
+      case dedup_window::verdict::duplicate: count([](auto& c) { ++c.duplicates; }); return;
+      case dedup_window::verdict::stale_incarnation: count([](auto& c) { ++c.stale_incarnation; }); return;
+      case dedup_window::verdict::too_old: count([](auto& c) { ++c.too_old; }); return;
+    }
+    heard_from(sender, now);
+    if (env.body() == wire::Envelope::Body::HEARTBEAT) {
+      count([](auto& c) { ++c.heartbeats_received; });
+      return;
+    }
+    count([](auto& c) { ++c.delivered; });
+    if (on_message) on_message(std::move(in));
+  }
+
+  // -- commands -------------------------------------------------------------
+
+  bool drain_commands(nanos now) {
+    std::uint64_t value = 0;
+    [[maybe_unused]] auto n = ::read(wake_fd, &value, sizeof value);
+    std::deque<command> batch;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      batch.swap(commands);
+    }
+    for (auto& c : batch) {
+      switch (c.what) {
+        case command::kind::stop: return false;
+        case command::kind::add_peer: {
+          auto it = peers.find(c.to[0]);
+          if (it == peers.end()) {
+            const std::uint64_t seed = derive_seed(cfg.seed, (static_cast<std::uint64_t>(c.to[0].kind) << 32) | c.to[0].index);
+            it = peers.emplace(c.to[0], peer{c.endpoint, nullptr, link_shaper(cfg.default_link, seed), {}, -1,
+                                             reconnect_backoff(cfg.backoff, derive_seed(seed, 1)), false})
+                     .first;
+          }
+          it->second.endpoint = c.endpoint;
+          it->second.dealer = make_dealer(c.endpoint);
+          it->second.dead = false;
+          it->second.reconnect_at = -1;
+          break;
+        }
+        case command::kind::set_link: {
+          auto it = peers.find(c.to[0]);
+          if (it != peers.end()) (void)it->second.shaper.set_profile(c.profile);
+          break;
+        }
+        case command::kind::send:
+          for (node_address to : c.to) enqueue(to, c.message, now);
+          break;
+      }
+    }
+    return true;
+  }
+
+  // -- the I/O thread -------------------------------------------------------
+
+  void run() {
+    std::vector<zmq::pollitem_t> items;
+    std::vector<peer*> polled;
+    for (;;) {
+      nanos now = clock.now();
+      release_due(now);
+      send_heartbeats(now);
+      check_liveness(now);
+
+      nanos wait = liveness.next_heartbeat_due(now) - now;
+      wait = std::min(wait, cfg.heartbeat.interval_ns / 4);  // liveness checks
+      if (!schedule.empty()) wait = std::min(wait, schedule.top().at - now);
+      for (auto& [addr, p] : peers)
+        if (p.reconnect_at >= 0) wait = std::min(wait, p.reconnect_at - now);
+      const auto timeout = std::chrono::milliseconds(std::max<nanos>(0, (wait + 999'999) / 1'000'000));
+
+      items.clear();
+      polled.clear();
+      items.push_back({router->handle(), 0, ZMQ_POLLIN, 0});
+      items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
+      for (auto& [addr, p] : peers) {
+        if (!p.dealer) continue;
+        items.push_back({p.dealer->handle(), 0, static_cast<short>(ZMQ_POLLIN | (p.waiting.empty() ? 0 : ZMQ_POLLOUT)), 0});
+        polled.push_back(&p);
+      }
+      zmq::poll(items.data(), items.size(), timeout);
+      now = clock.now();
+      if (items[1].revents & ZMQ_POLLIN)
+        if (!drain_commands(now)) return;
+      if (items[0].revents & ZMQ_POLLIN) receive_all(*router, true, now);
+      for (std::size_t i = 0; i < polled.size(); ++i) {
+        peer& p = *polled[i];
+        if (!p.dealer) continue;
+        if (items[i + 2].revents & ZMQ_POLLIN) receive_all(*p.dealer, false, now);
+        if (items[i + 2].revents & ZMQ_POLLOUT) flush(p);
+      }
+    }
+  }
+};
+
+node_transport::node_transport(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+node_transport::~node_transport() { stop(); }
+
+expected<std::unique_ptr<node_transport>> node_transport::start(transport_config config, const clock_source& clock,
+                                                      message_handler on_message, peer_handler on_peer) {
+  if (auto ok = validate(config.heartbeat); !ok) return ok.err();
+  if (auto ok = validate(config.backoff); !ok) return ok.err();
+  if (auto ok = validate(config.default_link); !ok) return ok.err();
+  auto p = std::make_unique<impl>(std::move(config), clock, std::move(on_message), std::move(on_peer));
+  p->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (p->wake_fd < 0) return make_error(errc::io_error, "eventfd failed");
+  try {
+    p->router = std::make_unique<zmq::socket_t>(p->context, zmq::socket_type::router);
+    p->router->set(zmq::sockopt::linger, 0);
+    p->router->set(zmq::sockopt::sndhwm, p->cfg.socket_hwm);
+    p->router->set(zmq::sockopt::rcvhwm, p->cfg.socket_hwm);
+    p->router->set(zmq::sockopt::router_handover, 1);  // a restarted peer takes over its identity
+    p->router->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(p->cfg.limits.max_tensor_bytes));
+    std::string endpoint = p->cfg.bind_endpoint;
+    // "tcp://host:0" means any free port (ZeroMQ spells it "*").
+    if (endpoint.starts_with("tcp://") && endpoint.ends_with(":0")) endpoint.replace(endpoint.size() - 1, 1, "*");
+    p->router->bind(endpoint);
+    p->bound_endpoint = p->router->get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& e) {
+    ::close(p->wake_fd);
+    return make_error(errc::invalid_input, "cannot bind '" + p->cfg.bind_endpoint + "': " + e.what());
+  }
+  // The router was created here; from now on only the I/O thread touches it.
+  impl* raw = p.get();
+  p->io = std::thread([raw] {
+    try {
+      raw->run();
+    } catch (const zmq::error_t& e) {
+      std::fprintf(stderr, "archipelago transport: I/O thread stopped: %s\n", e.what());
+    }
+  });
+  return std::unique_ptr<node_transport>(new node_transport(std::move(p)));
+}
+
+const std::string& node_transport::endpoint() const { return impl_->bound_endpoint; }
+const transport_config& node_transport::config() const { return impl_->cfg; }
+
+status node_transport::add_peer(node_address peer, const std::string& endpoint) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->stopped) return status(make_error(errc::disconnected, "transport stopped"));
+    impl_->known_peers.insert(peer);
+    command c;
+    c.what = command::kind::add_peer;
+    c.to = {peer};
+    c.endpoint = endpoint;
+    impl_->commands.push_back(std::move(c));
+  }
+  impl_->wake();
+  return {};
+}
+
+envelope_builder node_transport::make_envelope(std::uint64_t round) {
+  return envelope_builder(impl_->cfg.self, impl_->cfg.self_incarnation, ++impl_->sequence, round);
+}
+
+status node_transport::send(node_address peer, encoded_message message) {
+  return broadcast({peer}, std::move(message));
+}
+
+status node_transport::broadcast(const std::vector<node_address>& peers, encoded_message message) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->stopped) return status(make_error(errc::disconnected, "transport stopped"));
+    for (node_address p : peers)
+      if (!impl_->known_peers.contains(p)) {
+        ++impl_->stats.unknown_peer;
+        return status(make_error(errc::not_found, "no endpoint known for " + p.to_string()));
+      }
+    if (impl_->commands.size() >= impl_->cfg.outbox_capacity) {
+      ++impl_->stats.outbox_full;
+      return status(make_error(errc::overloaded, "transport outbox full (" +
+                                                     std::to_string(impl_->cfg.outbox_capacity) + " messages)"));
+    }
+    command c;
+    c.what = command::kind::send;
+    c.to = peers;
+    c.message = std::make_shared<const encoded_message>(std::move(message));
+    impl_->commands.push_back(std::move(c));
+  }
+  impl_->wake();
+  return {};
+}
+
+status node_transport::set_link(node_address peer, const link_profile& profile) {
+  if (auto ok = validate(profile); !ok) return ok;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->stopped) return status(make_error(errc::disconnected, "transport stopped"));
+    command c;
+    c.what = command::kind::set_link;
+    c.to = {peer};
+    c.profile = profile;
+    impl_->commands.push_back(std::move(c));
+  }
+  impl_->wake();
+  return {};
+}
+
+transport_counters node_transport::counters() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->stats;
+}
+
+void node_transport::stop() {
+  if (!impl_) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->stopped) return;
+    impl_->stopped = true;
+    impl_->commands.push_front(command{command::kind::stop, {}, nullptr, {}, {}});
+  }
+  impl_->wake();
+  if (impl_->io.joinable()) impl_->io.join();
+  // Sockets close here (linger 0), then the context terminates without waiting.
+  impl_->peers.clear();
+  impl_->router.reset();
+  if (impl_->wake_fd >= 0) ::close(impl_->wake_fd);
+  impl_->wake_fd = -1;
+}
+
+}  // namespace archipelago::transport

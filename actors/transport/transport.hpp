@@ -1,0 +1,118 @@
+#pragma once
+// The node's transport: one I/O thread owns every ZeroMQ socket of the process.
+//
+//   - inbound: a ROUTER socket bound to the node's endpoint (tcp:// or inproc://,
+//     one code path); every message is validated by the codec, de-duplicated by
+//     (sender, incarnation, sequence), counted, and handed to the local handler
+//     with its frames kept alive (tensor bytes are read in place);
+//   - outbound: one DEALER socket per peer, connected to the peer's endpoint;
+//     callers on any thread hand messages to the I/O thread through a bounded
+//     queue (full = errc::overloaded, never a block);
+//   - every directed link passes through a link_shaper (bandwidth, latency,
+//     jitter, loss, duplication, reordering, corruption), changeable at run time;
+//   - heartbeats both ways (any message counts), liveness of `liveness`
+//     intervals, reconnect of a dead peer's socket after a jittered backoff.
+//
+// Callbacks run on the I/O thread: they must be quick and must not call stop().
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/clock.hpp"
+#include "core/error.hpp"
+#include "core/ids.hpp"
+#include "transport/codec.hpp"
+#include "transport/link_shaper.hpp"
+#include "transport/reliability.hpp"
+
+namespace zmq {
+class message_t;
+class context_t;
+}
+
+namespace archipelago::transport {
+
+/// One ZeroMQ context per process; transports that share it can talk over inproc://.
+std::shared_ptr<zmq::context_t> make_io_context();
+
+struct transport_config {
+  std::shared_ptr<zmq::context_t> context;  // null: the transport makes its own
+  node_address self;
+  incarnation self_incarnation{1};
+  /// Where to bind: "tcp://127.0.0.1:0" picks a free port; "inproc://name" stays in-process.
+  std::string bind_endpoint = "tcp://127.0.0.1:0";
+  heartbeat_config heartbeat;
+  backoff_config backoff;
+  decode_limits limits;
+  std::size_t outbox_capacity = 1024;  // messages queued by callers, not yet taken by the I/O thread
+  std::size_t peer_queue_capacity = 256;  // messages waiting for one peer's socket (HWM reached)
+  int socket_hwm = 64;                 // ZeroMQ high-water mark per socket, in messages
+  link_profile default_link;           // applied to every new peer link
+  std::uint64_t seed = 1;              // shaping and backoff jitter
+};
+
+/// A received, validated message; its frames stay alive as long as it does.
+struct inbound_message {
+  std::vector<zmq::message_t> frames;
+  std::unique_ptr<decoded_envelope> envelope;
+  inbound_message();
+  ~inbound_message();
+};
+
+struct transport_counters {
+  std::uint64_t sent_messages = 0, sent_bytes = 0;
+  std::uint64_t received_messages = 0, received_bytes = 0;
+  std::uint64_t delivered = 0;         // handed to the handler
+  std::uint64_t heartbeats_sent = 0, heartbeats_received = 0;
+  std::uint64_t duplicates = 0, stale_incarnation = 0, too_old = 0;
+  std::uint64_t rejected[static_cast<int>(reject_reason::count_)] = {};
+  std::uint64_t outbox_full = 0;       // send() refused: errc::overloaded
+  std::uint64_t peer_queue_full = 0;   // dropped: a peer's queue stayed full
+  std::uint64_t unknown_peer = 0;      // send() to an address never added
+  std::uint64_t shaped_lost = 0, shaped_duplicated = 0, shaped_corrupted = 0;
+  std::uint64_t peers_died = 0, reconnects = 0;
+  std::uint64_t rejected_total() const;
+};
+
+class node_transport {
+ public:
+  using message_handler = std::function<void(std::shared_ptr<const inbound_message>)>;
+  using peer_handler = std::function<void(node_address peer, bool alive)>;
+
+  /// Binds, starts the I/O thread and returns once the endpoint is bound.
+  static expected<std::unique_ptr<node_transport>> start(transport_config config, const clock_source& clock,
+                                                    message_handler on_message, peer_handler on_peer = {});
+  ~node_transport();
+  node_transport(const node_transport&) = delete;
+  node_transport& operator=(const node_transport&) = delete;
+
+  /// The bound endpoint, with the port resolved ("tcp://127.0.0.1:41234").
+  const std::string& endpoint() const;
+  const transport_config& config() const;
+
+  /// Registers (or re-points) a peer: its messages go to `endpoint`.
+  status add_peer(node_address peer, const std::string& endpoint);
+  /// A builder with this node's header and the next sequence number.
+  envelope_builder make_envelope(std::uint64_t round = 0);
+  /// Queues a message for `peer`. errc::overloaded if the outbox is full.
+  status send(node_address peer, encoded_message message);
+  /// Sends the same message to every listed peer (fragment broadcast).
+  status broadcast(const std::vector<node_address>& peers, encoded_message message);
+  /// Shapes the directed link from this node to `peer` from now on.
+  status set_link(node_address peer, const link_profile& profile);
+
+  transport_counters counters() const;
+  /// Stops the I/O thread and closes every socket; idempotent, never hangs.
+  void stop();
+
+ private:
+  struct impl;
+  explicit node_transport(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace archipelago::transport

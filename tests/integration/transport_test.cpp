@@ -1,0 +1,185 @@
+// Two real transports in one process, over tcp loopback and inproc: delivery of
+// tensors, heartbeats and liveness, reconnect after the peer restarts, shaping
+// and duplicate suppression. Every wait is bounded.
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "transport/transport.hpp"
+
+using namespace archipelago;
+using namespace archipelago::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+const node_address broker{role::sync_broker, 0};
+const node_address learner{role::learner, 1};
+
+/// Collects delivered messages and peer events; waits with a deadline.
+struct inbox {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<std::shared_ptr<const inbound_message>> messages;
+  std::vector<std::pair<node_address, bool>> events;
+
+  node_transport::message_handler handler() {
+    return [this](std::shared_ptr<const inbound_message> m) {
+      std::lock_guard<std::mutex> lock(mutex);
+      messages.push_back(std::move(m));
+      changed.notify_all();
+    };
+  }
+  node_transport::peer_handler peer_handler() {
+    return [this](node_address a, bool alive) {
+      std::lock_guard<std::mutex> lock(mutex);
+      events.emplace_back(a, alive);
+      changed.notify_all();
+    };
+  }
+  template <class Pred>
+  bool wait_for(Pred pred, std::chrono::milliseconds limit = 5000ms) {
+    std::unique_lock<std::mutex> lock(mutex);
+    return changed.wait_for(lock, limit, [&] { return pred(); });
+  }
+};
+
+transport_config make_config(node_address self, std::string endpoint, std::uint64_t inc = 1) {
+  transport_config c;
+  c.self = self;
+  c.self_incarnation = incarnation{inc};
+  c.bind_endpoint = std::move(endpoint);
+  c.heartbeat.interval_ns = 50'000'000;  // 50 ms, liveness 3 → dead after 150 ms
+  c.backoff.initial_ns = 20'000'000;
+  c.backoff.max_ns = 200'000'000;
+  return c;
+}
+
+encoded_message contribution(node_transport& t, const std::vector<float>& delta) {
+  auto b = t.make_envelope(7);
+  auto c = b.body().initContribution();
+  c.setFragment(3);
+  c.setTokens(4096);
+  REQUIRE(b.add_tensor_values("fragment/3", delta.data(), delta.size(), tensor_encoding::fp32));
+  return b.finish();
+}
+
+void exchange(const std::string& endpoint_a, const std::string& endpoint_b) {
+  steady_clock_source clock;
+  inbox at_a, at_b;
+  auto context = make_io_context();  // shared, as by all nodes of one process
+  auto config_a = make_config(broker, endpoint_a), config_b = make_config(learner, endpoint_b);
+  config_a.context = config_b.context = context;
+  auto a = node_transport::start(config_a, clock, at_a.handler(), at_a.peer_handler());
+  auto b = node_transport::start(config_b, clock, at_b.handler(), at_b.peer_handler());
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE((*a)->add_peer(learner, (*b)->endpoint()));
+  REQUIRE((*b)->add_peer(broker, (*a)->endpoint()));
+
+  std::vector<float> delta(1 << 20);  // a 4 MiB fragment
+  for (std::size_t i = 0; i < delta.size(); ++i) delta[i] = static_cast<float>(i % 1000) * 1e-3f;
+  REQUIRE((*b)->send(broker, contribution(**b, delta)));
+  REQUIRE(at_a.wait_for([&] { return !at_a.messages.empty(); }));
+  const auto& env = *at_a.messages[0]->envelope;
+  CHECK(env.sender() == learner);
+  CHECK(env.header().getRound() == 7);
+  CHECK(env.root().getBody().getContribution().getTokens() == 4096);
+  std::vector<float> out(delta.size());
+  REQUIRE(env.decode_tensor_values(0, out.data()));
+  CHECK(out == delta);
+
+  // Heartbeats flow both ways without being delivered as messages.
+  std::this_thread::sleep_for(200ms);
+  CHECK((*a)->counters().heartbeats_received >= 2);
+  CHECK((*b)->counters().heartbeats_received >= 2);
+  CHECK(at_a.messages.size() == 1);
+  CHECK((*a)->counters().rejected_total() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("transport: a 4 MiB fragment and heartbeats over tcp loopback") {
+  exchange("tcp://127.0.0.1:0", "tcp://127.0.0.1:0");
+}
+
+TEST_CASE("transport: the same code path over inproc") {
+  exchange("inproc://test-broker", "inproc://test-learner");
+}
+
+TEST_CASE("transport: a silent peer is declared dead, and alive again after it restarts") {
+  steady_clock_source clock;
+  inbox at_a, at_b;
+  auto a = node_transport::start(make_config(broker, "tcp://127.0.0.1:0"), clock, at_a.handler(), at_a.peer_handler());
+  REQUIRE(a);
+  auto b = node_transport::start(make_config(learner, "tcp://127.0.0.1:0"), clock, at_b.handler());
+  REQUIRE(b);
+  const std::string b_endpoint = (*b)->endpoint();
+  REQUIRE((*a)->add_peer(learner, b_endpoint));
+  REQUIRE((*b)->add_peer(broker, (*a)->endpoint()));
+  std::this_thread::sleep_for(150ms);
+  CHECK((*a)->counters().heartbeats_received >= 1);
+
+  (*b)->stop();  // the peer vanishes without a word
+  REQUIRE(at_a.wait_for([&] {
+    for (auto& [addr, alive] : at_a.events)
+      if (addr == learner && !alive) return true;
+    return false;
+  }));
+
+  // The peer comes back on the same endpoint with a new incarnation.
+  auto cfg = make_config(learner, b_endpoint, 2);
+  auto b2 = node_transport::start(cfg, clock, at_b.handler());
+  REQUIRE(b2);
+  REQUIRE((*b2)->add_peer(broker, (*a)->endpoint()));
+  REQUIRE(at_a.wait_for([&] {
+    return !at_a.events.empty() && at_a.events.back() == std::make_pair(learner, true);
+  }));
+  CHECK((*a)->counters().peers_died >= 1);
+  CHECK((*a)->counters().reconnects >= 1);
+}
+
+TEST_CASE("transport: shaping delays a link, duplicates are suppressed, corruption is caught") {
+  steady_clock_source clock;
+  inbox at_a, at_b;
+  auto a = node_transport::start(make_config(broker, "tcp://127.0.0.1:0"), clock, at_a.handler());
+  auto b = node_transport::start(make_config(learner, "tcp://127.0.0.1:0"), clock, at_b.handler());
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE((*a)->add_peer(learner, (*b)->endpoint()));
+  REQUIRE((*b)->add_peer(broker, (*a)->endpoint()));
+  std::this_thread::sleep_for(100ms);  // connected
+
+  link_profile slow;
+  slow.latency_ns = 120'000'000;
+  slow.duplicate = 1.0;
+  REQUIRE((*b)->set_link(broker, slow));
+  std::vector<float> delta(1000, 0.5f);
+  const auto sent_at = std::chrono::steady_clock::now();
+  REQUIRE((*b)->send(broker, contribution(**b, delta)));
+  REQUIRE(at_a.wait_for([&] { return !at_a.messages.empty(); }));
+  const auto delay = std::chrono::steady_clock::now() - sent_at;
+  CHECK(delay >= 115ms);
+  CHECK(delay < 1000ms);
+  std::this_thread::sleep_for(100ms);
+  CHECK(at_a.messages.size() == 1);  // the duplicate copy was dropped
+  CHECK((*a)->counters().duplicates >= 1);
+
+  link_profile corrupting;
+  corrupting.corrupt = 1.0;
+  REQUIRE((*b)->set_link(broker, corrupting));
+  const auto rejected_before = (*a)->counters().rejected_total();
+  for (int i = 0; i < 5; ++i) REQUIRE((*b)->send(broker, contribution(**b, delta)));
+  REQUIRE(at_a.wait_for([&] { return (*a)->counters().rejected_total() >= rejected_before + 5; }));
+  CHECK(at_a.messages.size() == 1);  // every corrupted message was caught by a checksum
+  const auto c = (*a)->counters();
+  CHECK(c.rejected[static_cast<int>(reject_reason::envelope_checksum)] +
+            c.rejected[static_cast<int>(reject_reason::tensor_checksum)] ==
+        c.rejected_total());
+}
