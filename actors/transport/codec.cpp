@@ -99,15 +99,20 @@ decode_result decode_envelope(const std::vector<frame_view>& frames, const decod
     words = env->aligned_copy_.begin();
   }
   capnp::ReaderOptions options;
-  // The whole message is at most max_envelope_bytes; allow each word to be
-  // visited a few times, no more (amplification attacks).
-  options.traversalLimitInWords = 4 * word_count + 64;
+  // The reader's budget covers the whole life of the decoded message: enough
+  // for consumers to read every field many times. Amplification (pointers that
+  // alias one another) is refused below instead.
+  options.traversalLimitInWords = 64 * word_count + 1024;
   options.nestingLimit = limits.nesting_limit;
 
   try {
     env->reader_ = std::make_unique<capnp::FlatArrayMessageReader>(
         kj::arrayPtr(words, word_count), options);
     env->root_ = env->reader_->getRoot<wire::Envelope>();
+    // One full traversal; without aliasing it can never visit more words than
+    // the message holds.
+    if (env->root_.totalSize().wordCount > word_count)
+      return fail(reject_reason::malformed, "envelope pointers alias one another (amplification)");
     auto header = env->root_.getHeader();
     if (header.getProtocolVersion() != wire::PROTOCOL_VERSION) {
       result.peer_version_ = header.getProtocolVersion();

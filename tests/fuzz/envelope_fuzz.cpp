@@ -1,9 +1,10 @@
 // Fuzz target for the envelope decoder: the bytes a hostile peer controls.
 //
 // Input format (so the fuzzer can shape multipart messages): byte 0 = number of
-// frames (mod 8); then per frame a little-endian uint16 length followed by that
-// many bytes (truncated at the end of the input). The first frame is placed at
-// an odd offset half of the time, as ZeroMQ may deliver it.
+// frames (low 3 bits), 0x80 = place the first frame at an odd offset (as ZeroMQ
+// may deliver it), 0x40 = re-seal the envelope checksum so mutations reach the
+// Cap'n Proto validation behind it; then per frame a little-endian uint16
+// length followed by that many bytes (truncated at the end of the input).
 //
 // Built as a libFuzzer target with clang (-DARCHIPELAGO_FUZZ=ON), and always as
 // `archipelago_fuzz_smoke`, a seeded driver that mutates valid messages for a
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/checksum.hpp"
 #include "transport/codec.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -21,6 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   const std::size_t frame_count = data[0] % 8;
   const bool misalign = (data[0] & 0x80) != 0;
+  const bool reseal = (data[0] & 0x40) != 0;
   std::size_t pos = 1;
   std::vector<std::vector<std::uint8_t>> storage;
   for (std::size_t f = 0; f < frame_count && pos + 2 <= size; ++f) {
@@ -31,6 +34,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::memcpy(frame.data() + (misalign && f == 0 ? 1 : 0), data + pos, len);
     storage.push_back(std::move(frame));
     pos += len;
+  }
+  if (reseal && !storage.empty() && storage[0].size() - 1 >= 16) {
+    std::uint8_t* first = storage[0].data() + (misalign ? 1 : 0);
+    const std::size_t body = (storage[0].size() - 1) / 8 * 8 - 8;
+    const std::uint64_t sum = archipelago::checksum64(first, body);
+    std::memcpy(first + body, &sum, sizeof sum);
   }
   std::vector<frame_view> frames;
   for (std::size_t f = 0; f < storage.size(); ++f)

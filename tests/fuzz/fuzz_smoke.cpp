@@ -1,10 +1,13 @@
 // A bounded, seeded fuzz run without libFuzzer: mutates valid multipart
 // messages (bit flips, truncation, splices, length changes) and feeds them to
-// the decoder target. Usage: archipelago_fuzz_smoke [iterations] [seed].
+// the decoder target. Usage: archipelago_fuzz_smoke [iterations] [seed]
+// [corpus-dir]; with a directory it writes the valid seed inputs there, as a
+// starting corpus for libFuzzer.
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/prng.hpp"
@@ -23,7 +26,7 @@ std::vector<std::uint8_t> to_input(const encoded_message& m, bool misalign) {
   const auto* p = reinterpret_cast<const std::uint8_t*>(m.envelope.begin());
   frames.emplace_back(p, p + m.envelope.size() * 8);
   for (const auto& t : m.tensors) frames.push_back(*t);
-  std::vector<std::uint8_t> in{static_cast<std::uint8_t>(frames.size() | (misalign ? 0x80 : 0))};
+  std::vector<std::uint8_t> in{static_cast<std::uint8_t>(frames.size() | 0x40 | (misalign ? 0x80 : 0))};
   for (const auto& f : frames) {
     const std::size_t len = std::min<std::size_t>(f.size(), 65535);
     in.push_back(static_cast<std::uint8_t>(len & 0xff));
@@ -64,6 +67,15 @@ int main(int argc, char** argv) {
   std::printf("fuzz smoke: %ld iterations, seed %llu\n", iterations, static_cast<unsigned long long>(seed));
   archipelago::prng rng(seed);
   const auto corpus = seeds();
+  if (argc > 3) {
+    for (std::size_t i = 0; i < corpus.size(); ++i) {
+      const std::string path = std::string(argv[3]) + "/seed-" + std::to_string(i);
+      if (FILE* f = std::fopen(path.c_str(), "wb")) {
+        std::fwrite(corpus[i].data(), 1, corpus[i].size(), f);
+        std::fclose(f);
+      }
+    }
+  }
   for (long i = 0; i < iterations; ++i) {
     std::vector<std::uint8_t> in = corpus[rng.below(corpus.size())];
     const int mutations = 1 + static_cast<int>(rng.below(8));
