@@ -117,21 +117,30 @@ struct assignment {
   std::string_view value;
 };
 
+// Messages quote only the two known names: anything else on a line of a key
+// file may be a piece of a secret key.
+std::string entry_label(std::string_view name) {
+  return name == "public" || name == "secret" ? "'" + std::string(name) + "'" : std::string("the entry");
+}
+
 expected<assignment> parse_assignment(std::string_view line) {
   const std::size_t eq = line.find('=');
   if (eq == std::string_view::npos) return make_error(errc::invalid_input, "expected name = \"value\"");
   assignment a{trim(line.substr(0, eq)), {}};
+  const bool identifier = !a.name.empty() && std::all_of(a.name.begin(), a.name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+  if (!identifier) return make_error(errc::invalid_input, "expected name = \"value\"");
   std::string_view rest = trim(line.substr(eq + 1));
-  if (a.name.empty()) return make_error(errc::invalid_input, "missing name before '='");
   if (rest.size() < 2 || rest.front() != '"')
-    return make_error(errc::invalid_input, "the value of '" + std::string(a.name) + "' must be a quoted string");
+    return make_error(errc::invalid_input, "the value of " + entry_label(a.name) + " must be a quoted string");
   const std::size_t close = rest.find('"', 1);
   if (close == std::string_view::npos)
-    return make_error(errc::invalid_input, "unterminated string for '" + std::string(a.name) + "'");
+    return make_error(errc::invalid_input, "unterminated string in " + entry_label(a.name));
   a.value = rest.substr(1, close - 1);
   const std::string_view after = trim(rest.substr(close + 1));
   if (!after.empty() && after.front() != '#')
-    return make_error(errc::invalid_input, "unexpected text after the value of '" + std::string(a.name) + "'");
+    return make_error(errc::invalid_input, "unexpected text after the value of " + entry_label(a.name));
   return a;
 }
 
@@ -158,8 +167,7 @@ expected<key_file_content> parse_key_file(const std::string& text, const std::st
     if (!a) return make_error(errc::invalid_input, at + a.err().message);
     const bool is_secret = a->name == "secret";
     if (!is_secret && a->name != "public")
-      return make_error(errc::invalid_input, at + "unknown entry '" + std::string(a->name) +
-                                                 "' (expected 'public' or 'secret')");
+      return make_error(errc::invalid_input, at + "unknown entry (expected 'public' or 'secret')");
     int& seen = is_secret ? c.secret_line : c.public_line;
     if (seen != 0)
       return make_error(errc::invalid_input,
