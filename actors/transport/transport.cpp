@@ -78,6 +78,7 @@ struct command {
   std::vector<node_address> to;
   std::shared_ptr<const encoded_message> message;
   std::string endpoint;
+  std::string profile_key;  // add_peer: the peer's CURVE public key
   link_profile profile;
 };
 
@@ -106,6 +107,7 @@ struct node_transport::impl {
   // I/O thread only.
   struct peer {
     std::string endpoint;
+    std::string server_key;  // Z85; empty without CURVE
     std::unique_ptr<zmq::socket_t> dealer;
     link_shaper shaper;
     std::deque<std::vector<zmq::message_t>> waiting;
@@ -115,6 +117,7 @@ struct node_transport::impl {
   };
   std::map<node_address, peer> peers;
   std::unique_ptr<zmq::socket_t> router;
+  std::unique_ptr<zmq::socket_t> zap;  // ZAP handler (CURVE allow-list), if this transport serves it
   std::priority_queue<scheduled_send, std::vector<scheduled_send>, std::greater<>> schedule;
   std::uint64_t schedule_order = 0;
   peer_liveness liveness;
@@ -126,6 +129,9 @@ struct node_transport::impl {
       : cfg(std::move(c)), clock(clk), on_message(std::move(m)), on_peer(std::move(p)),
         context_owner(cfg.context ? cfg.context : make_io_context()), context(*context_owner),
         liveness(cfg.heartbeat) {}
+  ~impl() {
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
 
   template <class F>
   void count(F&& f) {
@@ -138,7 +144,7 @@ struct node_transport::impl {
     [[maybe_unused]] auto n = ::write(wake_fd, &one, sizeof one);
   }
 
-  std::unique_ptr<zmq::socket_t> make_dealer(const std::string& endpoint) {
+  std::unique_ptr<zmq::socket_t> make_dealer(const std::string& endpoint, const std::string& server_key) {
     auto s = std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
     s->set(zmq::sockopt::linger, 0);
     s->set(zmq::sockopt::sndhwm, cfg.socket_hwm);
@@ -148,6 +154,11 @@ struct node_transport::impl {
     s->set(zmq::sockopt::reconnect_ivl, 100);
     s->set(zmq::sockopt::reconnect_ivl_max, 5000);
     s->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(cfg.limits.max_tensor_bytes));
+    if (cfg.curve.enabled && endpoint.starts_with("tcp://")) {
+      s->set(zmq::sockopt::curve_serverkey, server_key);
+      s->set(zmq::sockopt::curve_publickey, cfg.curve.own.public_z85);
+      s->set(zmq::sockopt::curve_secretkey, cfg.curve.own.secret_z85);
+    }
     s->connect(endpoint);
     return s;
   }
@@ -236,7 +247,7 @@ struct node_transport::impl {
     }
     for (auto& [addr, p] : peers) {
       if (p.dead && p.reconnect_at >= 0 && now >= p.reconnect_at) {
-        p.dealer = make_dealer(p.endpoint);
+        p.dealer = make_dealer(p.endpoint, p.server_key);
         p.reconnect_at = now + p.backoff.next_delay();  // again later unless it answers
         count([](auto& c) { ++c.reconnects; });
         // A heartbeat straight away, so a live peer answers within one interval.
@@ -364,12 +375,13 @@ struct node_transport::impl {
           auto it = peers.find(c.to[0]);
           if (it == peers.end()) {
             const std::uint64_t seed = derive_seed(cfg.seed, (static_cast<std::uint64_t>(c.to[0].kind) << 32) | c.to[0].index);
-            it = peers.emplace(c.to[0], peer{c.endpoint, nullptr, link_shaper(cfg.default_link, seed), {}, -1,
-                                             reconnect_backoff(cfg.backoff, derive_seed(seed, 1)), false})
+            it = peers.emplace(c.to[0], peer{c.endpoint, c.profile_key, nullptr, link_shaper(cfg.default_link, seed),
+                                             {}, -1, reconnect_backoff(cfg.backoff, derive_seed(seed, 1)), false})
                      .first;
           }
           it->second.endpoint = c.endpoint;
-          it->second.dealer = make_dealer(c.endpoint);
+          it->second.server_key = c.profile_key;
+          it->second.dealer = make_dealer(c.endpoint, c.profile_key);
           it->second.dead = false;
           it->second.reconnect_at = -1;
           break;
@@ -385,6 +397,18 @@ struct node_transport::impl {
       }
     }
     return true;
+  }
+
+  /// One ZAP request: a CURVE client is accepted only if its key is allowed.
+  void authenticate() {
+    std::string refused;
+    if (handle_zap_request(*zap, *cfg.curve.allowed, &refused)) {
+      count([](auto& c) { ++c.curve_accepted; });
+      return;
+    }
+    count([](auto& c) { ++c.curve_refused; });
+    std::fprintf(stderr, "archipelago transport %s: refused a connection from unknown key %s\n",
+                 cfg.self.to_string().c_str(), refused.empty() ? "(none)" : refused.c_str());
   }
 
   // -- the I/O thread -------------------------------------------------------
@@ -409,6 +433,9 @@ struct node_transport::impl {
       polled.clear();
       items.push_back({router->handle(), 0, ZMQ_POLLIN, 0});
       items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
+      const std::size_t zap_index = items.size();
+      if (zap) items.push_back({zap->handle(), 0, ZMQ_POLLIN, 0});
+      const std::size_t first_peer = items.size();
       for (auto& [addr, p] : peers) {
         if (!p.dealer) continue;
         items.push_back({p.dealer->handle(), 0, static_cast<short>(ZMQ_POLLIN | (p.waiting.empty() ? 0 : ZMQ_POLLOUT)), 0});
@@ -418,12 +445,13 @@ struct node_transport::impl {
       now = clock.now();
       if (items[1].revents & ZMQ_POLLIN)
         if (!drain_commands(now)) return;
+      if (zap && (items[zap_index].revents & ZMQ_POLLIN)) authenticate();
       if (items[0].revents & ZMQ_POLLIN) receive_all(*router, true, now);
       for (std::size_t i = 0; i < polled.size(); ++i) {
         peer& p = *polled[i];
         if (!p.dealer) continue;
-        if (items[i + 2].revents & ZMQ_POLLIN) receive_all(*p.dealer, false, now);
-        if (items[i + 2].revents & ZMQ_POLLOUT) flush(p);
+        if (items[first_peer + i].revents & ZMQ_POLLIN) receive_all(*p.dealer, false, now);
+        if (items[first_peer + i].revents & ZMQ_POLLOUT) flush(p);
       }
     }
   }
@@ -449,12 +477,28 @@ expected<std::unique_ptr<node_transport>> node_transport::start(transport_config
     p->router->set(zmq::sockopt::router_handover, 1);  // a restarted peer takes over its identity
     p->router->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(p->cfg.limits.max_tensor_bytes));
     std::string endpoint = p->cfg.bind_endpoint;
+    if (p->cfg.curve.enabled && endpoint.starts_with("tcp://")) {
+      if (!p->cfg.curve.allowed || p->cfg.curve.allowed->empty())
+        return make_error(errc::invalid_input, "CURVE is on but no allowed client keys were given");
+      // ZeroMQ asks the context's ZAP handler about every CURVE client. One
+      // handler serves a context; transports sharing one must share the list.
+      p->zap = std::make_unique<zmq::socket_t>(p->context, zmq::socket_type::rep);
+      p->zap->set(zmq::sockopt::linger, 0);
+      try {
+        p->zap->bind(zap_endpoint);
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EADDRINUSE) throw;
+        p->zap.reset();
+      }
+      p->router->set(zmq::sockopt::curve_server, 1);
+      p->router->set(zmq::sockopt::curve_secretkey, p->cfg.curve.own.secret_z85);
+      p->router->set(zmq::sockopt::zap_domain, "archipelago");
+    }
     // "tcp://host:0" means any free port (ZeroMQ spells it "*").
     if (endpoint.starts_with("tcp://") && endpoint.ends_with(":0")) endpoint.replace(endpoint.size() - 1, 1, "*");
     p->router->bind(endpoint);
     p->bound_endpoint = p->router->get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
-    ::close(p->wake_fd);
     return make_error(errc::invalid_input, "cannot bind '" + p->cfg.bind_endpoint + "': " + e.what());
   }
   // The router was created here; from now on only the I/O thread touches it.
@@ -472,7 +516,12 @@ expected<std::unique_ptr<node_transport>> node_transport::start(transport_config
 const std::string& node_transport::endpoint() const { return impl_->bound_endpoint; }
 const transport_config& node_transport::config() const { return impl_->cfg; }
 
-status node_transport::add_peer(node_address peer, const std::string& endpoint) {
+status node_transport::add_peer(node_address peer, const std::string& endpoint,
+                                const std::string& server_public_z85) {
+  if (impl_->cfg.curve.enabled && endpoint.starts_with("tcp://")) {
+    if (auto ok = validate_z85_key(server_public_z85); !ok)
+      return status(make_error(errc::invalid_input, "CURVE peer " + peer.to_string() + ": " + ok.err().message));
+  }
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     if (impl_->stopped) return status(make_error(errc::disconnected, "transport stopped"));
@@ -481,6 +530,7 @@ status node_transport::add_peer(node_address peer, const std::string& endpoint) 
     c.what = command::kind::add_peer;
     c.to = {peer};
     c.endpoint = endpoint;
+    c.profile_key = server_public_z85;
     impl_->commands.push_back(std::move(c));
   }
   impl_->wake();
@@ -545,15 +595,16 @@ void node_transport::stop() {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     if (impl_->stopped) return;
     impl_->stopped = true;
-    impl_->commands.push_front(command{command::kind::stop, {}, nullptr, {}, {}});
+    command stop_command;
+    stop_command.what = command::kind::stop;
+    impl_->commands.push_front(std::move(stop_command));
   }
   impl_->wake();
   if (impl_->io.joinable()) impl_->io.join();
   // Sockets close here (linger 0), then the context terminates without waiting.
   impl_->peers.clear();
   impl_->router.reset();
-  if (impl_->wake_fd >= 0) ::close(impl_->wake_fd);
-  impl_->wake_fd = -1;
+  impl_->zap.reset();
 }
 
 }  // namespace archipelago::transport

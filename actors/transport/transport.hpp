@@ -26,6 +26,7 @@
 #include "core/error.hpp"
 #include "core/ids.hpp"
 #include "transport/codec.hpp"
+#include "transport/curve_keys.hpp"
 #include "transport/link_shaper.hpp"
 #include "transport/reliability.hpp"
 
@@ -38,6 +39,13 @@ namespace archipelago::transport {
 
 /// One ZeroMQ context per process; transports that share it can talk over inproc://.
 std::shared_ptr<zmq::context_t> make_io_context();
+
+/// CURVE encryption and authentication on tcp:// (inproc:// stays in the process).
+struct curve_config {
+  bool enabled = false;
+  curve_keypair own;                              // this node's keys
+  std::shared_ptr<const key_allow_list> allowed;  // client keys this node accepts
+};
 
 struct transport_config {
   std::shared_ptr<zmq::context_t> context;  // null: the transport makes its own
@@ -53,6 +61,7 @@ struct transport_config {
   int socket_hwm = 64;                 // ZeroMQ high-water mark per socket, in messages
   link_profile default_link;           // applied to every new peer link
   std::uint64_t seed = 1;              // shaping and backoff jitter
+  curve_config curve;
 };
 
 /// A received, validated message; its frames stay alive as long as it does.
@@ -75,6 +84,7 @@ struct transport_counters {
   std::uint64_t unknown_peer = 0;      // send() to an address never added
   std::uint64_t shaped_lost = 0, shaped_duplicated = 0, shaped_corrupted = 0;
   std::uint64_t peers_died = 0, reconnects = 0;
+  std::uint64_t curve_accepted = 0, curve_refused = 0;  // connection handshakes
   std::uint64_t rejected_total() const;
 };
 
@@ -94,8 +104,9 @@ class node_transport {
   const std::string& endpoint() const;
   const transport_config& config() const;
 
-  /// Registers (or re-points) a peer: its messages go to `endpoint`.
-  status add_peer(node_address peer, const std::string& endpoint);
+  /// Registers (or re-points) a peer: its messages go to `endpoint`. With CURVE
+  /// on, `server_public_z85` is the peer's public key (required for tcp://).
+  status add_peer(node_address peer, const std::string& endpoint, const std::string& server_public_z85 = {});
   /// A builder with this node's header and the next sequence number.
   envelope_builder make_envelope(std::uint64_t round = 0);
   /// Queues a message for `peer`. errc::overloaded if the outbox is full.

@@ -183,3 +183,45 @@ TEST_CASE("transport: shaping delays a link, duplicates are suppressed, corrupti
             c.rejected[static_cast<int>(reject_reason::tensor_checksum)] ==
         c.rejected_total());
 }
+
+TEST_CASE("transport: CURVE admits allowed keys and refuses strangers") {
+  auto server_keys = generate_keypair(), allowed_keys = generate_keypair(), stranger_keys = generate_keypair();
+  REQUIRE(server_keys);
+  REQUIRE(allowed_keys);
+  REQUIRE(stranger_keys);
+  auto allow = std::make_shared<key_allow_list>();
+  REQUIRE(allow->add(allowed_keys->public_z85, "learner-1"));
+  REQUIRE(allow->add(server_keys->public_z85, "broker"));
+
+  steady_clock_source clock;
+  inbox at_server, at_allowed, at_stranger;
+  auto server_cfg = make_config(broker, "tcp://127.0.0.1:0");
+  server_cfg.curve = {true, *server_keys, allow};
+  auto server = node_transport::start(server_cfg, clock, at_server.handler());
+  REQUIRE(server);
+
+  auto client_cfg = make_config(learner, "tcp://127.0.0.1:0");
+  client_cfg.curve = {true, *allowed_keys, allow};
+  auto allowed = node_transport::start(client_cfg, clock, at_allowed.handler());
+  REQUIRE(allowed);
+  const node_address stranger_address{role::learner, 9};
+  auto stranger_cfg = make_config(stranger_address, "tcp://127.0.0.1:0");
+  stranger_cfg.curve = {true, *stranger_keys, allow};
+  auto stranger = node_transport::start(stranger_cfg, clock, at_stranger.handler());
+  REQUIRE(stranger);
+
+  // A peer without a valid server key is refused up front.
+  CHECK_FALSE((*allowed)->add_peer(broker, (*server)->endpoint(), "not-a-key"));
+  REQUIRE((*allowed)->add_peer(broker, (*server)->endpoint(), server_keys->public_z85));
+  REQUIRE((*stranger)->add_peer(broker, (*server)->endpoint(), server_keys->public_z85));
+  std::vector<float> delta(64, 0.25f);
+  REQUIRE((*allowed)->send(broker, contribution(**allowed, delta)));
+  REQUIRE((*stranger)->send(broker, contribution(**stranger, delta)));
+  REQUIRE(at_server.wait_for([&] { return !at_server.messages.empty(); }));
+  std::this_thread::sleep_for(300ms);
+  REQUIRE(at_server.messages.size() == 1);
+  CHECK(at_server.messages[0]->envelope->sender() == learner);
+  const auto c = (*server)->counters();
+  CHECK(c.curve_accepted >= 1);
+  CHECK(c.curve_refused >= 1);
+}
