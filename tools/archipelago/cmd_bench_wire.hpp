@@ -10,7 +10,7 @@ namespace archipelago::cli {
 void add_bench_wire(CLI::App& bench);
 
 /// Runs `bench wire` if it was the subcommand parsed; otherwise returns
-/// exit_bad_input, so a bench runner can end with `return run_bench_wire(*bench);`.
-int run_bench_wire(const CLI::App& bench);
+/// exit_bad_input, so the bench runner can end with `return run_bench_wire();`.
+int run_bench_wire();
 
 }  // namespace archipelago::cli

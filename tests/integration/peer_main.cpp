@@ -1,0 +1,86 @@
+// A transport in a process of its own, for the two-process integration tests.
+//
+//   archipelago_test_peer --self learner/1 --bind tcp://127.0.0.1:PORT
+//                         --peer sync_broker/0=tcp://127.0.0.1:PORT2 [--incarnation N]
+//                         [--curve-secret Z85 --curve-public Z85 --server-key Z85 --allow Z85]...
+//
+// Prints "endpoint <bound endpoint>" once bound; answers every delivered message
+// with an Ack of its sequence; exits 0 on SIGTERM.
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "transport/transport.hpp"
+
+using namespace archipelago;
+using namespace archipelago::transport;
+
+namespace {
+volatile std::sig_atomic_t stop_flag = 0;
+extern "C" void on_term(int) { stop_flag = 1; }
+
+bool parse_address(const std::string& text, node_address& out) {
+  const auto slash = text.find('/');
+  if (slash == std::string::npos) return false;
+  const std::string kind = text.substr(0, slash);
+  const role roles[] = {role::learner, role::sync_broker, role::parameter_shard, role::chaos_monkey};
+  for (role r : roles)
+    if (kind == to_string(r)) {
+      out = {r, static_cast<std::uint32_t>(std::stoul(text.substr(slash + 1)))};
+      return true;
+    }
+  return false;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  transport_config cfg;
+  cfg.heartbeat.interval_ns = 50'000'000;
+  cfg.backoff.initial_ns = 20'000'000;
+  cfg.backoff.max_ns = 200'000'000;
+  node_address peer{};
+  std::string peer_endpoint, server_key;
+  auto allow = std::make_shared<key_allow_list>();
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--self" && !parse_address(value, cfg.self)) return 2;
+    if (flag == "--bind") cfg.bind_endpoint = value;
+    if (flag == "--incarnation") cfg.self_incarnation = incarnation{std::stoull(value)};
+    if (flag == "--peer") {
+      const auto eq = value.find('=');
+      if (eq == std::string::npos || !parse_address(value.substr(0, eq), peer)) return 2;
+      peer_endpoint = value.substr(eq + 1);
+    }
+    if (flag == "--curve-secret") cfg.curve.own.secret_z85 = value, cfg.curve.enabled = true;
+    if (flag == "--curve-public") cfg.curve.own.public_z85 = value;
+    if (flag == "--server-key") server_key = value;
+    if (flag == "--allow" && !allow->add(value)) return 2;
+  }
+  cfg.curve.allowed = allow;
+  std::signal(SIGTERM, on_term);
+  std::signal(SIGINT, on_term);
+  steady_clock_source clock;
+  std::atomic<node_transport*> ready{nullptr};
+  auto t = node_transport::start(cfg, clock, [&](std::shared_ptr<const inbound_message> m) {
+    node_transport* self = ready.load();
+    if (self == nullptr) return;  // not wired yet
+    auto b = self->make_envelope();
+    b.body().initAck().setSequence(m->envelope->header().getSequence());
+    (void)self->send(m->envelope->sender(), b.finish());
+  });
+  if (!t) {
+    std::fprintf(stderr, "%s\n", t.err().message.c_str());
+    return 1;
+  }
+  ready.store(t->get());
+  if (!peer_endpoint.empty() && !(*t)->add_peer(peer, peer_endpoint, server_key)) return 2;
+  std::printf("endpoint %s\n", (*t)->endpoint().c_str());
+  std::fflush(stdout);
+  while (!stop_flag) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  (*t)->stop();
+  return 0;
+}
