@@ -112,6 +112,8 @@ std::vector<knob> make_knobs() {
   auto o = &config::optimizer;
   auto d = &config::data;
   auto t = &config::train;
+  auto w = &config::wire;
+  auto l = &config::link;
   std::string presets;
   for (const auto& name : model_preset_names()) presets += (presets.empty() ? "" : " | ") + name;
   return {
@@ -176,6 +178,55 @@ std::vector<knob> make_knobs() {
                   "Steps between evaluations; 0 evaluates only at the end. Default: 250."),
       number_knob("train.time_limit_s", t, &train_config::time_limit_s, 0.0, 1e9,
                   "Stop after this many seconds of training; 0 means no limit. Default: 0."),
+      // wire
+      number_knob("wire.heartbeat_interval_ms", w, &wire_config::heartbeat_interval_ms, I{10}, I{600000},
+                  "Heartbeat interval, both ways; any message counts. Default: 1000."),
+      number_knob("wire.liveness", w, &wire_config::liveness, 1, 100,
+                  "Silent heartbeat intervals before a peer is dead. Default: 3."),
+      number_knob("wire.reconnect_initial_ms", w, &wire_config::reconnect_initial_ms, I{1}, I{600000},
+                  "First reconnect delay after a peer died; doubles, with jitter. Default: 100."),
+      number_knob("wire.reconnect_max_ms", w, &wire_config::reconnect_max_ms, I{1}, I{3600000},
+                  "Cap of the reconnect delay. Default: 5000."),
+      number_knob("wire.socket_hwm", w, &wire_config::socket_hwm, 1, 1000000,
+                  "ZeroMQ high-water mark per socket, in messages. Default: 64."),
+      number_knob("wire.outbox_capacity", w, &wire_config::outbox_capacity, I{1}, I{1} << 24,
+                  "Messages actors may queue for the I/O thread; beyond it sends fail as overloaded. "
+                  "Default: 1024."),
+      number_knob("wire.peer_queue_capacity", w, &wire_config::peer_queue_capacity, I{1}, I{1} << 24,
+                  "Messages waiting for one peer's socket; beyond it they are dropped and counted. "
+                  "Default: 256."),
+      number_knob("wire.max_tensor_bytes", w, &wire_config::max_tensor_bytes, I{1} << 10, I{1} << 31,
+                  "Largest tensor frame accepted. Default: 1073741824."),
+      text_knob("wire.encoding", w, &wire_config::encoding, "fp32 | bf16 | int8 | int4 | int2",
+                "Encoding of outer gradients on the wire. Default: fp32.",
+                [](std::string_view v) -> std::string {
+                  for (const char* name : {"fp32", "bf16", "int8", "int4", "int2"})
+                    if (v == name) return "";
+                  return "'" + std::string(v) + "' is not one of fp32, bf16, int8, int4, int2";
+                }),
+      number_knob("wire.block_size", w, &wire_config::block_size, 8, 65536,
+                  "Values per quantisation block (int8/int4/int2). Default: 64."),
+      bool_knob("wire.curve", w, &wire_config::curve,
+                "CURVE encryption and authentication on tcp:// endpoints. Default: true."),
+      text_knob("wire.key_file", w, &wire_config::key_file, "path",
+                "This node's CURVE keypair, written by archipelago keygen. Default: empty."),
+      text_knob("wire.allow", w, &wire_config::allow, "path",
+                "Public keys allowed to connect: a directory of *.pub files or a list file. "
+                "Default: empty."),
+      // link
+      number_knob("link.bandwidth_mbit", l, &link_config::bandwidth_mbit, 0.0, 1e6,
+                  "Emulated bandwidth of each outgoing link in Mbit/s; 0 = unlimited. Default: 0."),
+      number_knob("link.latency_ms", l, &link_config::latency_ms, 0.0, 3.6e6,
+                  "Emulated one-way latency. Default: 0."),
+      number_knob("link.jitter_ms", l, &link_config::jitter_ms, 0.0, 3.6e6,
+                  "Emulated jitter, uniform in [0, jitter]; order is kept. Default: 0."),
+      number_knob("link.loss", l, &link_config::loss, 0.0, 1.0, "Probability a message is lost. Default: 0."),
+      number_knob("link.duplicate", l, &link_config::duplicate, 0.0, 1.0,
+                  "Probability a message is delivered twice. Default: 0."),
+      number_knob("link.reorder", l, &link_config::reorder, 0.0, 1.0,
+                  "Probability a message is held back and overtaken. Default: 0."),
+      number_knob("link.corrupt", l, &link_config::corrupt, 0.0, 1.0,
+                  "Probability a bit of a message is flipped (checksums catch it). Default: 0."),
   };
 }
 
@@ -315,6 +366,10 @@ expected<model_shape> resolve_model(const model_config& m) {
 
 status validate(const config& cfg) {
   if (auto shape = resolve_model(cfg.model); !shape) return status(shape.err());
+  if (cfg.wire.reconnect_max_ms < cfg.wire.reconnect_initial_ms)
+    return invalid("wire.reconnect_max_ms (" + std::to_string(cfg.wire.reconnect_max_ms) +
+                   ") must be at least wire.reconnect_initial_ms (" +
+                   std::to_string(cfg.wire.reconnect_initial_ms) + ")");
   return {};
 }
 

@@ -52,11 +52,40 @@ struct train_config {
   double time_limit_s = 0;              // stop early after this wall time; 0: no limit
 };
 
+struct wire_config {
+  std::int64_t heartbeat_interval_ms = 1000;  // both ways; any message counts
+  int liveness = 3;                           // silent intervals before a peer is dead
+  std::int64_t reconnect_initial_ms = 100;    // backoff after a peer died
+  std::int64_t reconnect_max_ms = 5000;
+  int socket_hwm = 64;                        // ZeroMQ high-water mark, messages
+  std::int64_t outbox_capacity = 1024;        // messages queued by actors
+  std::int64_t peer_queue_capacity = 256;     // messages waiting for one peer
+  std::int64_t max_tensor_bytes = std::int64_t{1} << 30;
+  std::string encoding = "fp32";              // outer-gradient encoding on the wire
+  int block_size = 64;                        // quantisation block
+  bool curve = true;                          // CURVE on tcp:// endpoints
+  std::string key_file;                       // this node's keypair (archipelago keygen)
+  std::string allow;                          // allowed public keys: a directory of *.pub or a list file
+};
+
+/// Default shaping of every link this node sends on (the WAN emulator).
+struct link_config {
+  double bandwidth_mbit = 0;  // 0 = unlimited
+  double latency_ms = 0;      // one way
+  double jitter_ms = 0;
+  double loss = 0;
+  double duplicate = 0;
+  double reorder = 0;
+  double corrupt = 0;
+};
+
 struct config {
   model_config model;
   optimizer_config optimizer;
   data_config data;
   train_config train;
+  wire_config wire;
+  link_config link;
 };
 
 enum class knob_type : std::uint8_t { integer, real, boolean, text };

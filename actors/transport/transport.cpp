@@ -513,6 +513,47 @@ expected<std::unique_ptr<node_transport>> node_transport::start(transport_config
   return std::unique_ptr<node_transport>(new node_transport(std::move(p)));
 }
 
+expected<transport_config> transport_config_from(const config& cfg, node_address self, incarnation inc,
+                                                 std::string bind_endpoint) {
+  constexpr nanos ms = 1'000'000;
+  const wire_config& w = cfg.wire;
+  transport_config t;
+  t.self = self;
+  t.self_incarnation = inc;
+  t.bind_endpoint = std::move(bind_endpoint);
+  t.heartbeat = {w.heartbeat_interval_ms * ms, w.liveness};
+  t.backoff.initial_ns = w.reconnect_initial_ms * ms;
+  t.backoff.max_ns = w.reconnect_max_ms * ms;
+  t.socket_hwm = w.socket_hwm;
+  t.outbox_capacity = static_cast<std::size_t>(w.outbox_capacity);
+  t.peer_queue_capacity = static_cast<std::size_t>(w.peer_queue_capacity);
+  t.limits.max_tensor_bytes = static_cast<std::size_t>(w.max_tensor_bytes);
+  const link_config& l = cfg.link;
+  t.default_link.bandwidth_bytes_per_s = l.bandwidth_mbit * 1e6 / 8;
+  t.default_link.latency_ns = static_cast<nanos>(l.latency_ms * 1e6);
+  t.default_link.jitter_ns = static_cast<nanos>(l.jitter_ms * 1e6);
+  t.default_link.loss = l.loss;
+  t.default_link.duplicate = l.duplicate;
+  t.default_link.reorder = l.reorder;
+  t.default_link.corrupt = l.corrupt;
+  t.seed = derive_seed(cfg.train.seed, (static_cast<std::uint64_t>(self.kind) << 32) | self.index);
+  if (w.curve && t.bind_endpoint.starts_with("tcp://")) {
+    if (w.key_file.empty())
+      return make_error(errc::invalid_input,
+                        "wire.curve is on for a tcp:// endpoint but wire.key_file is empty "
+                        "(create keys with archipelago keygen, or set wire.curve=false)");
+    if (w.allow.empty())
+      return make_error(errc::invalid_input,
+                        "wire.curve is on for a tcp:// endpoint but wire.allow (the allowed public keys) is empty");
+    auto keys = load_keypair(w.key_file);
+    if (!keys) return keys.err();
+    auto allowed = key_allow_list::load(w.allow);
+    if (!allowed) return allowed.err();
+    t.curve = {true, std::move(*keys), std::make_shared<const key_allow_list>(std::move(*allowed))};
+  }
+  return t;
+}
+
 const std::string& node_transport::endpoint() const { return impl_->bound_endpoint; }
 const transport_config& node_transport::config() const { return impl_->cfg; }
 

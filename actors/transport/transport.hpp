@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/clock.hpp"
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/ids.hpp"
 #include "transport/codec.hpp"
@@ -87,6 +88,12 @@ struct transport_counters {
   std::uint64_t curve_accepted = 0, curve_refused = 0;  // connection handshakes
   std::uint64_t rejected_total() const;
 };
+
+/// The transport settings of a node from the configuration knobs (wire.*, link.*).
+/// With wire.curve on and a tcp:// endpoint it loads the node's keypair
+/// (wire.key_file) and allow-list (wire.allow); a missing one is invalid_input.
+expected<transport_config> transport_config_from(const config& cfg, node_address self, incarnation inc,
+                                                 std::string bind_endpoint);
 
 class node_transport {
  public:

@@ -10,6 +10,7 @@
 #include "core/prng.hpp"
 #include "core/checksum.hpp"
 #include "transport/codec.hpp"
+#include "transport/transport.hpp"
 
 using namespace archipelago;
 using namespace archipelago::transport;
@@ -271,4 +272,26 @@ TEST_CASE("malformed messages are rejected with the reason") {
     REQUIRE_FALSE(values);
     CHECK(values.err().code == errc::corrupt_data);
   }
+}
+
+TEST_CASE("transport settings come from the wire and link knobs") {
+  config cfg;
+  REQUIRE(set_knob(cfg, "wire.heartbeat_interval_ms", "250"));
+  REQUIRE(set_knob(cfg, "link.bandwidth_mbit", "100"));
+  REQUIRE(set_knob(cfg, "link.latency_ms", "20"));
+  REQUIRE(set_knob(cfg, "wire.curve", "false"));
+  auto t = transport_config_from(cfg, {role::learner, 2}, incarnation{3}, "tcp://127.0.0.1:0");
+  REQUIRE(t);
+  CHECK(t->heartbeat.interval_ns == 250'000'000);
+  CHECK(t->default_link.bandwidth_bytes_per_s == doctest::Approx(12.5e6));
+  CHECK(t->default_link.latency_ns == 20'000'000);
+  CHECK_FALSE(t->curve.enabled);
+
+  REQUIRE(set_knob(cfg, "wire.curve", "true"));
+  auto missing = transport_config_from(cfg, {role::learner, 2}, incarnation{3}, "tcp://127.0.0.1:0");
+  REQUIRE_FALSE(missing);
+  CHECK(missing.err().message.find("wire.key_file") != std::string::npos);
+  // inproc endpoints stay inside the process and need no keys.
+  CHECK(transport_config_from(cfg, {role::learner, 2}, incarnation{3}, "inproc://x"));
+  CHECK_FALSE(set_knob(cfg, "wire.encoding", "fp8"));
 }

@@ -1,5 +1,6 @@
-#include <doctest/doctest.h>
+#include "transport/curve_keys.hpp"
 
+#include <doctest/doctest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,10 +15,7 @@
 #include <string>
 #include <thread>
 #include <vector>
-
 #include <zmq.hpp>
-
-#include "transport/curve_keys.hpp"
 
 using namespace archipelago;
 using namespace archipelago::transport;
@@ -75,7 +73,9 @@ std::string binary_key(const std::string& z85) {
   return *key;
 }
 
-const std::uint8_t* bytes(const std::string& binary) { return reinterpret_cast<const std::uint8_t*>(binary.data()); }
+const std::uint8_t* bytes(const std::string& binary) {
+  return reinterpret_cast<const std::uint8_t*>(binary.data());
+}
 
 // The example keypair from the libzmq CURVE documentation and tests.
 constexpr const char* doc_public = "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID";
@@ -144,13 +144,14 @@ TEST_CASE("curve_keys: generate, save and load round trip") {
 
   // Exactly the two files: no temporaries left behind.
   std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir.path())) names.push_back(entry.path().filename().string());
+  for (const auto& entry : fs::directory_iterator(dir.path()))
+    names.push_back(entry.path().filename().string());
   std::sort(names.begin(), names.end());
   CHECK(names == std::vector<std::string>{"learner-0.key", "learner-0.pub"});
 
   // A .key file keeps working as the only input (whitespace, comments, CRLF).
-  write_file(dir.file("hand.key"), "# by hand\r\n\r\n  secret=\"" + keys.secret_z85 + "\"   # mine\r\npublic = \"" +
-                                       keys.public_z85 + "\"\r\n");
+  write_file(dir.file("hand.key"), "# by hand\r\n\r\n  secret=\"" + keys.secret_z85 +
+                                       "\"   # mine\r\npublic = \"" + keys.public_z85 + "\"\r\n");
   auto hand = load_keypair(dir.file("hand.key"));
   REQUIRE(hand.has_value());
   CHECK(hand->public_z85 == keys.public_z85);
@@ -239,28 +240,40 @@ TEST_CASE("curve_keys: load reports missing files and bad content with file and 
 
   const std::string pub_line = "public = \"" + keys.public_z85 + "\"\n";
   const std::string sec_line = "secret = \"" + keys.secret_z85 + "\"\n";
-  CHECK(contains(failure("mismatch.key", "public = \"" + other.public_z85 + "\"\n" + sec_line), "line 1: the public key does not belong"));
-  CHECK(contains(failure("short.key", "# c\n\n" + sec_line.substr(0, 20) + "\"\n" + pub_line), "line 3: secret key must be 40 Z85 characters"));
+  CHECK(contains(failure("mismatch.key", "public = \"" + other.public_z85 + "\"\n" + sec_line),
+                 "line 1: the public key does not belong"));
+  CHECK(contains(failure("short.key", "# c\n\n" + sec_line.substr(0, 20) + "\"\n" + pub_line),
+                 "line 3: secret key must be 40 Z85 characters"));
   std::string bad_alpha = pub_line;
   bad_alpha[12] = '~';
-  CHECK(contains(failure("alpha.key", sec_line + bad_alpha), "line 2: public key has a character outside the Z85 alphabet"));
-  CHECK(contains(failure("overflow.key", sec_line + "public = \"#####" + keys.public_z85.substr(5) + "\"\n"), "line 2: public key is not valid Z85"));
+  CHECK(contains(failure("alpha.key", sec_line + bad_alpha),
+                 "line 2: public key has a character outside the Z85 alphabet"));
+  CHECK(contains(
+      failure("overflow.key", sec_line + "public = \"#####" + keys.public_z85.substr(5) + "\"\n"),
+      "line 2: public key is not valid Z85"));
   CHECK(contains(failure("nosecret.key", pub_line), "has no 'secret' entry"));
   CHECK(contains(failure("nopublic.key", sec_line), "has no 'public' entry"));
-  CHECK(contains(failure("unknown.key", pub_line + sec_line + "colour = \"red\"\n"), "line 3: unknown entry (expected 'public' or 'secret')"));
-  CHECK(contains(failure("twice.key", pub_line + pub_line + sec_line), "line 2: second 'public' entry"));
-  CHECK(contains(failure("unquoted.key", "public = " + keys.public_z85 + "\n" + sec_line), "line 1: the value of 'public' must be a quoted string"));
-  CHECK(contains(failure("trailing.key", pub_line.substr(0, pub_line.size() - 1) + " junk\n" + sec_line), "line 1: unexpected text"));
+  CHECK(contains(failure("unknown.key", pub_line + sec_line + "colour = \"red\"\n"),
+                 "line 3: unknown entry (expected 'public' or 'secret')"));
+  CHECK(contains(failure("twice.key", pub_line + pub_line + sec_line),
+                 "line 2: second 'public' entry"));
+  CHECK(contains(failure("unquoted.key", "public = " + keys.public_z85 + "\n" + sec_line),
+                 "line 1: the value of 'public' must be a quoted string"));
+  CHECK(contains(
+      failure("trailing.key", pub_line.substr(0, pub_line.size() - 1) + " junk\n" + sec_line),
+      "line 1: unexpected text"));
   CHECK(contains(failure("noequals.key", "just words\n"), "line 1: expected name = \"value\""));
   // A bare key pasted into the file may contain '=' (a Z85 digit): no piece of it is quoted back.
-  for (const std::string line : {"Kx7Sec=ret+rest-of-a-key\n", "Kx7Sec = \"unterminated\n", "Kx7Sec = \"v\" more\n"}) {
+  for (const std::string line :
+       {"Kx7Sec=ret+rest-of-a-key\n", "Kx7Sec = \"unterminated\n", "Kx7Sec = \"v\" more\n"}) {
     const std::string message = failure("bare.key", line);
     CHECK_FALSE(contains(message, "Kx7Sec"));
     CHECK(contains(message, "line 1: "));
   }
   CHECK(contains(failure("empty.key", ""), "has no 'secret' entry"));
   CHECK(contains(failure("secret.pub", pub_line + sec_line, true), "line 2: holds a secret key"));
-  CHECK(contains(failure("bad.pub", "public = \"" + keys.public_z85.substr(1) + "\"\n", true), "line 1: public key must be 40"));
+  CHECK(contains(failure("bad.pub", "public = \"" + keys.public_z85.substr(1) + "\"\n", true),
+                 "line 1: public key must be 40"));
   CHECK(contains(failure("nopublic.pub", "# nothing\n", true), "has no 'public' entry"));
 
   fs::create_directory(dir.file("adir.key"));
@@ -315,15 +328,24 @@ TEST_CASE("curve_keys: allow-list from a directory of .pub files") {
 
 TEST_CASE("curve_keys: allow-list from a list file") {
   temp_dir dir;
-  const curve_keypair a = fresh_keys(), b = fresh_keys(), c = fresh_keys(), d = fresh_keys(), stranger = fresh_keys();
+  const curve_keypair a = fresh_keys(), b = fresh_keys(), c = fresh_keys(), d = fresh_keys(),
+                      stranger = fresh_keys();
   const std::string path = dir.file("allowed.txt");
-  write_file(path, "# mesh of site A\n"
-                   "\n"
-                   "learner-0 " + a.public_z85 + "\n"
-                   "   " + b.public_z85 + "   # a bare key with a comment\r\n"
-                   "broker\t" + c.public_z85 + "  # named, with a comment\n"
-                   "  # indented comment\n"
-                   "public = \"" + d.public_z85 + "\"\n");
+  write_file(path,
+             "# mesh of site A\n"
+             "\n"
+             "learner-0 " +
+                 a.public_z85 +
+                 "\n"
+                 "   " +
+                 b.public_z85 +
+                 "   # a bare key with a comment\r\n"
+                 "broker\t" +
+                 c.public_z85 +
+                 "  # named, with a comment\n"
+                 "  # indented comment\n"
+                 "public = \"" +
+                 d.public_z85 + "\"\n");
   auto list = key_allow_list::load(path);
   REQUIRE(list.has_value());
   CHECK(list->size() == 4);
@@ -345,13 +367,18 @@ TEST_CASE("curve_keys: allow-list from a list file") {
     CHECK(contains(r.err().message, "allowed.txt"));
     return r.err().message;
   };
-  CHECK(contains(failure("# ok\nx " + a.public_z85 + "\nbad " + a.public_z85.substr(0, 38) + "\n"), "line 3: key must be 40 Z85 characters, not 38"));
+  CHECK(contains(failure("# ok\nx " + a.public_z85 + "\nbad " + a.public_z85.substr(0, 38) + "\n"),
+                 "line 3: key must be 40 Z85 characters, not 38"));
   std::string bad_alpha = b.public_z85;
   bad_alpha[0] = '"';
-  CHECK(contains(failure(a.public_z85 + "\n" + bad_alpha + "\n"), "line 2: key has a character outside the Z85 alphabet at position 1"));
-  CHECK(contains(failure("n " + a.public_z85 + " extra\n"), "line 1: unexpected text after the key"));
-  CHECK(contains(failure("one " + a.public_z85 + "\ntwo " + a.public_z85 + "\n"), "line 2: duplicate key (already listed as 'one')"));
-  CHECK(contains(failure("secret = \"" + a.secret_z85 + "\"\n"), "line 1: a secret key does not belong"));
+  CHECK(contains(failure(a.public_z85 + "\n" + bad_alpha + "\n"),
+                 "line 2: key has a character outside the Z85 alphabet at position 1"));
+  CHECK(
+      contains(failure("n " + a.public_z85 + " extra\n"), "line 1: unexpected text after the key"));
+  CHECK(contains(failure("one " + a.public_z85 + "\ntwo " + a.public_z85 + "\n"),
+                 "line 2: duplicate key (already listed as 'one')"));
+  CHECK(contains(failure("secret = \"" + a.secret_z85 + "\"\n"),
+                 "line 1: a secret key does not belong"));
   CHECK(contains(failure("# nothing here\n\n"), "lists no keys"));
   CHECK(contains(failure("lonely-name\n"), "line 1: key must be 40"));
 
@@ -366,11 +393,13 @@ TEST_CASE("curve_keys: allow-list from a list file") {
 namespace {
 
 // Sends one ZAP request frame by frame (REQ side) and returns the reply frames.
-std::vector<std::string> zap_round_trip(zmq::socket_t& req, zmq::socket_t& rep, const key_allow_list& allowed,
+std::vector<std::string> zap_round_trip(zmq::socket_t& req, zmq::socket_t& rep,
+                                        const key_allow_list& allowed,
                                         const std::vector<std::string>& request, bool* allowed_out,
                                         std::string* refused) {
   for (std::size_t i = 0; i < request.size(); ++i)
-    REQUIRE(req.send(zmq::buffer(request[i]), i + 1 < request.size() ? zmq::send_flags::sndmore : zmq::send_flags::none));
+    REQUIRE(req.send(zmq::buffer(request[i]),
+                     i + 1 < request.size() ? zmq::send_flags::sndmore : zmq::send_flags::none));
   zmq::pollitem_t item{rep.handle(), 0, ZMQ_POLLIN, 0};
   REQUIRE(zmq::poll(&item, 1, std::chrono::milliseconds(2000)) == 1);
   *allowed_out = handle_zap_request(rep, allowed, refused);
@@ -406,18 +435,21 @@ TEST_CASE("curve_keys: handle_zap_request answers RFC 27 requests") {
   CHECK_FALSE(handle_zap_request(rep, allowed, &refused));
   CHECK(refused.empty());
 
-  const auto request = [](const std::string& version, const std::string& mechanism, const std::string& credential) {
+  const auto request = [](const std::string& version, const std::string& mechanism,
+                          const std::string& credential) {
     std::vector<std::string> r{version, "req-7", "archipelago", "127.0.0.1", "", mechanism};
     if (!credential.empty()) r.push_back(credential);
     return r;
   };
   bool ok = false;
-  auto reply = zap_round_trip(req, rep, allowed, request("1.0", "CURVE", binary_key(alice.public_z85)), &ok, &refused);
+  auto reply = zap_round_trip(req, rep, allowed,
+                              request("1.0", "CURVE", binary_key(alice.public_z85)), &ok, &refused);
   CHECK(ok);
   CHECK(refused.empty());
   CHECK(reply == std::vector<std::string>{"1.0", "req-7", "200", "OK", "alice", ""});
 
-  reply = zap_round_trip(req, rep, allowed, request("1.0", "CURVE", binary_key(stranger.public_z85)), &ok, &refused);
+  reply = zap_round_trip(req, rep, allowed,
+                         request("1.0", "CURVE", binary_key(stranger.public_z85)), &ok, &refused);
   CHECK_FALSE(ok);
   CHECK(refused == stranger.public_z85);
   REQUIRE(reply.size() == 6);
@@ -435,7 +467,8 @@ TEST_CASE("curve_keys: handle_zap_request answers RFC 27 requests") {
   CHECK_FALSE(ok);
   CHECK(reply[2] == "500");
 
-  reply = zap_round_trip(req, rep, allowed, request("2.0", "CURVE", binary_key(alice.public_z85)), &ok, &refused);
+  reply = zap_round_trip(req, rep, allowed, request("2.0", "CURVE", binary_key(alice.public_z85)),
+                         &ok, &refused);
   CHECK_FALSE(ok);
   CHECK(reply[2] == "500");
   CHECK(reply[1] == "req-7");
@@ -451,7 +484,8 @@ namespace {
 // way the transport's I/O thread will: poll, then handle_zap_request.
 class zap_server {
  public:
-  zap_server(zmq::context_t& ctx, const key_allow_list& allowed) : socket_(ctx, zmq::socket_type::rep), allowed_(allowed) {
+  zap_server(zmq::context_t& ctx, const key_allow_list& allowed)
+      : socket_(ctx, zmq::socket_type::rep), allowed_(allowed) {
     socket_.set(zmq::sockopt::linger, 0);
     socket_.bind(zap_endpoint);  // before any CURVE socket handshakes
     thread_ = std::thread([this] { run(); });
@@ -499,8 +533,8 @@ class zap_server {
   std::thread thread_;
 };
 
-zmq::socket_t curve_client(zmq::context_t& ctx, const curve_keypair& keys, const std::string& server_public,
-                           const std::string& endpoint) {
+zmq::socket_t curve_client(zmq::context_t& ctx, const curve_keypair& keys,
+                           const std::string& server_public, const std::string& endpoint) {
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.set(zmq::sockopt::linger, 0);
   s.set(zmq::sockopt::curve_serverkey, server_public);

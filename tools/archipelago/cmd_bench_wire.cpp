@@ -45,7 +45,7 @@ using namespace std::chrono_literals;
 
 struct wire_options {
   bool json = false;
-  int rounds = 5;
+  int rounds = 7;
   int messages = 200;  // 4 MiB fragments per throughput sample
   std::string endpoint = "tcp";
   CLI::App* command = nullptr;  // the `wire` subcommand, to know whether it was parsed
@@ -60,7 +60,7 @@ const node_address node_a{role::sync_broker, 0};
 const node_address node_b{role::learner, 1};
 
 constexpr std::size_t fragment_floats = std::size_t{1} << 20;  // 4 MiB of fp32
-constexpr int warmup_messages = 8;
+constexpr int warmup_messages = 32;  // also lets the allocator settle on 4 MiB buffers
 constexpr int pings = 1000;  // per round and side
 constexpr int warmup_pings = 100;
 constexpr std::size_t raw_ping_bytes = 64;
@@ -257,8 +257,11 @@ struct curve_keys {
 
 class raw_pipe {
  public:
-  raw_pipe(zmq::context_t& context, const std::string& endpoint, int hwm, const curve_keys* keys)
-      : pull_(context, zmq::socket_type::pull), push_(context, zmq::socket_type::push) {
+  /// The sender's socket lives on `send_context`, the receiver's on `recv_context`
+  /// (the same one for inproc).
+  raw_pipe(zmq::context_t& send_context, zmq::context_t& recv_context, const std::string& endpoint, int hwm,
+           const curve_keys* keys)
+      : pull_(recv_context, zmq::socket_type::pull), push_(send_context, zmq::socket_type::push) {
     for (auto* s : {&pull_, &push_}) {
       s->set(zmq::sockopt::linger, 0);
       s->set(zmq::sockopt::sndhwm, hwm);
@@ -382,7 +385,8 @@ expected<double> transport_throughput(transport_pair& p, std::size_t messages, c
     return make_error(errc::timeout, "transport: " + std::to_string(p.at_b.seen()) + " of " + std::to_string(messages) +
                                          " fragments delivered before the deadline (A sent " +
                                          std::to_string(c.sent_messages) + ", dropped at a full peer queue " +
-                                         std::to_string(c.peer_queue_full) + ")");
+                                         std::to_string(c.peer_queue_full) + ", lost by its link shaper " +
+                                         std::to_string(c.shaped_lost) + ")");
   }
   std::lock_guard<std::mutex> lock(p.at_b.mutex);
   return seconds_between(start_ns, p.at_b.last_ns);
@@ -411,41 +415,55 @@ expected<std::vector<double>> transport_rtt(transport_pair& p, int count, std::u
 struct shaping_result {
   std::size_t probe_bytes = 0;
   double expected_latency_ms = 0, latency_ms = 0, latency_error_pct = 0;
+  double unshaped_latency_ms = 0;  // the same probes on an unshaped link: the transport's own delay
   std::vector<double> latency_samples_ms;
   int rate_messages = 0;
   std::size_t rate_message_bytes = 0;
   double rate_seconds = 0, rate_bytes_per_s = 0, rate_error_pct = 0, end_to_end_bytes_per_s = 0;
 };
 
-/// Shapes A → B to 100 Mbit/s and 20 ms; measures one-way delay of spaced small
-/// messages (send call to B's handler, one clock) and the delivery rate of 1 MiB
-/// messages sent back to back.
-expected<shaping_result> measure_shaping(transport_pair& p, std::uint64_t& retries, progress_line& progress) {
-  shaping_result r;
-  link_profile link;
-  link.bandwidth_bytes_per_s = shaped_rate;
-  link.latency_ns = shaped_latency_ns;
-  if (auto s = p.a->set_link(node_b, link); !s) return s.err();
-
+/// One-way delays in ms of small messages sent one at a time, `latency_spacing`
+/// apart: A's send call to B's handler, read on one clock.
+expected<std::vector<double>> one_way_delays(transport_pair& p, std::uint64_t& retries, progress_line& progress,
+                                             const std::string& label, std::size_t& probe_bytes) {
   p.at_b.reset(true);
   std::vector<nanos> sent_ns(latency_samples);
   for (int i = 0; i < latency_samples; ++i) {
-    progress.update("bench wire: shaping latency probe " + std::to_string(i + 1) + "/" + std::to_string(latency_samples));
+    progress.update("bench wire: " + label + " probe " + std::to_string(i + 1) + "/" + std::to_string(latency_samples));
     const encoded_message m = progress_message(*p.a, i + 1);
-    r.probe_bytes = m.total_bytes();
+    probe_bytes = m.total_bytes();
     sent_ns[i] = p.clock.now();
     if (auto s = send_retrying(*p.a, node_b, m, retries, p.clock, sent_ns[i] + ping_limit_ns); !s) return s.err();
     std::this_thread::sleep_for(latency_spacing);
   }
   if (!p.at_b.wait_count(latency_samples, ping_limit_ns))
-    return make_error(errc::timeout, "shaping: " + std::to_string(p.at_b.seen()) + " of " +
-                                         std::to_string(latency_samples) + " latency probes arrived");
-  {
-    std::lock_guard<std::mutex> lock(p.at_b.mutex);
-    for (auto [round, at] : p.at_b.arrivals)
-      if (round >= 1 && round <= static_cast<std::uint64_t>(latency_samples))
-        r.latency_samples_ms.push_back(static_cast<double>(at - sent_ns[round - 1]) * 1e-6);
-  }
+    return make_error(errc::timeout, label + ": " + std::to_string(p.at_b.seen()) + " of " +
+                                         std::to_string(latency_samples) + " probes arrived");
+  std::vector<double> delays_ms;
+  std::lock_guard<std::mutex> lock(p.at_b.mutex);
+  for (auto [round, at] : p.at_b.arrivals)
+    if (round >= 1 && round <= static_cast<std::uint64_t>(latency_samples))
+      delays_ms.push_back(static_cast<double>(at - sent_ns[round - 1]) * 1e-6);
+  return delays_ms;
+}
+
+/// Shapes A → B to 100 Mbit/s and 20 ms; measures the one-way delay of spaced
+/// small messages (and, as a reference, the same without shaping) and the
+/// delivery rate of 1 MiB messages sent back to back.
+expected<shaping_result> measure_shaping(transport_pair& p, std::uint64_t& retries, progress_line& progress) {
+  shaping_result r;
+  auto unshaped = one_way_delays(p, retries, progress, "unshaped one-way", r.probe_bytes);
+  if (!unshaped) return unshaped.err();
+  r.unshaped_latency_ms = median(*unshaped);
+
+  link_profile link;
+  link.bandwidth_bytes_per_s = shaped_rate;
+  link.latency_ns = shaped_latency_ns;
+  if (auto s = p.a->set_link(node_b, link); !s) return s.err();
+  auto shaped = one_way_delays(p, retries, progress, "shaped one-way", r.probe_bytes);
+  if (!shaped) return shaped.err();
+  r.latency_samples_ms = std::move(*shaped);
+  if (r.latency_samples_ms.empty()) return make_error(errc::internal, "shaped one-way: no probe matched its send time");
   // What the shaper promises: serialisation at the link rate, then the latency.
   r.expected_latency_ms = (static_cast<double>(shaped_latency_ns) + r.probe_bytes / shaped_rate * 1e9) * 1e-6;
   r.latency_ms = median(r.latency_samples_ms);
@@ -501,7 +519,7 @@ int run_wire() {
     auto pair = start_pair(clock, context, o.endpoint, messages);
     if (!pair) return report(pair.err());
     transport_pair& p = **pair;
-    raw_pipe pipe(*context, endpoint_for(o.endpoint, "pull"), hwm, nullptr);
+    raw_pipe pipe(*context, *context, endpoint_for(o.endpoint, "pull"), hwm, nullptr);
     raw_echo echo(*context, endpoint_for(o.endpoint, "router"), hwm);
 
     // Warm-up: connects every socket and touches every code path once.
@@ -565,6 +583,9 @@ int run_wire() {
     // so CURVE never applies there).
     paired_rounds curve;
     std::string curve_note;
+    // CURVE runs at a small fraction of the plain rate: fewer fragments keep a
+    // sample near the length of a plain one.
+    const std::size_t curve_messages = std::max<std::size_t>(10, messages / 4);
     if (zmq_has("curve") == 0) {
       curve_note = "libzmq was built without CURVE";
     } else {
@@ -572,8 +593,12 @@ int run_wire() {
       if (zmq_curve_keypair(keys.server_public, keys.server_secret) != 0 ||
           zmq_curve_keypair(keys.client_public, keys.client_secret) != 0)
         return report(make_error(errc::internal, "zmq_curve_keypair failed"));
-      raw_pipe plain(*context, "tcp://127.0.0.1:0", hwm, nullptr);
-      raw_pipe secure(*context, "tcp://127.0.0.1:0", hwm, &keys);
+      // Each end gets its own context, as two node processes would: CURVE
+      // encrypts on the sender's I/O thread and decrypts on the receiver's, and
+      // one shared I/O thread would do both and overstate the cost.
+      auto send_context = transport::make_io_context(), recv_context = transport::make_io_context();
+      raw_pipe plain(*send_context, *recv_context, "tcp://127.0.0.1:0", hwm, nullptr);
+      raw_pipe secure(*send_context, *recv_context, "tcp://127.0.0.1:0", hwm, &keys);
       progress.update("bench wire: CURVE warm-up");
       if (auto s = plain.run(warmup_messages, fragment, clock); !s) return report(s.err());
       if (auto s = secure.run(warmup_messages, fragment, clock); !s)
@@ -585,9 +610,9 @@ int run_wire() {
           const bool curve_now = (side == 0) == (r % 2 == 0);
           progress.update("bench wire: CURVE round " + std::to_string(r + 1) + "/" + std::to_string(o.rounds) +
                           (curve_now ? " (with CURVE)" : " (without)"));
-          auto s = (curve_now ? secure : plain).run(messages, fragment, clock);
+          auto s = (curve_now ? secure : plain).run(curve_messages, fragment, clock);
           if (!s) return report(s.err());
-          (curve_now ? with : without) = sample_bytes / *s * 1e-9;
+          (curve_now ? with : without) = static_cast<double>(curve_messages * fragment->size()) / *s * 1e-9;
         }
         curve.ours.push_back(with);
         curve.base.push_back(without);
@@ -606,6 +631,9 @@ int run_wire() {
                 median(tput.base));
     std::printf("              transport / raw = %.3f (per round: %s) [goal >= 0.95: %s]\n", tput_ratio,
                 listed(tput.ratio, "%.3f").c_str(), tput_ratio >= 0.95 ? "met" : "NOT met");
+    if (o.endpoint == "inproc")
+      std::printf("              (raw inproc hands the zero-copy buffer over by pointer and never reads it; the transport\n"
+                  "              checks every fragment's XXH3 checksum, so this ratio is checksum speed vs a pointer handoff)\n");
     std::printf("              outbox-full retries: %llu\n", static_cast<unsigned long long>(retries));
     std::printf("  round trip  %d pings per round: Progress envelope (%zu bytes) echoed by B's handler vs raw "
                 "DEALER/ROUTER %zu bytes\n",
@@ -615,9 +643,13 @@ int run_wire() {
                 listed(rtt.ratio, "%.2f").c_str());
     const shaping_result& sh = *shaping;
     std::printf("  shaping     A -> B at 100 Mbit/s, 20 ms one way [goal: within 5 %%]\n");
-    std::printf("              latency: median %.3f ms over %zu probes of %zu bytes (expected %.3f ms): %+.2f %%\n",
-                sh.latency_ms, sh.latency_samples_ms.size(), sh.probe_bytes, sh.expected_latency_ms,
+    const auto [low, high] = std::minmax_element(sh.latency_samples_ms.begin(), sh.latency_samples_ms.end());
+    std::printf("              latency: median %.3f ms (range %.3f-%.3f) over %zu probes of %zu bytes (expected %.3f ms): "
+                "%+.2f %%\n",
+                sh.latency_ms, *low, *high, sh.latency_samples_ms.size(), sh.probe_bytes, sh.expected_latency_ms,
                 sh.latency_error_pct);
+    std::printf("              (the same probes unshaped: median %.3f ms one way; shaped - unshaped - expected = %+.3f ms)\n",
+                sh.unshaped_latency_ms, sh.latency_ms - sh.unshaped_latency_ms - sh.expected_latency_ms);
     std::printf("              rate: %.4g MB/s over %.2f s (%d x %zu bytes, between first and last arrival): %+.2f %%"
                 " (end to end, latency removed: %.4g MB/s)\n",
                 sh.rate_bytes_per_s * 1e-6, sh.rate_seconds, sh.rate_messages, sh.rate_message_bytes,
@@ -626,7 +658,8 @@ int run_wire() {
       std::printf("  CURVE       not measured: %s\n", curve_note.c_str());
     } else {
       std::printf("  CURVE       raw ZeroMQ's cost, not the transport's (it has no CURVE settings yet): PUSH/PULL over "
-                  "tcp loopback\n");
+                  "tcp loopback,\n              %zu x 4 MiB per sample, one context per end\n",
+                  curve_messages);
       std::printf("              with CURVE %.2f GB/s, without %.2f GB/s (medians); with / without = %.3f (per round: "
                   "%s)\n",
                   median(curve.ours), median(curve.base), curve_ratio, listed(curve.ratio, "%.3f").c_str());
@@ -654,12 +687,14 @@ int run_wire() {
           .add("shaping_latency_ms", sh.latency_ms)
           .add("shaping_latency_expected_ms", sh.expected_latency_ms)
           .add("shaping_latency_error_pct", sh.latency_error_pct)
+          .add("unshaped_latency_ms", sh.unshaped_latency_ms)
           .add("shaping_rate_bytes_per_s", sh.rate_bytes_per_s)
           .add("shaping_rate_error_pct", sh.rate_error_pct)
           .add("curve_throughput_gbps", median(curve.ours))
           .add("curve_plain_throughput_gbps", median(curve.base))
           .add("curve_throughput_ratio", curve_ratio)
           .add_raw("curve_ratio_per_round", json_array(curve.ratio))
+          .add("curve_messages", static_cast<std::uint64_t>(curve_messages))
           .add("curve_scope", "raw_zeromq_tcp");
       std::printf("%s\n", j.str().c_str());
     }
@@ -675,7 +710,7 @@ int run_wire() {
 void add_bench_wire(CLI::App& bench) {
   wire_options& o = options();
   CLI::App* wire = o.command = bench.add_subcommand("wire", "Transport throughput, round trip, shaping and CURVE vs raw ZeroMQ");
-  wire->add_option("--rounds", o.rounds, "Rounds of (transport, baseline) per figure (default 5)")
+  wire->add_option("--rounds", o.rounds, "Rounds of (transport, baseline) per figure (default 7)")
       ->check(CLI::Range(1, 100));
   // At most 1000: a sample's envelopes are built before it starts, and a
   // heartbeat numbered after them must stay within the receiver's 1024-message

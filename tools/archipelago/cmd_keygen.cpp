@@ -52,8 +52,10 @@ int run_keygen(const keygen_cli& k) {
 
 runner add_keygen_command(CLI::App& app) {
   auto k = std::make_shared<keygen_cli>();
-  CLI::App* cmd = app.add_subcommand("keygen", "Create a node's CURVE keypair: NAME.key (secret) and NAME.pub");
-  cmd->add_option("--name", k->name, "Node name: the file stem and the name on peers' allow-lists")->required();
+  CLI::App* cmd =
+      app.add_subcommand("keygen", "Create a node's CURVE keypair: NAME.key (secret) and NAME.pub");
+  cmd->add_option("--name", k->name, "Node name: the file stem and the name on peers' allow-lists")
+      ->required();
   cmd->add_option("--dir", k->dir, "Directory to write the key files into (default .)");
   cmd->add_flag("--force", k->force, "Replace an existing NAME.key / NAME.pub");
   cmd->add_flag("--json", k->json, "Print a one-line JSON summary last");

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "cli_common.hpp"
+#include "cmd_keygen.hpp"
 #include "commands.hpp"
 
 int main(int argc, char** argv) {
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
   add(add_sample_command);
   add(add_bench_command);
   add(add_config_command);
+  add(add_keygen_command);
 
   try {
     app.parse(argc, argv);
