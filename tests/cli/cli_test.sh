@@ -50,9 +50,16 @@ expect_error 2 "unknown model size 'huge'" -- "$A" bench compute --model huge
 expect_error 2 "checkpoint file '.*' does not exist" -- "$A" sample --checkpoint "$work/none.ckpt"
 expect_error 2 "temperature must be a positive number" -- "$A" sample --checkpoint "$work/none.ckpt" --temperature 0
 expect_error 2 "" -- "$A" train --no-such-flag
+expect_error 2 "" -- "$A" keygen
+mkdir -p "$work/keys"
+if "$A" keygen --name node0 --dir "$work/keys" --json >"$work/keygen.out" 2>&1 &&
+   tail -n 1 "$work/keygen.out" | python3 -c 'import json,sys; s=json.loads(sys.stdin.read()); assert len(s["public"]) == 40, s' &&
+   [[ $(stat -c %a "$work/keys/node0.key") == 600 ]]; then pass; else fail "keygen: $(cat "$work/keygen.out")"; fi
+expect_error 2 "already exists" -- "$A" keygen --name node0 --dir "$work/keys"
+expect_error 2 "wire.encoding" -- "$A" train --set wire.encoding=fp8
 
 # --help works on every command and exits 0.
-for cmd in "" train sample config bench "bench compute"; do
+for cmd in "" train sample config bench "bench compute" keygen; do
   # shellcheck disable=SC2086
   if timeout 20 "$A" $cmd --help >"$work/help" 2>&1 && grep -q "Usage" "$work/help"; then pass
   else fail "archipelago $cmd --help"; fi

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -495,6 +496,12 @@ expected<shaping_result> measure_shaping(transport_pair& p, std::uint64_t& retri
   return r;
 }
 
+/// The 1-minute load average, so a reader can tell a busy machine from a slow transport.
+double load_average() {
+  double load[1] = {std::nan("")};
+  return getloadavg(load, 1) == 1 ? load[0] : std::nan("");
+}
+
 /// Rounds of (subject, baseline), alternating which goes first so a drift in
 /// the machine's load hits both sides alike.
 struct paired_rounds {
@@ -510,6 +517,7 @@ int run_wire() {
   const shared_bytes fragment = fp32_payload(fragment_floats);
   const int hwm = transport::transport_config{}.socket_hwm;
   std::uint64_t retries = 0;
+  const double load_before = load_average();
   auto interrupted = [] { return report(make_error(errc::internal, "interrupted")); };
 
   try {
@@ -624,8 +632,10 @@ int run_wire() {
     // -- report --------------------------------------------------------------
     const char* kind = o.endpoint == "tcp" ? "tcp loopback" : "inproc";
     const double tput_ratio = median(tput.ratio), rtt_ratio = median(rtt.ratio), curve_ratio = median(curve.ratio);
-    std::printf("bench wire: %s, %d rounds, one ZeroMQ context (1 I/O thread), HWM %d messages on every socket\n",
-                kind, o.rounds, hwm);
+    const double load_after = load_average();
+    std::printf("bench wire: %s, %d rounds, one ZeroMQ context (1 I/O thread), HWM %d messages on every socket\n"
+                "  machine     load average %.2f before, %.2f after, %u CPUs\n",
+                kind, o.rounds, hwm, load_before, load_after, std::thread::hardware_concurrency());
     std::printf("  throughput  %zu x 4 MiB fp32 fragments per sample, first send to last delivery\n", messages);
     std::printf("              transport %.2f GB/s, raw PUSH/PULL %.2f GB/s (medians)\n", median(tput.ours),
                 median(tput.base));
@@ -673,6 +683,8 @@ int run_wire() {
           .add("messages", o.messages)
           .add("fragment_bytes", static_cast<std::uint64_t>(fragment->size()))
           .add("hwm", hwm)
+          .add("load_before", load_before)
+          .add("load_after", load_after)
           .add("throughput_gbps", median(tput.ours))
           .add("raw_throughput_gbps", median(tput.base))
           .add("throughput_ratio", tput_ratio)
