@@ -214,38 +214,60 @@ struct transport_pair {
   std::unique_ptr<node_transport> a, b;
 };
 
-expected<std::unique_ptr<transport_pair>> start_pair(const clock_source& clock,
-                                                     const std::shared_ptr<zmq::context_t>& context,
-                                                     const std::string& kind, std::size_t peer_queue) {
+/// How to start a pair. For inproc both ends must share one context.
+struct pair_setup {
+  std::shared_ptr<zmq::context_t> context_a, context_b;
+  std::string kind = "tcp";
+  std::size_t peer_queue = 0;  // at least this many messages may wait for a peer's socket
+  bool curve = false;          // tcp only: fresh keypairs, each end allowing the other
+};
+
+expected<std::unique_ptr<transport_pair>> start_pair(const clock_source& clock, const pair_setup& setup) {
   auto p = std::make_unique<transport_pair>(clock);
   transport_pair* raw = p.get();
-  auto configure = [&](node_address self, const std::string& tag) {
+  transport::curve_keypair keys_a, keys_b;
+  auto allowed = std::make_shared<transport::key_allow_list>();
+  if (setup.curve) {
+    auto ka = transport::generate_keypair(), kb = transport::generate_keypair();
+    if (!ka) return ka.err();
+    if (!kb) return kb.err();
+    keys_a = *ka;
+    keys_b = *kb;
+    // Both keys on one list: a context has one ZAP handler, whichever end serves it.
+    if (auto s = allowed->add(keys_a.public_z85, "bench-a"); !s) return s.err();
+    if (auto s = allowed->add(keys_b.public_z85, "bench-b"); !s) return s.err();
+  }
+  auto configure = [&](node_address self, const std::string& tag, const std::shared_ptr<zmq::context_t>& context,
+                       const transport::curve_keypair& keys) {
     transport::transport_config c;
     c.context = context;
     c.self = self;
-    c.bind_endpoint = endpoint_for(kind, tag);
+    c.bind_endpoint = endpoint_for(setup.kind, tag);
     // A fragment waits (shared, not copied) in the peer queue while the socket
     // is at its HWM; the queue drops beyond its capacity, so size it for a sample.
-    c.peer_queue_capacity = std::max(c.peer_queue_capacity, peer_queue);
+    c.peer_queue_capacity = std::max(c.peer_queue_capacity, setup.peer_queue);
+    if (setup.curve) c.curve = {true, keys, allowed};
     return c;
   };
-  auto a = node_transport::start(configure(node_a, "a"), clock, [raw](std::shared_ptr<const inbound_message> m) {
-    raw->at_a.arrived(m->envelope->header().getRound(), raw->clock.now());
-  });
+  auto a = node_transport::start(configure(node_a, "a", setup.context_a, keys_a), clock,
+                                 [raw](std::shared_ptr<const inbound_message> m) {
+                                   raw->at_a.arrived(m->envelope->header().getRound(), raw->clock.now());
+                                 });
   if (!a) return a.err();
   p->a = std::move(*a);
-  auto b = node_transport::start(configure(node_b, "b"), clock, [raw](std::shared_ptr<const inbound_message> m) {
-    const nanos now = raw->clock.now();
-    const std::uint64_t round = m->envelope->header().getRound();
-    m.reset();  // a consumer is done with the frames here; free them on the I/O thread as it would
-    if (raw->echo.load(std::memory_order_relaxed))
-      if (!raw->b->send(node_a, progress_message(*raw->b, round))) ++raw->echo_failures;
-    raw->at_b.arrived(round, now);
-  });
+  auto b = node_transport::start(configure(node_b, "b", setup.context_b, keys_b), clock,
+                                 [raw](std::shared_ptr<const inbound_message> m) {
+                                   const nanos now = raw->clock.now();
+                                   const std::uint64_t round = m->envelope->header().getRound();
+                                   m.reset();  // a consumer is done with the frames here; free them as it would
+                                   if (raw->echo.load(std::memory_order_relaxed))
+                                     if (!raw->b->send(node_a, progress_message(*raw->b, round))) ++raw->echo_failures;
+                                   raw->at_b.arrived(round, now);
+                                 });
   if (!b) return b.err();
   p->b = std::move(*b);
-  if (auto s = p->a->add_peer(node_b, p->b->endpoint()); !s) return s.err();
-  if (auto s = p->b->add_peer(node_a, p->a->endpoint()); !s) return s.err();
+  if (auto s = p->a->add_peer(node_b, p->b->endpoint(), keys_b.public_z85); !s) return s.err();
+  if (auto s = p->b->add_peer(node_a, p->a->endpoint(), keys_a.public_z85); !s) return s.err();
   return p;
 }
 
@@ -496,6 +518,71 @@ expected<shaping_result> measure_shaping(transport_pair& p, std::uint64_t& retri
   return r;
 }
 
+struct curve_result {
+  paired_rounds transport, raw;  // ours = with CURVE, base = without
+  std::uint64_t accepted = 0, refused = 0;
+};
+
+/// Transport throughput with and without CURVE, and raw ZeroMQ PUSH/PULL's, in
+/// interleaved rounds. Each end gets its own context, as two node processes
+/// would: CURVE encrypts on the sender's I/O thread and decrypts on the
+/// receiver's, and one shared I/O thread would do both and overstate the cost.
+/// The raw sockets get contexts of their own, without the transports' ZAP handlers.
+expected<curve_result> measure_curve(const clock_source& clock, std::size_t messages, int rounds,
+                                     const shared_bytes& fragment, std::uint64_t& retries, progress_line& progress) {
+  if (!transport::curve_available()) return make_error(errc::unsupported, "libzmq was built without CURVE");
+  curve_result r;
+  auto ctx = [] { return transport::make_io_context(); };
+  auto plain = start_pair(clock, {ctx(), ctx(), "tcp", messages, false});
+  if (!plain) return plain.err();
+  auto secure = start_pair(clock, {ctx(), ctx(), "tcp", messages, true});
+  if (!secure) return secure.err();
+  curve_keys keys;
+  if (zmq_curve_keypair(keys.server_public, keys.server_secret) != 0 ||
+      zmq_curve_keypair(keys.client_public, keys.client_secret) != 0)
+    return make_error(errc::internal, "zmq_curve_keypair failed");
+  auto raw_send = ctx(), raw_recv = ctx();
+  raw_pipe raw_plain(*raw_send, *raw_recv, "tcp://127.0.0.1:0", transport::transport_config{}.socket_hwm, nullptr);
+  raw_pipe raw_secure(*raw_send, *raw_recv, "tcp://127.0.0.1:0", transport::transport_config{}.socket_hwm, &keys);
+
+  progress.update("bench wire: CURVE warm-up (handshakes)");
+  auto with_curve = [](const error& e) { return make_error(e.code, "with CURVE: " + e.message); };
+  if (auto s = transport_rtt(**secure, 10, retries); !s) return with_curve(s.err());
+  if (auto s = transport_rtt(**plain, 10, retries); !s) return s.err();
+  if (auto s = transport_throughput(**secure, warmup_messages, fragment, retries); !s) return with_curve(s.err());
+  if (auto s = transport_throughput(**plain, warmup_messages, fragment, retries); !s) return s.err();
+  if (auto s = raw_secure.run(warmup_messages, fragment, clock); !s) return with_curve(s.err());
+  if (auto s = raw_plain.run(warmup_messages, fragment, clock); !s) return s.err();
+
+  const double bytes = static_cast<double>(messages * fragment->size());
+  for (int round = 0; round < rounds; ++round) {
+    double gbps[2][2] = {};  // [transport, raw][without, with]
+    for (int side = 0; side < 4; ++side) {
+      if (stop_requested.load()) return make_error(errc::internal, "interrupted");
+      const bool on = (side % 2 == 0) == (round % 2 == 0);
+      const bool raw = side >= 2;
+      progress.update("bench wire: CURVE round " + std::to_string(round + 1) + "/" + std::to_string(rounds) +
+                      (raw ? " (raw ZeroMQ" : " (transport") + (on ? ", with CURVE)" : ", without)"));
+      auto s = raw ? (on ? raw_secure : raw_plain).run(messages, fragment, clock)
+                   : transport_throughput(on ? **secure : **plain, messages, fragment, retries);
+      if (!s) return on ? with_curve(s.err()) : s.err();
+      gbps[raw][on] = bytes / *s * 1e-9;
+    }
+    for (int raw = 0; raw < 2; ++raw) {
+      paired_rounds& pr = raw ? r.raw : r.transport;
+      pr.ours.push_back(gbps[raw][1]);
+      pr.base.push_back(gbps[raw][0]);
+      pr.ratio.push_back(gbps[raw][1] / gbps[raw][0]);
+    }
+  }
+  const auto ca = (*secure)->a->counters(), cb = (*secure)->b->counters();
+  r.accepted = ca.curve_accepted + cb.curve_accepted;
+  r.refused = ca.curve_refused + cb.curve_refused;
+  if (r.accepted == 0)
+    return make_error(errc::internal, "with CURVE: no handshake was authenticated, so CURVE was not in use");
+  return r;
+}
+
 /// The 1-minute load average, so a reader can tell a busy machine from a slow transport.
 double load_average() {
   double load[1] = {std::nan("")};
@@ -524,7 +611,7 @@ int run_wire() {
     // One context, as in a node process: for inproc both transports must share
     // it, and the baselines use it too, so all sides get the same I/O thread.
     auto context = transport::make_io_context();
-    auto pair = start_pair(clock, context, o.endpoint, messages);
+    auto pair = start_pair(clock, {context, context, o.endpoint, messages, false});
     if (!pair) return report(pair.err());
     transport_pair& p = **pair;
     raw_pipe pipe(*context, *context, endpoint_for(o.endpoint, "pull"), hwm, nullptr);
@@ -580,58 +667,23 @@ int run_wire() {
 
     // 3. Shaping accuracy, on a fresh pair so no earlier state is on the link.
     if (stop_requested.load()) return interrupted();
-    auto shaped_pair = start_pair(clock, context, o.endpoint, 64);
+    auto shaped_pair = start_pair(clock, {context, context, o.endpoint, 0, false});
     if (!shaped_pair) return report(shaped_pair.err());
     if (auto s = transport_rtt(**shaped_pair, 10, retries); !s) return report(s.err());  // connected
     auto shaping = measure_shaping(**shaped_pair, retries, progress);
     if (!shaping) return report(shaping.err());
     shaped_pair->reset();
 
-    // 4. CURVE's cost on raw ZeroMQ over tcp (inproc skips the ZMTP handshake,
-    // so CURVE never applies there).
-    paired_rounds curve;
-    std::string curve_note;
-    // CURVE runs at a small fraction of the plain rate: fewer fragments keep a
-    // sample near the length of a plain one.
+    // 4. CURVE's cost, on tcp only (inproc skips the ZMTP handshake, so CURVE
+    // never applies there). A failure here is reported with the other figures.
+    if (stop_requested.load()) return interrupted();
     const std::size_t curve_messages = std::max<std::size_t>(10, messages / 4);
-    if (zmq_has("curve") == 0) {
-      curve_note = "libzmq was built without CURVE";
-    } else {
-      curve_keys keys;
-      if (zmq_curve_keypair(keys.server_public, keys.server_secret) != 0 ||
-          zmq_curve_keypair(keys.client_public, keys.client_secret) != 0)
-        return report(make_error(errc::internal, "zmq_curve_keypair failed"));
-      // Each end gets its own context, as two node processes would: CURVE
-      // encrypts on the sender's I/O thread and decrypts on the receiver's, and
-      // one shared I/O thread would do both and overstate the cost.
-      auto send_context = transport::make_io_context(), recv_context = transport::make_io_context();
-      raw_pipe plain(*send_context, *recv_context, "tcp://127.0.0.1:0", hwm, nullptr);
-      raw_pipe secure(*send_context, *recv_context, "tcp://127.0.0.1:0", hwm, &keys);
-      progress.update("bench wire: CURVE warm-up");
-      if (auto s = plain.run(warmup_messages, fragment, clock); !s) return report(s.err());
-      if (auto s = secure.run(warmup_messages, fragment, clock); !s)
-        return report(make_error(s.err().code, "with CURVE: " + s.err().message));
-      for (int r = 0; r < o.rounds; ++r) {
-        double with = 0, without = 0;
-        for (int side = 0; side < 2; ++side) {
-          if (stop_requested.load()) return interrupted();
-          const bool curve_now = (side == 0) == (r % 2 == 0);
-          progress.update("bench wire: CURVE round " + std::to_string(r + 1) + "/" + std::to_string(o.rounds) +
-                          (curve_now ? " (with CURVE)" : " (without)"));
-          auto s = (curve_now ? secure : plain).run(curve_messages, fragment, clock);
-          if (!s) return report(s.err());
-          (curve_now ? with : without) = static_cast<double>(curve_messages * fragment->size()) / *s * 1e-9;
-        }
-        curve.ours.push_back(with);
-        curve.base.push_back(without);
-        curve.ratio.push_back(with / without);
-      }
-    }
+    auto curve = measure_curve(clock, curve_messages, o.rounds, fragment, retries, progress);
     progress.finish();
 
     // -- report --------------------------------------------------------------
     const char* kind = o.endpoint == "tcp" ? "tcp loopback" : "inproc";
-    const double tput_ratio = median(tput.ratio), rtt_ratio = median(rtt.ratio), curve_ratio = median(curve.ratio);
+    const double tput_ratio = median(tput.ratio), rtt_ratio = median(rtt.ratio);
     const double load_after = load_average();
     std::printf("bench wire: %s, %d rounds, one ZeroMQ context (1 I/O thread), HWM %d messages on every socket\n"
                 "  machine     load average %.2f before, %.2f after, %u CPUs\n",
@@ -664,15 +716,24 @@ int run_wire() {
                 " (end to end, latency removed: %.4g MB/s)\n",
                 sh.rate_bytes_per_s * 1e-6, sh.rate_seconds, sh.rate_messages, sh.rate_message_bytes,
                 sh.rate_error_pct, sh.end_to_end_bytes_per_s * 1e-6);
-    if (curve.ratio.empty()) {
-      std::printf("  CURVE       not measured: %s\n", curve_note.c_str());
+    double curve_ratio = std::nan(""), raw_curve_ratio = std::nan("");
+    if (!curve) {
+      std::printf("  CURVE       FAILED: %s\n", curve.err().to_string().c_str());
     } else {
-      std::printf("  CURVE       raw ZeroMQ's cost, not the transport's (it has no CURVE settings yet): PUSH/PULL over "
-                  "tcp loopback,\n              %zu x 4 MiB per sample, one context per end\n",
-                  curve_messages);
-      std::printf("              with CURVE %.2f GB/s, without %.2f GB/s (medians); with / without = %.3f (per round: "
-                  "%s)\n",
-                  median(curve.ours), median(curve.base), curve_ratio, listed(curve.ratio, "%.3f").c_str());
+      const curve_result& c = *curve;
+      curve_ratio = median(c.transport.ratio);
+      raw_curve_ratio = median(c.raw.ratio);
+      std::printf("  CURVE       tcp loopback, %zu x 4 MiB per sample, one context per end; %llu handshakes "
+                  "authenticated, %llu refused\n",
+                  curve_messages, static_cast<unsigned long long>(c.accepted),
+                  static_cast<unsigned long long>(c.refused));
+      std::printf("              transport with CURVE %.2f GB/s, without %.2f GB/s (medians); with / without = %.3f "
+                  "(per round: %s)\n",
+                  median(c.transport.ours), median(c.transport.base), curve_ratio,
+                  listed(c.transport.ratio, "%.3f").c_str());
+      std::printf("              raw PUSH/PULL with CURVE %.2f GB/s, without %.2f GB/s; with / without = %.3f "
+                  "(per round: %s)\n",
+                  median(c.raw.ours), median(c.raw.base), raw_curve_ratio, listed(c.raw.ratio, "%.3f").c_str());
     }
 
     if (o.json) {
@@ -702,15 +763,18 @@ int run_wire() {
           .add("unshaped_latency_ms", sh.unshaped_latency_ms)
           .add("shaping_rate_bytes_per_s", sh.rate_bytes_per_s)
           .add("shaping_rate_error_pct", sh.rate_error_pct)
-          .add("curve_throughput_gbps", median(curve.ours))
-          .add("curve_plain_throughput_gbps", median(curve.base))
+          .add("curve_throughput_gbps", curve ? median(curve->transport.ours) : std::nan(""))
+          .add("curve_plain_throughput_gbps", curve ? median(curve->transport.base) : std::nan(""))
           .add("curve_throughput_ratio", curve_ratio)
-          .add_raw("curve_ratio_per_round", json_array(curve.ratio))
+          .add_raw("curve_ratio_per_round", json_array(curve ? curve->transport.ratio : std::vector<double>{}))
+          .add("raw_curve_throughput_ratio", raw_curve_ratio)
+          .add_raw("raw_curve_ratio_per_round", json_array(curve ? curve->raw.ratio : std::vector<double>{}))
           .add("curve_messages", static_cast<std::uint64_t>(curve_messages))
-          .add("curve_scope", "raw_zeromq_tcp");
+          .add("curve_endpoint", "tcp");
+      if (!curve) j.add("curve_error", curve.err().to_string());
       std::printf("%s\n", j.str().c_str());
     }
-    return exit_ok;
+    return curve ? exit_ok : exit_failure;
   } catch (const zmq::error_t& e) {
     progress.finish();
     return report(make_error(errc::io_error, std::string("ZeroMQ: ") + e.what()));
