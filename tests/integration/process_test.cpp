@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "inbox.hpp"
 #include "transport/transport.hpp"
 
 extern char** environ;
@@ -24,6 +25,7 @@ extern char** environ;
 using namespace archipelago;
 using namespace archipelago::transport;
 using namespace std::chrono_literals;
+using testing::inbox;
 
 namespace {
 
@@ -88,37 +90,10 @@ class peer_process {
   std::string endpoint_;
 };
 
-struct inbox {
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::vector<std::shared_ptr<const inbound_message>> messages;
-  std::vector<std::pair<node_address, bool>> events;
-  template <class Pred>
-  bool wait_for(Pred pred, std::chrono::milliseconds limit = 5000ms) {
-    std::unique_lock<std::mutex> lock(mutex);
-    return changed.wait_for(lock, limit, [&] { return pred(); });
-  }
-};
-
 std::unique_ptr<node_transport> start_broker(inbox& in, const steady_clock_source& clock, curve_config curve = {}) {
-  transport_config cfg;
-  cfg.self = broker;
-  cfg.heartbeat.interval_ns = 50'000'000;
-  cfg.backoff.initial_ns = 20'000'000;
-  cfg.backoff.max_ns = 200'000'000;
+  transport_config cfg = testing::fast_config(broker, "tcp://127.0.0.1:0");
   cfg.curve = std::move(curve);
-  auto t = node_transport::start(
-      cfg, clock,
-      [&in](std::shared_ptr<const inbound_message> m) {
-        std::lock_guard<std::mutex> lock(in.mutex);
-        in.messages.push_back(std::move(m));
-        in.changed.notify_all();
-      },
-      [&in](node_address a, bool alive) {
-        std::lock_guard<std::mutex> lock(in.mutex);
-        in.events.emplace_back(a, alive);
-        in.changed.notify_all();
-      });
+  auto t = node_transport::start(cfg, clock, in.handler(), in.peer_handler());
   REQUIRE(t);
   return std::move(*t);
 }

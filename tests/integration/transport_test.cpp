@@ -11,55 +11,19 @@
 #include <thread>
 #include <vector>
 
+#include "inbox.hpp"
 #include "transport/transport.hpp"
 
 using namespace archipelago;
 using namespace archipelago::transport;
 using namespace std::chrono_literals;
+using testing::fast_config;
+using testing::inbox;
 
 namespace {
 
 const node_address broker{role::sync_broker, 0};
 const node_address learner{role::learner, 1};
-
-/// Collects delivered messages and peer events; waits with a deadline.
-struct inbox {
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::vector<std::shared_ptr<const inbound_message>> messages;
-  std::vector<std::pair<node_address, bool>> events;
-
-  node_transport::message_handler handler() {
-    return [this](std::shared_ptr<const inbound_message> m) {
-      std::lock_guard<std::mutex> lock(mutex);
-      messages.push_back(std::move(m));
-      changed.notify_all();
-    };
-  }
-  node_transport::peer_handler peer_handler() {
-    return [this](node_address a, bool alive) {
-      std::lock_guard<std::mutex> lock(mutex);
-      events.emplace_back(a, alive);
-      changed.notify_all();
-    };
-  }
-  template <class Pred>
-  bool wait_for(Pred pred, std::chrono::milliseconds limit = 5000ms) {
-    std::unique_lock<std::mutex> lock(mutex);
-    return changed.wait_for(lock, limit, [&] { return pred(); });
-  }
-};
-
-transport_config make_config(node_address self, std::string endpoint, std::uint64_t inc = 1) {
-  transport_config c;
-  c.self = self;
-  c.self_incarnation = incarnation{inc};
-  c.bind_endpoint = std::move(endpoint);
-  c.heartbeat.interval_ns = 50'000'000;  // 50 ms, liveness 3 → dead after 150 ms
-  c.backoff.initial_ns = 20'000'000;
-  c.backoff.max_ns = 200'000'000;
-  return c;
-}
 
 encoded_message contribution(node_transport& t, const std::vector<float>& delta) {
   auto b = t.make_envelope(7);
@@ -74,7 +38,7 @@ void exchange(const std::string& endpoint_a, const std::string& endpoint_b) {
   steady_clock_source clock;
   inbox at_a, at_b;
   auto context = make_io_context();  // shared, as by all nodes of one process
-  auto config_a = make_config(broker, endpoint_a), config_b = make_config(learner, endpoint_b);
+  auto config_a = fast_config(broker, endpoint_a), config_b = fast_config(learner, endpoint_b);
   config_a.context = config_b.context = context;
   auto a = node_transport::start(config_a, clock, at_a.handler(), at_a.peer_handler());
   auto b = node_transport::start(config_b, clock, at_b.handler(), at_b.peer_handler());
@@ -116,9 +80,9 @@ TEST_CASE("transport: the same code path over inproc") {
 TEST_CASE("transport: a silent peer is declared dead, and alive again after it restarts") {
   steady_clock_source clock;
   inbox at_a, at_b;
-  auto a = node_transport::start(make_config(broker, "tcp://127.0.0.1:0"), clock, at_a.handler(), at_a.peer_handler());
+  auto a = node_transport::start(fast_config(broker, "tcp://127.0.0.1:0"), clock, at_a.handler(), at_a.peer_handler());
   REQUIRE(a);
-  auto b = node_transport::start(make_config(learner, "tcp://127.0.0.1:0"), clock, at_b.handler());
+  auto b = node_transport::start(fast_config(learner, "tcp://127.0.0.1:0"), clock, at_b.handler());
   REQUIRE(b);
   const std::string b_endpoint = (*b)->endpoint();
   REQUIRE((*a)->add_peer(learner, b_endpoint));
@@ -134,7 +98,7 @@ TEST_CASE("transport: a silent peer is declared dead, and alive again after it r
   }));
 
   // The peer comes back on the same endpoint with a new incarnation.
-  auto cfg = make_config(learner, b_endpoint, 2);
+  auto cfg = fast_config(learner, b_endpoint, 2);
   auto b2 = node_transport::start(cfg, clock, at_b.handler());
   REQUIRE(b2);
   REQUIRE((*b2)->add_peer(broker, (*a)->endpoint()));
@@ -148,8 +112,8 @@ TEST_CASE("transport: a silent peer is declared dead, and alive again after it r
 TEST_CASE("transport: shaping delays a link, duplicates are suppressed, corruption is caught") {
   steady_clock_source clock;
   inbox at_a, at_b;
-  auto a = node_transport::start(make_config(broker, "tcp://127.0.0.1:0"), clock, at_a.handler());
-  auto b = node_transport::start(make_config(learner, "tcp://127.0.0.1:0"), clock, at_b.handler());
+  auto a = node_transport::start(fast_config(broker, "tcp://127.0.0.1:0"), clock, at_a.handler());
+  auto b = node_transport::start(fast_config(learner, "tcp://127.0.0.1:0"), clock, at_b.handler());
   REQUIRE(a);
   REQUIRE(b);
   REQUIRE((*a)->add_peer(learner, (*b)->endpoint()));
@@ -195,17 +159,17 @@ TEST_CASE("transport: CURVE admits allowed keys and refuses strangers") {
 
   steady_clock_source clock;
   inbox at_server, at_allowed, at_stranger;
-  auto server_cfg = make_config(broker, "tcp://127.0.0.1:0");
+  auto server_cfg = fast_config(broker, "tcp://127.0.0.1:0");
   server_cfg.curve = {true, *server_keys, allow};
   auto server = node_transport::start(server_cfg, clock, at_server.handler());
   REQUIRE(server);
 
-  auto client_cfg = make_config(learner, "tcp://127.0.0.1:0");
+  auto client_cfg = fast_config(learner, "tcp://127.0.0.1:0");
   client_cfg.curve = {true, *allowed_keys, allow};
   auto allowed = node_transport::start(client_cfg, clock, at_allowed.handler());
   REQUIRE(allowed);
   const node_address stranger_address{role::learner, 9};
-  auto stranger_cfg = make_config(stranger_address, "tcp://127.0.0.1:0");
+  auto stranger_cfg = fast_config(stranger_address, "tcp://127.0.0.1:0");
   stranger_cfg.curve = {true, *stranger_keys, allow};
   auto stranger = node_transport::start(stranger_cfg, clock, at_stranger.handler());
   REQUIRE(stranger);
