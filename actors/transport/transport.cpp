@@ -1,6 +1,7 @@
 #include "transport/transport.hpp"
 
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -94,6 +95,7 @@ struct node_transport::impl {
   zmq::context_t& context;
   std::string bound_endpoint;
   int wake_fd = -1;
+  int timer_fd = -1;  // nanosecond wake-ups for shaped deliveries (poll's timeout is in ms)
   std::thread io;
   std::atomic<std::uint64_t> sequence{0};
 
@@ -131,6 +133,7 @@ struct node_transport::impl {
         liveness(cfg.heartbeat) {}
   ~impl() {
     if (wake_fd >= 0) ::close(wake_fd);
+    if (timer_fd >= 0) ::close(timer_fd);
   }
 
   template <class F>
@@ -427,12 +430,20 @@ struct node_transport::impl {
       if (!schedule.empty()) wait = std::min(wait, schedule.top().at - now);
       for (auto& [addr, p] : peers)
         if (p.reconnect_at >= 0) wait = std::min(wait, p.reconnect_at - now);
-      const auto timeout = std::chrono::milliseconds(std::max<nanos>(0, (wait + 999'999) / 1'000'000));
+      wait = std::max<nanos>(wait, 0);
+      // The timer fires at the exact deadline; poll's own timeout (whole
+      // milliseconds, rounded up) is only the fallback.
+      itimerspec when{};
+      when.it_value.tv_sec = wait / 1'000'000'000;
+      when.it_value.tv_nsec = std::max<nanos>(wait % 1'000'000'000, wait == 0 ? 1 : 0);
+      ::timerfd_settime(timer_fd, 0, &when, nullptr);
+      const auto timeout = std::chrono::milliseconds((wait + 999'999) / 1'000'000 + 1);
 
       items.clear();
       polled.clear();
       items.push_back({router->handle(), 0, ZMQ_POLLIN, 0});
       items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
+      items.push_back({nullptr, timer_fd, ZMQ_POLLIN, 0});
       const std::size_t zap_index = items.size();
       if (zap) items.push_back({zap->handle(), 0, ZMQ_POLLIN, 0});
       const std::size_t first_peer = items.size();
@@ -442,6 +453,10 @@ struct node_transport::impl {
         polled.push_back(&p);
       }
       zmq::poll(items.data(), items.size(), timeout);
+      if (items[2].revents & ZMQ_POLLIN) {
+        std::uint64_t expirations = 0;
+        [[maybe_unused]] auto n = ::read(timer_fd, &expirations, sizeof expirations);
+      }
       now = clock.now();
       if (items[1].revents & ZMQ_POLLIN)
         if (!drain_commands(now)) return;
@@ -468,7 +483,8 @@ expected<std::unique_ptr<node_transport>> node_transport::start(transport_config
   if (auto ok = validate(config.default_link); !ok) return ok.err();
   auto p = std::make_unique<impl>(std::move(config), clock, std::move(on_message), std::move(on_peer));
   p->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (p->wake_fd < 0) return make_error(errc::io_error, "eventfd failed");
+  p->timer_fd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (p->wake_fd < 0 || p->timer_fd < 0) return make_error(errc::io_error, "eventfd/timerfd failed");
   try {
     p->router = std::make_unique<zmq::socket_t>(p->context, zmq::socket_type::router);
     p->router->set(zmq::sockopt::linger, 0);
@@ -582,11 +598,11 @@ envelope_builder node_transport::make_envelope(std::uint64_t round) {
   return envelope_builder(impl_->cfg.self, impl_->cfg.self_incarnation, ++impl_->sequence, round);
 }
 
-status node_transport::send(node_address peer, encoded_message message) {
+status node_transport::send(node_address peer, encoded_message&& message) {
   return broadcast({peer}, std::move(message));
 }
 
-status node_transport::broadcast(const std::vector<node_address>& peers, encoded_message message) {
+status node_transport::broadcast(const std::vector<node_address>& peers, encoded_message&& message) {
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     if (impl_->stopped) return status(make_error(errc::disconnected, "transport stopped"));

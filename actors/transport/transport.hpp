@@ -116,10 +116,11 @@ class node_transport {
   status add_peer(node_address peer, const std::string& endpoint, const std::string& server_public_z85 = {});
   /// A builder with this node's header and the next sequence number.
   envelope_builder make_envelope(std::uint64_t round = 0);
-  /// Queues a message for `peer`. errc::overloaded if the outbox is full.
-  status send(node_address peer, encoded_message message);
+  /// Queues a message for `peer`. errc::overloaded if the outbox is full; the
+  /// message is taken only when the call succeeds, so a caller can retry it.
+  status send(node_address peer, encoded_message&& message);
   /// Sends the same message to every listed peer (fragment broadcast).
-  status broadcast(const std::vector<node_address>& peers, encoded_message message);
+  status broadcast(const std::vector<node_address>& peers, encoded_message&& message);
   /// Shapes the directed link from this node to `peer` from now on.
   status set_link(node_address peer, const link_profile& profile);
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli_common.hpp"
+#include "cmd_bench_wire.hpp"
 #include "commands.hpp"
 #include "core/prng.hpp"
 #include "learner/model/adamw.hpp"
@@ -296,6 +297,7 @@ runner add_bench_command(CLI::App& app) {
   auto o = std::make_shared<compute_options>();
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks, each a ratio against a baseline measured in the same run");
   bench->require_subcommand(1);
+  add_bench_wire(*bench);
   CLI::App* compute = bench->add_subcommand("compute", "Learner engine throughput vs a matched GEMM (and PyTorch)");
   compute->add_option("--model", o->model, "nano, micro or mini")->required();
   compute->add_option("--threads", o->threads, "Compute threads (default 2)");
@@ -311,7 +313,7 @@ runner add_bench_command(CLI::App& app) {
   compute->add_flag("--json", o->json, "Print a one-line JSON summary last");
   return [o, compute] {
     if (compute->parsed()) return run_compute(*o);
-    return exit_bad_input;
+    return run_bench_wire();
   };
 }
 
