@@ -1,5 +1,6 @@
 #include "core/layout.hpp"
 
+#include <algorithm>
 #include <cassert>
 
 #include "core/checksum.hpp"
@@ -72,6 +73,61 @@ param_layout make_layout(const model_shape& s) {
   if (!s.tied) add("lm_head", c, s.vocab, tensor_kind::embedding);
   layout.total_floats = offset;
   return layout;
+}
+
+namespace {
+
+/// Greedy bin-packing of `items` (tensor indices) into `bins` fragments, appended to `plan`.
+void pack(const param_layout& layout, std::vector<std::size_t> items, int bins, bool embedding,
+          fragment_plan& plan) {
+  std::sort(items.begin(), items.end(), [&](std::size_t a, std::size_t b) {
+    const auto& ta = layout.tensors[a];
+    const auto& tb = layout.tensors[b];
+    return ta.size() != tb.size() ? ta.size() > tb.size() : ta.name < tb.name;
+  });
+  const std::size_t first = plan.fragments.size();
+  for (int i = 0; i < bins; ++i) plan.fragments.push_back({{}, 0, embedding});
+  for (std::size_t t : items) {
+    std::size_t smallest = first;
+    for (std::size_t f = first; f < plan.fragments.size(); ++f)
+      if (plan.fragments[f].floats < plan.fragments[smallest].floats) smallest = f;
+    plan.fragments[smallest].tensors.push_back(t);
+    plan.fragments[smallest].floats += layout.tensors[t].size();
+    plan.fragment_of_tensor[t] = static_cast<std::uint32_t>(smallest);
+  }
+  for (std::size_t f = first; f < plan.fragments.size(); ++f)
+    std::sort(plan.fragments[f].tensors.begin(), plan.fragments[f].tensors.end());
+}
+
+}  // namespace
+
+expected<fragment_plan> make_fragment_plan(const param_layout& layout, int fragments) {
+  std::vector<std::size_t> embedding, other;
+  for (std::size_t i = 0; i < layout.tensors.size(); ++i)
+    (layout.tensors[i].kind == tensor_kind::embedding ? embedding : other).push_back(i);
+  if (fragments < 1 || static_cast<std::size_t>(fragments) > layout.tensors.size())
+    return make_error(errc::invalid_input, "the number of fragments must be in [1, " +
+                                               std::to_string(layout.tensors.size()) +
+                                               "] (the model's tensors), got " + std::to_string(fragments));
+  fragment_plan plan;
+  plan.fragment_of_tensor.assign(layout.tensors.size(), 0);
+  if (fragments == 1) {
+    std::vector<std::size_t> all(layout.tensors.size());
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+    pack(layout, std::move(all), 1, false, plan);
+    return plan;
+  }
+  const int embedding_bins = static_cast<int>(std::min<std::size_t>(embedding.size(), fragments - 1));
+  const int other_bins = fragments - embedding_bins;
+  if (static_cast<std::size_t>(other_bins) > other.size())
+    return make_error(errc::invalid_input, std::to_string(fragments) + " fragments leave " +
+                                               std::to_string(other_bins) + " for " +
+                                               std::to_string(other.size()) +
+                                               " non-embedding tensors; use at most " +
+                                               std::to_string(other.size() + embedding_bins));
+  pack(layout, std::move(other), other_bins, false, plan);
+  pack(layout, std::move(embedding), embedding_bins, true, plan);
+  return plan;
 }
 
 namespace {

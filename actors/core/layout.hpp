@@ -59,6 +59,25 @@ struct param_layout {
   std::uint64_t fingerprint() const;
 };
 
+/// Which tensors make up each fragment, the unit of synchronisation, wire
+/// transfer, outer-optimizer state and snapshot (ALGORITHM.md §3).
+struct fragment_spec {
+  std::vector<std::size_t> tensors;  // indices into param_layout::tensors, in layout order
+  std::size_t floats = 0;            // parameters in the fragment (no padding)
+  bool embedding = false;            // holds embedding/unembedding tensors only
+};
+
+struct fragment_plan {
+  std::vector<fragment_spec> fragments;
+  std::vector<std::uint32_t> fragment_of_tensor;  // per layout tensor
+};
+
+/// Balanced greedy bin-packing into `fragments` (P) fragments: tensors sorted by
+/// size (descending, ties by name), each into the currently smallest fragment.
+/// With P ≥ 2, embedding tensors get fragments of their own. Deterministic from
+/// the layout alone. P larger than the tensors can fill is invalid_input.
+expected<fragment_plan> make_fragment_plan(const param_layout& layout, int fragments);
+
 /// Checks a shape's invariants and bounds; the error names the offending field.
 status validate(const model_shape& shape);
 

@@ -1,5 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "core/layout.hpp"
 
 using namespace archipelago;
@@ -46,4 +49,51 @@ TEST_CASE("invalid shapes are rejected with the field named") {
   CHECK(r.err().message.find("n_head") != std::string::npos);
   CHECK_FALSE(model_preset("huge"));
   CHECK(model_preset("huge").err().message.find("unknown model size 'huge'") != std::string::npos);
+}
+
+TEST_CASE("fragment plans cover every tensor once and keep embeddings apart") {
+  for (const auto& name : model_preset_names()) {
+    CAPTURE(name);
+    const param_layout layout = make_layout(*model_preset(name));
+    for (int p : {1, 2, 3, 8, 24}) {
+      CAPTURE(p);
+      auto plan = make_fragment_plan(layout, p);
+      REQUIRE(plan);
+      REQUIRE(plan->fragments.size() == static_cast<std::size_t>(p));
+      std::vector<int> seen(layout.tensors.size(), 0);
+      std::size_t total = 0;
+      for (std::size_t f = 0; f < plan->fragments.size(); ++f) {
+        const auto& frag = plan->fragments[f];
+        CHECK(!frag.tensors.empty());
+        CHECK(std::is_sorted(frag.tensors.begin(), frag.tensors.end()));
+        std::size_t floats = 0;
+        for (std::size_t t : frag.tensors) {
+          ++seen[t];
+          floats += layout.tensors[t].size();
+          CHECK(plan->fragment_of_tensor[t] == f);
+          if (p >= 2) CHECK((layout.tensors[t].kind == tensor_kind::embedding) == frag.embedding);
+        }
+        CHECK(frag.floats == floats);
+        total += floats;
+      }
+      CHECK(total == layout.param_count);
+      for (int count : seen) CHECK(count == 1);
+    }
+    // Deterministic: the layout alone decides.
+    CHECK(make_fragment_plan(layout, 24)->fragment_of_tensor == make_fragment_plan(layout, 24)->fragment_of_tensor);
+  }
+}
+
+TEST_CASE("greedy packing balances equal tensors and refuses too many fragments") {
+  const param_layout layout = make_layout(*model_preset("mini"));
+  auto plan = make_fragment_plan(layout, 8);  // 2 embedding fragments + 6 for 6 identical blocks
+  REQUIRE(plan);
+  std::size_t lo = SIZE_MAX, hi = 0;
+  for (const auto& f : plan->fragments)
+    if (!f.embedding) lo = std::min(lo, f.floats), hi = std::max(hi, f.floats);
+  CHECK(static_cast<double>(hi) / static_cast<double>(lo) < 1.05);
+  CHECK_FALSE(make_fragment_plan(layout, 0));
+  auto too_many = make_fragment_plan(layout, 1000);
+  REQUIRE_FALSE(too_many);
+  CHECK(too_many.err().code == errc::invalid_input);
 }
