@@ -1,0 +1,213 @@
+#include "parameter_shard/merge.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace archipelago {
+
+namespace {
+
+std::string tensor_label(const fragment_tensor& tensor, std::size_t index) {
+  if (!tensor.name.empty()) return "tensor '" + std::string(tensor.name) + "'";
+  return "tensor #" + std::to_string(index);
+}
+
+// Sum of squares in double. A float squared is at most ~1.2e77, so the sum is
+// finite exactly when every element is finite: one pass both measures the norm
+// and validates the input.
+double sum_of_squares(const float* x, std::size_t n) {
+  double sum = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double value = x[i];
+    sum += value * value;
+  }
+  return sum;
+}
+
+status check_tensors(std::span<const fragment_tensor> tensors, std::size_t fragment_size) {
+  std::vector<std::size_t> order(tensors.size());
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const auto& tensor = tensors[t];
+    if (tensor.offset > fragment_size || tensor.size > fragment_size - tensor.offset) {
+      return make_error(errc::invalid_input,
+                        tensor_label(tensor, t) + " [" + std::to_string(tensor.offset) + ", +" +
+                            std::to_string(tensor.size) + ") exceeds the fragment of " +
+                            std::to_string(fragment_size) + " floats");
+    }
+    order[t] = t;
+  }
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return tensors[a].offset < tensors[b].offset;
+  });
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const auto& prev = tensors[order[k - 1]];
+    const auto& next = tensors[order[k]];
+    // Empty tensors occupy nothing and cannot overlap.
+    if (prev.size != 0 && next.size != 0 && prev.offset + prev.size > next.offset) {
+      return make_error(errc::invalid_input, tensor_label(prev, order[k - 1]) + " overlaps " +
+                                                 tensor_label(next, order[k]));
+    }
+  }
+  return status::ok();
+}
+
+// acc[i] += coef · v_m[i] for each contribution in order (v_m = −d_m, folded
+// into the coefficient). The order is fixed, so the result is reproducible.
+void accumulate(std::vector<double>& acc, std::span<const contribution_view> contributions,
+                const std::vector<double>& coef, std::size_t offset, std::size_t size) {
+  std::fill(acc.begin(), acc.begin() + static_cast<std::ptrdiff_t>(size), 0.0);
+  for (std::size_t m = 0; m < contributions.size(); ++m) {
+    if (coef[m] == 0) continue;  // zero weight or zero vector: adds exactly nothing
+    const double c = -coef[m];
+    const float* d = contributions[m].delta + offset;
+    for (std::size_t i = 0; i < size; ++i) acc[i] += c * static_cast<double>(d[i]);
+  }
+}
+
+}  // namespace
+
+double merge_weight(double tokens, double steps) {
+  assert(steps >= 1);
+  return tokens * tokens / steps;
+}
+
+status merge_outer_gradient(std::span<const fragment_tensor> tensors,
+                            std::span<const contribution_view> contributions,
+                            std::size_t fragment_size, float* delta_out) {
+  assert(delta_out != nullptr || fragment_size == 0);
+  const std::size_t count = contributions.size();
+  if (count == 0) return make_error(errc::invalid_input, "merge: no contributions");
+
+  // Weights, normalised once: p_m = w_m / Σ w.
+  std::vector<double> share(count);
+  double total_weight = 0;
+  for (std::size_t m = 0; m < count; ++m) {
+    const auto& c = contributions[m];
+    const std::string who = "merge: contribution " + std::to_string(m);
+    if (c.delta == nullptr && fragment_size != 0) {
+      return make_error(errc::invalid_input, who + " has no delta");
+    }
+    if (!std::isfinite(c.tokens) || c.tokens < 0) {
+      return make_error(errc::invalid_input,
+                        who + " has tokens " + std::to_string(c.tokens) + " (need finite, >= 0)");
+    }
+    if (!std::isfinite(c.steps) || !(c.steps >= 1)) {
+      return make_error(errc::invalid_input,
+                        who + " has steps " + std::to_string(c.steps) + " (need finite, >= 1)");
+    }
+    share[m] = merge_weight(c.tokens, c.steps);
+    total_weight += share[m];
+  }
+  if (!(total_weight > 0) || !std::isfinite(total_weight)) {
+    return make_error(errc::invalid_input, "merge: total weight " + std::to_string(total_weight) +
+                                               " (need finite, > 0)");
+  }
+  for (auto& s : share) s /= total_weight;
+
+  if (auto ok = check_tensors(tensors, fragment_size); !ok) return ok;
+
+  // First pass: norms ‖v_m‖ per (tensor, contribution), which also validates
+  // every value before anything is written.
+  std::vector<double> norms(tensors.size() * count);
+  std::size_t largest = 0;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const auto& tensor = tensors[t];
+    largest = std::max(largest, tensor.size);
+    for (std::size_t m = 0; m < count; ++m) {
+      const float* d = contributions[m].delta + tensor.offset;
+      const double squares = sum_of_squares(d, tensor.size);
+      if (!std::isfinite(squares)) {
+        std::size_t i = 0;
+        while (i < tensor.size && std::isfinite(d[i])) ++i;
+        return make_error(errc::invalid_input,
+                          "merge: contribution " + std::to_string(m) + " has a non-finite value in " +
+                              tensor_label(tensor, t) + " at element " + std::to_string(i));
+      }
+      norms[t * count + m] = std::sqrt(squares);
+    }
+  }
+
+  // Padding between tensors gets a zero update, so Θ there never moves.
+  std::fill(delta_out, delta_out + fragment_size, 0.0f);
+
+  std::vector<double> acc(largest);
+  std::vector<double> coef(count);
+  bool overflow = false;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const auto& tensor = tensors[t];
+    if (tensor.size == 0) continue;
+    const double* norm = &norms[t * count];
+    double scale = 1;  // multiplies acc on output
+    bool use_mean = tensor.embedding;
+
+    if (!tensor.embedding) {
+      // Radius: weighted mean of norms. Direction: weighted mean of unit
+      // vectors; a zero v_m contributes direction 0 but keeps its weight.
+      double radius = 0;
+      double aligned = 0;  // ‖mean direction‖ if all non-zero v_m pointed the same way
+      for (std::size_t m = 0; m < count; ++m) {
+        radius += share[m] * norm[m];
+        coef[m] = norm[m] > 0 ? share[m] / norm[m] : 0.0;
+        if (norm[m] > 0) aligned += share[m];
+      }
+      accumulate(acc, contributions, coef, tensor.offset, tensor.size);
+      double squares = 0;
+      for (std::size_t i = 0; i < tensor.size; ++i) squares += acc[i] * acc[i];
+      const double direction_norm = std::sqrt(squares);
+      // All-zero inputs give aligned == 0 and take the mean (which is zero).
+      if (direction_norm > rda_cancellation_epsilon * aligned) {
+        scale = radius / direction_norm;
+      } else {
+        use_mean = true;  // directions cancel: u(·) would amplify rounding noise
+      }
+    }
+    if (use_mean) {
+      accumulate(acc, contributions, share, tensor.offset, tensor.size);
+      scale = 1;
+    }
+    // Δ = scale · acc: RDA's radius / ‖Σ p u(v)‖ applied to the direction sum,
+    // or 1 for the weighted mean.
+    float* out = delta_out + tensor.offset;
+    for (std::size_t i = 0; i < tensor.size; ++i) {
+      out[i] = static_cast<float>(scale * acc[i]);
+      overflow |= !std::isfinite(out[i]);
+    }
+  }
+  if (overflow) {
+    return make_error(errc::invalid_input, "merge: the merged update is not representable in fp32");
+  }
+  return status::ok();
+}
+
+status validate(const nesterov_config& config) {
+  if (!std::isfinite(config.lr) || config.lr < 0) {
+    return make_error(errc::invalid_input,
+                      "outer lr " + std::to_string(config.lr) + " (need finite, >= 0)");
+  }
+  if (!std::isfinite(config.momentum) || config.momentum < 0 || config.momentum >= 1) {
+    return make_error(errc::invalid_input,
+                      "outer momentum " + std::to_string(config.momentum) + " (need in [0, 1))");
+  }
+  return status::ok();
+}
+
+outer_optimizer::outer_optimizer(nesterov_config config) : config_(config) {
+  assert(validate(config_).has_value());
+}
+
+void outer_optimizer::step(float* theta, float* momentum_buffer, const float* delta,
+                           std::size_t n) const {
+  const double lr = config_.lr;
+  const double mu = config_.momentum;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double d = delta[i];
+    momentum_buffer[i] = static_cast<float>(mu * momentum_buffer[i] + d);
+    theta[i] = static_cast<float>(theta[i] - lr * (d + mu * momentum_buffer[i]));
+  }
+}
+
+}  // namespace archipelago
