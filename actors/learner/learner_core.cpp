@@ -1,0 +1,105 @@
+#include "learner/learner_core.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+namespace archipelago {
+
+learner_core::learner_core(const param_layout& layout, fragment_plan plan, learner_sync_config config)
+    : layout_(layout), plan_(std::move(plan)), config_(config), state_(plan_.fragments.size()) {
+  for (std::size_t p = 0; p < plan_.fragments.size(); ++p) state_[p].anchor.assign(plan_.fragments[p].floats, 0.f);
+}
+
+void learner_core::gather(fragment_index p, const float* params, float* out) const {
+  for (std::size_t t : plan_.fragments.at(p.value).tensors) {
+    const tensor_spec& spec = layout_.tensors[t];
+    std::memcpy(out, params + spec.offset, spec.size() * sizeof(float));
+    out += spec.size();
+  }
+}
+
+void learner_core::scatter(fragment_index p, const float* in, float* params) const {
+  for (std::size_t t : plan_.fragments.at(p.value).tensors) {
+    const tensor_spec& spec = layout_.tensors[t];
+    std::memcpy(params + spec.offset, in, spec.size() * sizeof(float));
+    in += spec.size();
+  }
+}
+
+bool learner_core::install(fragment_index p, std::uint64_t version, std::span<const float> global,
+                           float* params) {
+  fragment_state& s = state_.at(p.value);
+  assert(global.size() == s.anchor.size());
+  if (s.installed && version <= s.version) return false;
+  std::copy(global.begin(), global.end(), s.anchor.begin());
+  scatter(p, global.data(), params);
+  s.version = version;
+  s.steps = s.tokens = 0;
+  s.installed = true;
+  return true;
+}
+
+void learner_core::on_step(std::uint64_t tokens) {
+  for (auto& s : state_) {
+    ++s.steps;
+    s.tokens += tokens;
+  }
+}
+
+void learner_core::on_round_open(round_number r, fragment_index p) {
+  if (p.value >= state_.size()) return;
+  for (const auto& pending : pending_)
+    if (pending.round == r) return;  // a duplicate RoundOpen
+  if (pending_.size() >= config_.max_pending_rounds) {
+    pending_.pop_front();
+    ++dropped_rounds_;
+  }
+  pending_.push_back({r, p});
+}
+
+std::optional<contribution_plan> learner_core::next_contribution(const float* params) {
+  while (!pending_.empty()) {
+    const pending_round r = pending_.front();
+    pending_.pop_front();
+    const fragment_state& s = state_[r.fragment.value];
+    if (!s.installed || s.steps == 0) continue;
+    contribution_plan c;
+    c.round = r.round;
+    c.fragment = r.fragment;
+    c.anchor_version = s.version;
+    c.steps = s.steps;
+    c.tokens = s.tokens;
+    c.delta.resize(s.anchor.size());
+    gather(r.fragment, params, c.delta.data());
+    // The delta is taken against the learner's own anchor, so it is exact even
+    // if broadcasts were missed (ALGORITHM.md §4).
+    for (std::size_t i = 0; i < c.delta.size(); ++i) c.delta[i] -= s.anchor[i];
+    return c;
+  }
+  return std::nullopt;
+}
+
+bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, std::span<const float> global,
+                                      float* params) {
+  if (p.value >= state_.size()) return false;
+  fragment_state& s = state_[p.value];
+  if (global.size() != s.anchor.size() || (s.installed && version <= s.version)) return false;
+  if (config_.mix > 0 && s.installed) {
+    // θ_p ← α·θ_p + (1−α)·Θ_p, in a scratch copy of the local fragment.
+    std::vector<float> local(s.anchor.size());
+    gather(p, params, local.data());
+    const auto a = static_cast<float>(config_.mix);
+    for (std::size_t i = 0; i < local.size(); ++i) local[i] = a * local[i] + (1 - a) * global[i];
+    scatter(p, local.data(), params);
+  } else {
+    scatter(p, global.data(), params);
+  }
+  std::copy(global.begin(), global.end(), s.anchor.begin());
+  s.version = version;
+  s.steps = s.tokens = 0;
+  s.installed = true;
+  return true;
+}
+
+}  // namespace archipelago

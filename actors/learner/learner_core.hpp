@@ -1,0 +1,100 @@
+#pragma once
+// The learner's synchronisation state (ALGORITHM.md §4), a pure core: per
+// fragment the anchor (the last global value received), its version and the
+// work done since (steps, tokens). It never blocks: rounds the broker opened
+// are answered with anchor-relative deltas whenever the learner gets to them,
+// and global values are applied whenever they arrive.
+//
+// The model's parameters stay in the engine's buffer; this core reads and
+// writes the fragment ranges of that buffer it is handed. A fragment's flat
+// vector is the concatenation of its tensors in layout order.
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/ids.hpp"
+#include "core/layout.hpp"
+
+namespace archipelago {
+
+struct learner_sync_config {
+  double mix = 0;  // α_mix: θ_p ← α·θ_p + (1−α)·Θ_p on receipt; 0 = overwrite (the paper)
+  std::size_t max_pending_rounds = 64;  // bound on rounds opened and not yet answered
+};
+
+/// What the learner sends the owning shard for one round.
+struct contribution_plan {
+  round_number round;
+  fragment_index fragment;
+  std::uint64_t anchor_version = 0;
+  std::uint64_t steps = 0;   // c_steps since the anchor
+  std::uint64_t tokens = 0;  // c_tokens since the anchor
+  std::vector<float> delta;  // θ_p − anchor_p, the fragment's flat vector
+};
+
+class learner_core {
+ public:
+  learner_core(const param_layout& layout, fragment_plan plan, learner_sync_config config);
+
+  std::size_t fragments() const { return plan_.fragments.size(); }
+  std::size_t fragment_floats(fragment_index p) const { return plan_.fragments.at(p.value).floats; }
+  const fragment_plan& plan() const { return plan_; }
+
+  /// Copies fragment p out of / into a parameter buffer laid out by the layout.
+  void gather(fragment_index p, const float* params, float* out) const;
+  void scatter(fragment_index p, const float* in, float* params) const;
+
+  /// Join / rejoin (Clone pattern): Θ_p at `version` fetched from the shard.
+  /// Sets θ_p and the anchor, zeroes the counters. A version at or below the
+  /// one held is ignored (returns false).
+  bool install(fragment_index p, std::uint64_t version, std::span<const float> global, float* params);
+
+  /// One inner step of `tokens` tokens finished.
+  void on_step(std::uint64_t tokens);
+
+  /// The broker opened round r for fragment p. Bounded: beyond
+  /// max_pending_rounds the oldest pending round is dropped (it would be late).
+  void on_round_open(round_number r, fragment_index p);
+
+  /// The next contribution to send, if any round is pending and the learner
+  /// has done work on its fragment since the anchor. Rounds whose fragment has
+  /// no new work are answered by nothing (the broker does not wait for them).
+  std::optional<contribution_plan> next_contribution(const float* params);
+
+  /// A new global Θ_p arrived. Stale or duplicate versions are ignored (false).
+  bool on_fragment_update(fragment_index p, std::uint64_t version, std::span<const float> global,
+                          float* params);
+
+  std::uint64_t version(fragment_index p) const { return state_.at(p.value).version; }
+  std::uint64_t steps_since_anchor(fragment_index p) const { return state_.at(p.value).steps; }
+  std::uint64_t tokens_since_anchor(fragment_index p) const { return state_.at(p.value).tokens; }
+  bool installed(fragment_index p) const { return state_.at(p.value).installed; }
+  std::size_t pending_rounds() const { return pending_.size(); }
+  std::uint64_t dropped_rounds() const { return dropped_rounds_; }
+
+ private:
+  struct fragment_state {
+    std::vector<float> anchor;
+    std::uint64_t version = 0;
+    std::uint64_t steps = 0;
+    std::uint64_t tokens = 0;
+    bool installed = false;
+  };
+  struct pending_round {
+    round_number round;
+    fragment_index fragment;
+  };
+
+  const param_layout& layout_;
+  fragment_plan plan_;
+  learner_sync_config config_;
+  std::vector<fragment_state> state_;
+  std::deque<pending_round> pending_;
+  std::uint64_t dropped_rounds_ = 0;
+};
+
+}  // namespace archipelago

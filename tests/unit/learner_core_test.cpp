@@ -1,0 +1,138 @@
+// The learner's synchronisation core: counters, anchor-relative deltas,
+// overwrite or mixing on receipt, stale updates, bounded pending rounds.
+
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "learner/learner_core.hpp"
+
+using namespace archipelago;
+
+namespace {
+
+struct fixture {
+  param_layout layout = make_layout({256, 4, 8, 1, 2, true});
+  std::vector<float> params = std::vector<float>(layout.total_floats, 0.f);
+  learner_core core;
+
+  explicit fixture(double mix = 0) : core(layout, *make_fragment_plan(layout, 4), {mix, 3}) {}
+
+  std::vector<float> global(fragment_index p, float value) const {
+    return std::vector<float>(core.fragment_floats(p), value);
+  }
+  void install_all(float value) {
+    for (std::uint32_t p = 0; p < core.fragments(); ++p)
+      REQUIRE(core.install({p}, 1, global({p}, value), params.data()));
+  }
+  /// Simulates inner steps: every parameter of fragment p moves by `by`.
+  void move(fragment_index p, float by) {
+    std::vector<float> f(core.fragment_floats(p));
+    core.gather(p, params.data(), f.data());
+    for (auto& x : f) x += by;
+    core.scatter(p, f.data(), params.data());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("learner core: counters grow per step and reset when the fragment is replaced") {
+  fixture f;
+  f.install_all(1.0f);
+  f.core.on_step(128);
+  f.core.on_step(128);
+  CHECK(f.core.steps_since_anchor({0}) == 2);
+  CHECK(f.core.tokens_since_anchor({3}) == 256);
+  REQUIRE(f.core.on_fragment_update({0}, 2, f.global({0}, 5.0f), f.params.data()));
+  CHECK(f.core.steps_since_anchor({0}) == 0);
+  CHECK(f.core.tokens_since_anchor({0}) == 0);
+  CHECK(f.core.steps_since_anchor({1}) == 2);  // other fragments keep counting
+  CHECK(f.core.version({0}) == 2);
+}
+
+TEST_CASE("learner core: contributions are anchor-relative deltas, exact after missed broadcasts") {
+  fixture f;
+  f.install_all(1.0f);
+  f.core.on_step(64);
+  f.move({2}, 0.25f);
+  f.core.on_round_open(round_number{10}, {2});
+  auto c = f.core.next_contribution(f.params.data());
+  REQUIRE(c);
+  CHECK(c->round == round_number{10});
+  CHECK(c->anchor_version == 1);
+  CHECK(c->steps == 1);
+  CHECK(c->tokens == 64);
+  for (float d : c->delta) CHECK(d == doctest::Approx(0.25f));
+  // Versions 2 and 3 are missed; the next contribution is still against anchor v1.
+  f.core.on_step(64);
+  f.move({2}, 0.5f);
+  f.core.on_round_open(round_number{14}, {2});
+  c = f.core.next_contribution(f.params.data());
+  REQUIRE(c);
+  CHECK(c->anchor_version == 1);
+  CHECK(c->steps == 2);
+  for (float d : c->delta) CHECK(d == doctest::Approx(0.75f));
+  CHECK_FALSE(f.core.next_contribution(f.params.data()));
+}
+
+TEST_CASE("learner core: rounds without new work, duplicates and the pending bound") {
+  fixture f;
+  f.install_all(0.0f);
+  f.core.on_round_open(round_number{1}, {0});  // no step yet: nothing to send
+  CHECK_FALSE(f.core.next_contribution(f.params.data()));
+  f.core.on_step(10);
+  f.core.on_round_open(round_number{2}, {1});
+  f.core.on_round_open(round_number{2}, {1});  // duplicate RoundOpen
+  CHECK(f.core.pending_rounds() == 1);
+  f.core.on_round_open(round_number{3}, {2});
+  f.core.on_round_open(round_number{4}, {3});
+  f.core.on_round_open(round_number{5}, {0});  // bound is 3: round 2 is dropped
+  CHECK(f.core.pending_rounds() == 3);
+  CHECK(f.core.dropped_rounds() == 1);
+  auto c = f.core.next_contribution(f.params.data());
+  REQUIRE(c);
+  CHECK(c->round == round_number{3});
+}
+
+TEST_CASE("learner core: overwrite by default, mixing on request, stale versions ignored") {
+  fixture over;
+  over.install_all(1.0f);
+  over.move({1}, 1.0f);  // local θ_1 = 2
+  REQUIRE(over.core.on_fragment_update({1}, 2, over.global({1}, 4.0f), over.params.data()));
+  std::vector<float> got(over.core.fragment_floats({1}));
+  over.core.gather({1}, over.params.data(), got.data());
+  for (float x : got) CHECK(x == 4.0f);
+  CHECK_FALSE(over.core.on_fragment_update({1}, 2, over.global({1}, 9.0f), over.params.data()));
+  CHECK_FALSE(over.core.on_fragment_update({1}, 1, over.global({1}, 9.0f), over.params.data()));
+  over.core.gather({1}, over.params.data(), got.data());
+  for (float x : got) CHECK(x == 4.0f);
+
+  fixture mixed(0.5);
+  mixed.install_all(1.0f);
+  mixed.move({1}, 1.0f);  // local 2, global 4 → 3
+  REQUIRE(mixed.core.on_fragment_update({1}, 2, mixed.global({1}, 4.0f), mixed.params.data()));
+  mixed.core.gather({1}, mixed.params.data(), got.data());
+  for (float x : got) CHECK(x == doctest::Approx(3.0f));
+  // The anchor is the global value, so the next delta is θ − Θ = −1.
+  mixed.core.on_step(1);
+  mixed.core.on_round_open(round_number{7}, {1});
+  auto c = mixed.core.next_contribution(mixed.params.data());
+  REQUIRE(c);
+  for (float d : c->delta) CHECK(d == doctest::Approx(-1.0f));
+}
+
+TEST_CASE("learner core: gather and scatter cover exactly the fragment's tensors") {
+  fixture f;
+  for (std::size_t i = 0; i < f.params.size(); ++i) f.params[i] = static_cast<float>(i);
+  std::size_t total = 0;
+  for (std::uint32_t p = 0; p < f.core.fragments(); ++p) {
+    std::vector<float> frag(f.core.fragment_floats({p}));
+    f.core.gather({p}, f.params.data(), frag.data());
+    std::size_t k = 0;
+    for (std::size_t t : f.core.plan().fragments[p].tensors)
+      for (std::size_t e = 0; e < f.layout.tensors[t].size(); ++e)
+        CHECK(frag[k++] == static_cast<float>(f.layout.tensors[t].offset + e));
+    total += frag.size();
+  }
+  CHECK(total == f.layout.param_count);
+}
