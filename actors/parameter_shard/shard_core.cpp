@@ -1,0 +1,116 @@
+#include "parameter_shard/shard_core.hpp"
+
+#include <cmath>
+
+namespace archipelago {
+
+const char* to_string(contribution_verdict v) {
+  switch (v) {
+    case contribution_verdict::buffered: return "buffered";
+    case contribution_verdict::duplicate: return "duplicate";
+    case contribution_verdict::late: return "late";
+    case contribution_verdict::rejected: return "rejected";
+  }
+  return "?";
+}
+
+shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, std::vector<fragment_index> owned,
+                       shard_config config, const float* initial_params)
+    : config_(config), outer_(config.outer) {
+  for (fragment_index p : owned) {
+    fragment_state& f = fragments_[p.value];
+    const fragment_spec& spec = plan.fragments.at(p.value);
+    std::size_t offset = 0;
+    f.theta.reserve(spec.floats);
+    for (std::size_t t : spec.tensors) f.names.push_back(layout.tensors[t].name);
+    for (std::size_t i = 0; i < spec.tensors.size(); ++i) {
+      const tensor_spec& ts = layout.tensors[spec.tensors[i]];
+      f.tensors.push_back({offset, ts.size(), ts.kind == tensor_kind::embedding, f.names[i]});
+      f.theta.insert(f.theta.end(), initial_params + ts.offset, initial_params + ts.offset + ts.size());
+      offset += ts.size();
+    }
+    f.momentum.assign(f.theta.size(), 0.f);
+  }
+}
+
+contribution_verdict shard_core::on_contribution(round_number r, fragment_index p, round_member from,
+                                                 std::uint64_t steps, std::uint64_t tokens,
+                                                 std::vector<float> delta, std::string* reason) {
+  auto reject = [&](std::string why) {
+    ++ledger_.rejected;
+    ledger_.rejected_tokens += tokens;
+    if (reason) *reason = std::move(why);
+    return contribution_verdict::rejected;
+  };
+  auto it = fragments_.find(p.value);
+  if (it == fragments_.end()) return reject("fragment " + std::to_string(p.value) + " is not owned by this shard");
+  fragment_state& f = it->second;
+  if (delta.size() != f.theta.size())
+    return reject("delta has " + std::to_string(delta.size()) + " values, fragment " + std::to_string(p.value) +
+                  " has " + std::to_string(f.theta.size()));
+  if (steps == 0) return reject("contribution with zero steps");
+  for (std::size_t i = 0; i < delta.size(); ++i)
+    if (!std::isfinite(delta[i])) return reject("non-finite value at element " + std::to_string(i));
+  if (r.value < f.closed_through) {
+    ++ledger_.late;
+    ledger_.late_tokens += tokens;
+    return contribution_verdict::late;
+  }
+  auto round = f.open.find(r.value);
+  if (round == f.open.end()) {
+    if (open_rounds_ >= config_.max_open_rounds) return reject("too many open rounds buffered");
+    round = f.open.emplace(r.value, std::vector<buffered_contribution>{}).first;
+    ++open_rounds_;
+  }
+  for (const auto& c : round->second)
+    if (c.from.learner == from.learner && c.from.inc == from.inc) {
+      ++ledger_.duplicates;
+      return contribution_verdict::duplicate;
+    }
+  if (round->second.size() >= config_.max_contributions_per_round)
+    return reject("round " + std::to_string(r.value) + " already holds the maximum of contributions");
+  round->second.push_back({from, steps, tokens, std::move(delta)});
+  return contribution_verdict::buffered;
+}
+
+expected<std::optional<published_fragment>> shard_core::on_round_close(
+    round_number r, fragment_index p, const std::vector<round_member>& members) {
+  auto it = fragments_.find(p.value);
+  if (it == fragments_.end())
+    return make_error(errc::invalid_input, "close of round " + std::to_string(r.value) + " for fragment " +
+                                               std::to_string(p.value) + ", not owned by this shard");
+  fragment_state& f = it->second;
+  std::vector<buffered_contribution> buffered;
+  if (auto round = f.open.find(r.value); round != f.open.end()) {
+    buffered = std::move(round->second);
+    f.open.erase(round);
+    --open_rounds_;
+  }
+  f.closed_through = std::max(f.closed_through, r.value + 1);
+
+  std::vector<contribution_view> views;
+  std::uint64_t merged_tokens = 0;
+  for (const auto& c : buffered) {
+    bool member = false;
+    for (const auto& m : members) member |= m.learner == c.from.learner && m.inc == c.from.inc;
+    if (!member) {
+      ++ledger_.unmerged;
+      ledger_.unmerged_tokens += c.tokens;
+      continue;
+    }
+    views.push_back({c.delta.data(), static_cast<double>(c.tokens), static_cast<double>(c.steps)});
+    merged_tokens += c.tokens;
+  }
+  if (views.empty()) return std::optional<published_fragment>{};
+
+  std::vector<float> outer_gradient(f.theta.size());
+  if (auto ok = merge_outer_gradient(f.tensors, views, f.theta.size(), outer_gradient.data()); !ok)
+    return ok.err();
+  outer_.step(f.theta.data(), f.momentum.data(), outer_gradient.data(), f.theta.size());
+  ++f.version;
+  ledger_.merged += views.size();
+  ledger_.merged_tokens += merged_tokens;
+  return std::optional<published_fragment>(published_fragment{p, f.version, r, f.theta, merged_tokens, views.size()});
+}
+
+}  // namespace archipelago

@@ -1,0 +1,103 @@
+#pragma once
+// The parameter shard's state core (pure, deterministic): the global value Θ_p,
+// its Nesterov state and version for every fragment the shard owns; the
+// contributions buffered per open round (bounded); on the broker's close, the
+// token-weighted merge of exactly the named members, the outer step and the
+// new version to publish. Every contribution ends in one ledger bucket.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/ids.hpp"
+#include "core/layout.hpp"
+#include "parameter_shard/merge.hpp"
+
+namespace archipelago {
+
+struct shard_config {
+  nesterov_config outer;
+  std::size_t max_open_rounds = 16;           // rounds with buffered contributions
+  std::size_t max_contributions_per_round = 256;
+};
+
+/// Which bucket a contribution's tokens end in (ALGORITHM.md §9).
+enum class contribution_verdict : std::uint8_t {
+  buffered,   // held for its round; merged or dropped when the round closes
+  duplicate,  // same learner, incarnation and round again: ignored (not counted twice)
+  late,       // its round already closed
+  rejected,   // wrong fragment, wrong size, non-finite values, or a bound exceeded
+};
+const char* to_string(contribution_verdict v);
+
+struct round_member {
+  learner_index learner;
+  incarnation inc;
+};
+
+struct shard_ledger {
+  std::uint64_t merged_tokens = 0, late_tokens = 0, rejected_tokens = 0, unmerged_tokens = 0;
+  std::uint64_t merged = 0, late = 0, rejected = 0, duplicates = 0, unmerged = 0;
+};
+
+/// A new global value, to broadcast to the learners.
+struct published_fragment {
+  fragment_index fragment;
+  std::uint64_t version = 0;
+  round_number round;
+  std::vector<float> value;  // Θ_p, the fragment's flat vector
+  std::uint64_t merged_tokens = 0;
+  std::size_t members = 0;
+};
+
+class shard_core {
+ public:
+  /// `owned` fragments start from `initial_params` (a buffer laid out by `layout`) at version 0.
+  shard_core(const param_layout& layout, const fragment_plan& plan, std::vector<fragment_index> owned,
+             shard_config config, const float* initial_params);
+
+  bool owns(fragment_index p) const { return fragments_.count(p.value) != 0; }
+  std::uint64_t version(fragment_index p) const { return fragments_.at(p.value).version; }
+  const std::vector<float>& value(fragment_index p) const { return fragments_.at(p.value).theta; }
+  const std::vector<float>& momentum(fragment_index p) const { return fragments_.at(p.value).momentum; }
+
+  /// A learner's delta for round r. `reason` (optional) receives why it was rejected.
+  contribution_verdict on_contribution(round_number r, fragment_index p, round_member from,
+                                       std::uint64_t steps, std::uint64_t tokens, std::vector<float> delta,
+                                       std::string* reason = nullptr);
+
+  /// The broker closed round r of fragment p with these members: merge exactly
+  /// them (those buffered), step, publish version + 1. Buffered contributions of
+  /// non-members are dropped as unmerged. A round with no usable member
+  /// publishes nothing (nullopt) and leaves Θ_p unchanged.
+  expected<std::optional<published_fragment>> on_round_close(round_number r, fragment_index p,
+                                                             const std::vector<round_member>& members);
+
+  const shard_ledger& ledger() const { return ledger_; }
+
+ private:
+  struct buffered_contribution {
+    round_member from;
+    std::uint64_t steps, tokens;
+    std::vector<float> delta;
+  };
+  struct fragment_state {
+    std::vector<std::string> names;        // owned: tensors' name views point here
+    std::vector<fragment_tensor> tensors;  // within the fragment's flat vector
+    std::vector<float> theta, momentum;
+    std::uint64_t version = 0;
+    std::map<std::uint64_t, std::vector<buffered_contribution>> open;  // round → contributions
+    std::uint64_t closed_through = 0;  // rounds at or below this are closed (+1 offset: 0 = none)
+  };
+
+  std::map<std::uint32_t, fragment_state> fragments_;
+  shard_config config_;
+  outer_optimizer outer_;
+  shard_ledger ledger_;
+  std::size_t open_rounds_ = 0;
+};
+
+}  // namespace archipelago

@@ -1,0 +1,108 @@
+// The parameter shard's core: buffering per round, merging exactly the named
+// members, the outer step, versions, and a ledger in which every contribution
+// lands in one bucket.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/prng.hpp"
+#include "parameter_shard/shard_core.hpp"
+
+using namespace archipelago;
+
+namespace {
+
+struct fixture {
+  param_layout layout = make_layout({256, 4, 8, 1, 2, true});
+  fragment_plan plan = *make_fragment_plan(layout, 4);
+  std::vector<float> init = std::vector<float>(layout.total_floats, 0.f);
+  shard_core shard;
+  fixture() : shard(layout, plan, {{0}, {2}}, shard_config{}, fill(init)) {}
+  static const float* fill(std::vector<float>& v) {
+    prng rng(3);
+    for (auto& x : v) x = static_cast<float>(rng.normal());
+    return v.data();
+  }
+  std::vector<float> delta(fragment_index p, std::uint64_t seed) const {
+    prng rng(seed);
+    std::vector<float> d(plan.fragments[p.value].floats);
+    for (auto& x : d) x = 0.01f * static_cast<float>(rng.normal());
+    return d;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("shard core: merge of the named members, outer step, version + 1") {
+  fixture f;
+  const fragment_index p{2};
+  const auto d1 = f.delta(p, 11), d2 = f.delta(p, 12), d3 = f.delta(p, 13);
+  CHECK(f.shard.on_contribution(round_number{6}, p, {{1}, {1}}, 4, 400, d1) == contribution_verdict::buffered);
+  CHECK(f.shard.on_contribution(round_number{6}, p, {{2}, {1}}, 2, 100, d2) == contribution_verdict::buffered);
+  CHECK(f.shard.on_contribution(round_number{6}, p, {{3}, {1}}, 1, 50, d3) == contribution_verdict::buffered);
+  CHECK(f.shard.on_contribution(round_number{6}, p, {{1}, {1}}, 4, 400, d1) == contribution_verdict::duplicate);
+  const std::vector<float> before = f.shard.value(p);
+
+  // Learner 3 is not a member (it came after the broker closed the round).
+  auto published = f.shard.on_round_close(round_number{6}, p, {{{1}, {1}}, {{2}, {1}}});
+  REQUIRE(published);
+  REQUIRE(published->has_value());
+  const auto& pub = **published;
+  CHECK(pub.version == 1);
+  CHECK(pub.members == 2);
+  CHECK(pub.merged_tokens == 500);
+  CHECK(f.shard.version(p) == 1);
+
+  // The same arithmetic done directly with the merge and the outer optimizer.
+  std::vector<fragment_tensor> tensors;
+  std::size_t offset = 0;
+  for (std::size_t t : f.plan.fragments[p.value].tensors) {
+    tensors.push_back({offset, f.layout.tensors[t].size(), f.layout.tensors[t].kind == tensor_kind::embedding});
+    offset += f.layout.tensors[t].size();
+  }
+  std::vector<contribution_view> views{{d1.data(), 400, 4}, {d2.data(), 100, 2}};
+  std::vector<float> grad(before.size()), theta = before, momentum(before.size(), 0.f);
+  REQUIRE(merge_outer_gradient(tensors, views, before.size(), grad.data()));
+  outer_optimizer(nesterov_config{}).step(theta.data(), momentum.data(), grad.data(), theta.size());
+  CHECK(pub.value == theta);
+  CHECK(f.shard.momentum(p) == momentum);
+
+  // Late after the close; ledger buckets add up.
+  CHECK(f.shard.on_contribution(round_number{6}, p, {{4}, {1}}, 1, 70, d3) == contribution_verdict::late);
+  const shard_ledger& l = f.shard.ledger();
+  CHECK(l.merged_tokens == 500);
+  CHECK(l.unmerged_tokens == 50);
+  CHECK(l.late_tokens == 70);
+  CHECK(l.duplicates == 1);
+}
+
+TEST_CASE("shard core: bad contributions are rejected, counted and never merged") {
+  fixture f;
+  const fragment_index p{0};
+  std::string why;
+  auto nan = f.delta(p, 1);
+  nan[3] = std::nanf("");
+  CHECK(f.shard.on_contribution(round_number{4}, p, {{1}, {1}}, 1, 10, nan, &why) == contribution_verdict::rejected);
+  CHECK(why.find("non-finite value at element 3") != std::string::npos);
+  auto short_delta = f.delta(p, 2);
+  short_delta.pop_back();
+  CHECK(f.shard.on_contribution(round_number{4}, p, {{1}, {1}}, 1, 10, short_delta, &why) ==
+        contribution_verdict::rejected);
+  CHECK(why.find("values") != std::string::npos);
+  CHECK(f.shard.on_contribution(round_number{4}, fragment_index{1}, {{1}, {1}}, 1, 10, f.delta({1}, 3), &why) ==
+        contribution_verdict::rejected);
+  CHECK(why.find("not owned") != std::string::npos);
+  CHECK(f.shard.on_contribution(round_number{4}, p, {{1}, {1}}, 0, 10, f.delta(p, 4)) == contribution_verdict::rejected);
+  CHECK(f.shard.ledger().rejected == 4);
+  CHECK(f.shard.ledger().rejected_tokens == 40);
+
+  // A round closed with members that sent nothing usable publishes nothing.
+  const auto before = f.shard.value(p);
+  auto published = f.shard.on_round_close(round_number{4}, p, {{{1}, {1}}});
+  REQUIRE(published);
+  CHECK_FALSE(published->has_value());
+  CHECK(f.shard.value(p) == before);
+  CHECK(f.shard.version(p) == 0);
+}
