@@ -32,6 +32,13 @@ using round_number = strong_id<struct round_tag, std::uint64_t>;
 /// Incremented each time a node process (re)starts; tells a rejoin from a duplicate.
 using incarnation = strong_id<struct incarnation_tag, std::uint64_t>;
 
+/// A learner as one incarnation of it: work of an older incarnation never counts for a newer one.
+struct learner_ref {
+  learner_index learner;
+  incarnation inc;
+  constexpr auto operator<=>(const learner_ref&) const = default;
+};
+
 /// One addressable actor in the mesh: role plus index within the role.
 struct node_address {
   role kind = role::learner;

@@ -33,7 +33,7 @@ shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, st
   }
 }
 
-contribution_verdict shard_core::on_contribution(round_number r, fragment_index p, round_member from,
+contribution_verdict shard_core::on_contribution(round_number r, fragment_index p, learner_ref from,
                                                  std::uint64_t steps, std::uint64_t tokens,
                                                  std::vector<float> delta, std::string* reason) {
   auto reject = [&](std::string why) {
@@ -74,7 +74,7 @@ contribution_verdict shard_core::on_contribution(round_number r, fragment_index 
 }
 
 expected<std::optional<published_fragment>> shard_core::on_round_close(
-    round_number r, fragment_index p, const std::vector<round_member>& members) {
+    round_number r, fragment_index p, const std::vector<learner_ref>& members) {
   auto it = fragments_.find(p.value);
   if (it == fragments_.end())
     return make_error(errc::invalid_input, "close of round " + std::to_string(r.value) + " for fragment " +

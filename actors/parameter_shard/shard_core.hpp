@@ -33,11 +33,6 @@ enum class contribution_verdict : std::uint8_t {
 };
 const char* to_string(contribution_verdict v);
 
-struct round_member {
-  learner_index learner;
-  incarnation inc;
-};
-
 struct shard_ledger {
   std::uint64_t merged_tokens = 0, late_tokens = 0, rejected_tokens = 0, unmerged_tokens = 0;
   std::uint64_t merged = 0, late = 0, rejected = 0, duplicates = 0, unmerged = 0;
@@ -65,7 +60,7 @@ class shard_core {
   const std::vector<float>& momentum(fragment_index p) const { return fragments_.at(p.value).momentum; }
 
   /// A learner's delta for round r. `reason` (optional) receives why it was rejected.
-  contribution_verdict on_contribution(round_number r, fragment_index p, round_member from,
+  contribution_verdict on_contribution(round_number r, fragment_index p, learner_ref from,
                                        std::uint64_t steps, std::uint64_t tokens, std::vector<float> delta,
                                        std::string* reason = nullptr);
 
@@ -74,13 +69,13 @@ class shard_core {
   /// non-members are dropped as unmerged. A round with no usable member
   /// publishes nothing (nullopt) and leaves Θ_p unchanged.
   expected<std::optional<published_fragment>> on_round_close(round_number r, fragment_index p,
-                                                             const std::vector<round_member>& members);
+                                                             const std::vector<learner_ref>& members);
 
   const shard_ledger& ledger() const { return ledger_; }
 
  private:
   struct buffered_contribution {
-    round_member from;
+    learner_ref from;
     std::uint64_t steps, tokens;
     std::vector<float> delta;
   };

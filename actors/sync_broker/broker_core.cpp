@@ -1,0 +1,363 @@
+#include "sync_broker/broker_core.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+namespace archipelago {
+
+namespace {
+
+status invalid(std::string message) {
+  return status(make_error(errc::invalid_input, std::move(message)));
+}
+
+bool same(const round_member& m, learner_index learner, incarnation inc) {
+  return m.learner == learner && m.inc == inc;
+}
+
+}  // namespace
+
+status validate(const broker_config& cfg) {
+  if (cfg.fragments < 1) return invalid("broker fragments must be >= 1, got " + std::to_string(cfg.fragments));
+  if (cfg.rounds_in_flight < 1) {
+    return invalid("broker rounds_in_flight must be >= 1, got " + std::to_string(cfg.rounds_in_flight));
+  }
+  if (cfg.quorum < 1) return invalid("broker quorum must be >= 1, got " + std::to_string(cfg.quorum));
+  if (!std::isfinite(cfg.grace_factor) || cfg.grace_factor < 0) {
+    return invalid("broker grace_factor must be finite and >= 0, got " + std::to_string(cfg.grace_factor));
+  }
+  if (!std::isfinite(cfg.ema_alpha) || cfg.ema_alpha <= 0 || cfg.ema_alpha > 1) {
+    return invalid("broker ema_alpha must be in (0, 1], got " + std::to_string(cfg.ema_alpha));
+  }
+  if (cfg.liveness_timeout_ns <= 0) {
+    return invalid("broker liveness_timeout_ns must be > 0, got " + std::to_string(cfg.liveness_timeout_ns));
+  }
+  if (cfg.round_timeout_ns <= 0) {
+    return invalid("broker round_timeout_ns must be > 0, got " + std::to_string(cfg.round_timeout_ns));
+  }
+  if (cfg.shard_of_fragment.size() != static_cast<std::size_t>(cfg.fragments)) {
+    return invalid("broker shard_of_fragment must have one entry per fragment (" +
+                   std::to_string(cfg.fragments) + "), got " +
+                   std::to_string(cfg.shard_of_fragment.size()));
+  }
+  return status::ok();
+}
+
+std::vector<std::uint32_t> round_robin_shards(int fragments, std::uint32_t shards) {
+  std::vector<std::uint32_t> out;
+  for (int p = 0; p < fragments; ++p) {
+    out.push_back(shards == 0 ? 0 : static_cast<std::uint32_t>(p) % shards);
+  }
+  return out;
+}
+
+const char* to_string(close_reason reason) {
+  switch (reason) {
+    case close_reason::all_eligible: return "all_eligible";
+    case close_reason::grace_expired: return "grace_expired";
+    case close_reason::timeout: return "timeout";
+  }
+  return "unknown";
+}
+
+broker_core::broker_core(broker_config cfg) : cfg_(std::move(cfg)) {
+  assert(validate(cfg_).has_value());
+}
+
+expected<broker_core> broker_core::create(broker_config cfg) {
+  if (auto ok = validate(cfg); !ok) return ok.err();
+  return broker_core(std::move(cfg));
+}
+
+std::vector<broker_effect> broker_core::take_effects() {
+  std::vector<broker_effect> out;
+  out.swap(effects_);
+  return out;
+}
+
+// ---- learners ---------------------------------------------------------------
+
+void broker_core::reset_learner(learner_state& st, incarnation inc, nanos now) {
+  st = learner_state{};
+  st.inc = inc;
+  st.last_heard_ns = now;
+}
+
+void broker_core::update_ema(double& ema, bool& has, double sample) const {
+  ema = has ? cfg_.ema_alpha * sample + (1 - cfg_.ema_alpha) * ema : sample;
+  has = true;
+}
+
+// Any message is a heartbeat. An unknown learner or a higher incarnation is an
+// implicit (re)join, so a reordered join/progress pair cannot lose a learner.
+broker_core::learner_state* broker_core::admit(learner_index learner, incarnation inc, nanos now) {
+  auto it = learners_.find(learner);
+  if (it == learners_.end()) {
+    reset_learner(learners_[learner], inc, now);
+    return &learners_[learner];
+  }
+  learner_state& st = it->second;
+  if (inc < st.inc || (inc == st.inc && st.departed)) {
+    ++counters_.stale;
+    return nullptr;
+  }
+  if (inc > st.inc) {
+    reset_learner(st, inc, now);
+    return &st;
+  }
+  st.last_heard_ns = std::max(st.last_heard_ns, now);
+  st.live = true;  // a learner declared dead that speaks again is back
+  return &st;
+}
+
+void broker_core::on_join(learner_index learner, incarnation inc, nanos now) {
+  admit(learner, inc, now);
+}
+
+void broker_core::on_leave(learner_index learner, incarnation inc, nanos now) {
+  auto it = learners_.find(learner);
+  if (it != learners_.end() && inc < it->second.inc) {
+    ++counters_.stale;
+    return;
+  }
+  learner_state& st = learners_[learner];
+  if (it == learners_.end() || inc > st.inc) reset_learner(st, inc, now);
+  st.departed = true;
+  st.live = false;
+  check_closes(now);  // open rounds stop waiting for it
+}
+
+void broker_core::on_progress(learner_index learner, incarnation inc, std::uint64_t steps_done,
+                              nanos step_time_ns, nanos now) {
+  learner_state* st = admit(learner, inc, now);
+  if (st == nullptr) return;
+  st->steps_done = std::max(st->steps_done, steps_done);
+  if (step_time_ns < 0) return;
+  const auto sample = static_cast<double>(step_time_ns);
+  update_ema(st->step_ema_ns, st->has_step_ema, sample);
+  const learner_ref self{learner, inc};
+  if (std::find(quorum_set_.begin(), quorum_set_.end(), self) != quorum_set_.end()) {
+    update_ema(pooled_step_ema_ns_, has_pooled_step_ema_, sample);
+  }
+}
+
+bool broker_core::is_live(learner_index learner) const {
+  auto it = learners_.find(learner);
+  return it != learners_.end() && it->second.live && !it->second.departed;
+}
+
+bool broker_core::is_eligible(learner_index learner) const {
+  auto it = learners_.find(learner);
+  return is_live(learner) && it->second.steps_done >= 1;
+}
+
+std::vector<learner_ref> broker_core::eligible_now() const {
+  std::vector<learner_ref> out;
+  for (const auto& [index, st] : learners_) {
+    if (st.live && !st.departed && st.steps_done >= 1) out.push_back({index, st.inc});
+  }
+  return out;
+}
+
+std::optional<nanos> broker_core::xi_step_ns() const {
+  // The pooled estimate holds while someone of the last quorum is still around.
+  if (has_pooled_step_ema_) {
+    for (const auto& ref : quorum_set_) {
+      auto it = learners_.find(ref.learner);
+      if (it != learners_.end() && it->second.inc == ref.inc && it->second.live &&
+          !it->second.departed) {
+        return std::llround(pooled_step_ema_ns_);
+      }
+    }
+  }
+  std::optional<double> fastest;
+  for (const auto& [index, st] : learners_) {
+    if (!st.live || st.departed || !st.has_step_ema) continue;
+    if (!fastest || st.step_ema_ns < *fastest) fastest = st.step_ema_ns;
+  }
+  if (!fastest) return std::nullopt;
+  return std::llround(*fastest);
+}
+
+// ---- rounds -----------------------------------------------------------------
+
+void broker_core::on_contribution(round_number round, learner_index learner, incarnation inc,
+                                  std::uint64_t tokens, std::uint64_t steps, nanos now) {
+  if (admit(learner, inc, now) == nullptr) return;
+  const std::uint64_t r = round.value;
+  if (r >= next_round_) {
+    ++counters_.unknown_round;
+    return;
+  }
+  auto it = open_.find(r);
+  if (it == open_.end()) {
+    // Closed already: late, unless it is a repeat of something we have seen.
+    if (round_record* rec = find_record_mut(r)) {
+      const learner_ref self{learner, inc};
+      const bool seen =
+          std::any_of(rec->members.begin(), rec->members.end(),
+                      [&](const round_member& m) { return same(m, learner, inc); }) ||
+          std::find(rec->late.begin(), rec->late.end(), self) != rec->late.end();
+      if (seen) {
+        ++counters_.duplicates;
+        return;
+      }
+      rec->late.push_back(self);
+    }
+    ++counters_.late;
+    effects_.push_back(late_contribution{round, learner, inc, tokens});
+    return;
+  }
+  round_state& rs = it->second;
+  if (std::any_of(rs.members.begin(), rs.members.end(),
+                  [&](const round_member& m) { return same(m, learner, inc); })) {
+    ++counters_.duplicates;
+    return;
+  }
+  if (steps == 0) {  // tokens² / steps is undefined; the shard would reject the merge
+    ++counters_.rejected;
+    return;
+  }
+  const auto t = static_cast<double>(tokens);
+  rs.members.push_back({learner, inc, t * t / static_cast<double>(steps), tokens, steps});
+  if (rs.quorum_ns < 0 && rs.members.size() >= static_cast<std::size_t>(cfg_.quorum)) {
+    reach_quorum(rs, now);
+  }
+  check_closes(now);
+}
+
+void broker_core::reach_quorum(round_state& rs, nanos now) {
+  rs.quorum_ns = now;
+  update_ema(xi_quorum_ns_, has_xi_quorum_, static_cast<double>(now - rs.opened_ns));
+  quorum_set_.clear();
+  for (const auto& m : rs.members) quorum_set_.push_back({m.learner, m.inc});
+  if (!cfg_.adaptive_grace || cfg_.wait_for_all) {
+    rs.grace_ns = 0;  // no grace, or unbounded (wait_for_all closes on completeness only)
+    return;
+  }
+  const double step = static_cast<double>(xi_step_ns().value_or(0));
+  const double raw = cfg_.grace_factor *
+                     (cfg_.rounds_in_flight * step - xi_quorum_ns_ - xi_sync_ns_);
+  rs.grace_ns = std::llround(std::clamp(raw, 0.0, step));
+}
+
+bool broker_core::all_eligible_in(const round_state& rs) const {
+  for (const auto& e : rs.eligible) {
+    auto it = learners_.find(e.learner);
+    // Dead, departed or reincarnated learners are no longer waited for.
+    const bool awaited = it != learners_.end() && it->second.inc == e.inc && it->second.live &&
+                         !it->second.departed;
+    if (!awaited) continue;
+    const bool in = std::any_of(rs.members.begin(), rs.members.end(),
+                                [&](const round_member& m) { return same(m, e.learner, e.inc); });
+    if (!in) return false;
+  }
+  return true;
+}
+
+void broker_core::check_closes(nanos now) {
+  for (auto it = open_.begin(); it != open_.end();) {
+    const round_state& rs = it->second;
+    if (rs.quorum_ns >= 0 && all_eligible_in(rs)) {
+      it = close(it, close_reason::all_eligible, now);
+    } else if (rs.quorum_ns >= 0 && !cfg_.wait_for_all && now >= rs.quorum_ns + rs.grace_ns) {
+      it = close(it, close_reason::grace_expired, now);
+    } else if (now - rs.opened_ns >= cfg_.round_timeout_ns) {
+      it = close(it, close_reason::timeout, now);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::map<std::uint64_t, broker_core::round_state>::iterator broker_core::close(
+    std::map<std::uint64_t, round_state>::iterator it, close_reason reason, nanos now) {
+  round_state& rs = it->second;
+  switch (reason) {
+    case close_reason::all_eligible: ++counters_.closed_all_eligible; break;
+    case close_reason::grace_expired: ++counters_.closed_grace_expired; break;
+    case close_reason::timeout: ++counters_.closed_timeout; break;
+  }
+  round_record rec;
+  rec.round = round_number{rs.round};
+  rec.fragment = fragment_index{rs.fragment};
+  rec.opened_ns = rs.opened_ns;
+  rec.quorum_ns = rs.quorum_ns;
+  rec.grace_ns = rs.grace_ns;
+  rec.closed_ns = now;
+  rec.reason = reason;
+  rec.members = rs.members;
+  history_.push_back(std::move(rec));
+  if (history_.size() > history_capacity) history_.pop_front();
+
+  effects_.push_back(close_round{round_number{rs.round}, fragment_index{rs.fragment}, rs.shard,
+                                 std::move(rs.members), reason, rs.quorum_ns, rs.grace_ns});
+  return open_.erase(it);
+}
+
+void broker_core::open_due_rounds(nanos now) {
+  while (open_.size() < static_cast<std::size_t>(cfg_.rounds_in_flight)) {
+    std::vector<learner_ref> eligible = eligible_now();
+    // Rounds go on while at least K learners can contribute; below that they pause.
+    if (eligible.size() < static_cast<std::size_t>(cfg_.quorum)) return;
+    const std::optional<nanos> step = xi_step_ns();
+    if (!step) return;
+    if (any_opened_ && now < last_open_ns_ + *step) return;
+
+    round_state rs;
+    rs.round = next_round_++;
+    rs.fragment = static_cast<std::uint32_t>(rs.round % static_cast<std::uint64_t>(cfg_.fragments));
+    rs.shard = cfg_.shard_of_fragment[rs.fragment];
+    rs.opened_ns = now;
+    rs.eligible = eligible;
+    last_open_ns_ = now;
+    any_opened_ = true;
+    ++counters_.rounds_opened;
+    effects_.push_back(open_round{round_number{rs.round}, fragment_index{rs.fragment}, rs.shard,
+                                  std::move(eligible)});
+    open_.emplace(rs.round, std::move(rs));
+  }
+}
+
+void broker_core::tick(nanos now) {
+  for (auto& [index, st] : learners_) {
+    if (st.live && !st.departed && now - st.last_heard_ns >= cfg_.liveness_timeout_ns) {
+      st.live = false;
+      ++counters_.learners_dead;
+      effects_.push_back(learner_dead{index, st.inc});
+    }
+  }
+  check_closes(now);
+  open_due_rounds(now);
+}
+
+// ---- publications and the tape --------------------------------------------------
+
+void broker_core::on_published(round_number round, fragment_index fragment, std::uint64_t version,
+                               nanos now) {
+  round_record* rec = find_record_mut(round.value);
+  if (rec == nullptr || rec->fragment != fragment) {
+    ++counters_.unknown_round;
+    return;
+  }
+  if (rec->published_ns >= 0) return;  // repeated notice: ξ_sync already has it
+  rec->published_ns = now;
+  rec->published_version = version;
+  update_ema(xi_sync_ns_, has_xi_sync_, static_cast<double>(std::max<nanos>(0, now - rec->closed_ns)));
+}
+
+round_record* broker_core::find_record_mut(std::uint64_t round) {
+  // Rounds close nearly in order, so the match is near the back.
+  for (auto it = history_.rbegin(); it != history_.rend(); ++it) {
+    if (it->round.value == round) return &*it;
+  }
+  return nullptr;
+}
+
+const round_record* broker_core::find_record(round_number round) const {
+  return const_cast<broker_core*>(this)->find_record_mut(round.value);
+}
+
+}  // namespace archipelago

@@ -1,0 +1,216 @@
+#pragma once
+// The sync broker's state core (ALGORITHM.md §5, §7, §8). Pure and deterministic:
+// no clocks, threads or I/O. Inputs carry their timestamp; every decision lands
+// in an effects queue the shell drains and executes. The broker never sees
+// tensors: parameter shards report arrivals, the broker decides who is in a
+// round and with which weight, and tells the owning shard to close it.
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <variant>
+#include <vector>
+
+#include "core/clock.hpp"
+#include "core/error.hpp"
+#include "core/ids.hpp"
+
+namespace archipelago {
+
+struct broker_config {
+  int fragments = 24;            // P
+  int rounds_in_flight = 2;      // τ
+  int quorum = 1;                // K
+  double grace_factor = 0.8;     // γ
+  bool adaptive_grace = true;    // false: close as soon as K have arrived
+  bool wait_for_all = false;     // sync modes: close only when every eligible learner contributed
+  double ema_alpha = 0.5;        // weight of the newest sample, in (0, 1]
+  nanos liveness_timeout_ns = 3'000'000'000;
+  nanos round_timeout_ns = 60'000'000'000;  // bound on any open round
+  std::vector<std::uint32_t> shard_of_fragment;  // fragment → shard index, size P
+};
+
+/// Checks every field; the error names the offending one.
+status validate(const broker_config& cfg);
+
+/// Maps P fragments round-robin onto `shards` shards (a convenience for shells and tests).
+std::vector<std::uint32_t> round_robin_shards(int fragments, std::uint32_t shards);
+
+enum class close_reason : std::uint8_t { all_eligible, grace_expired, timeout };
+const char* to_string(close_reason reason);
+
+struct round_member {
+  learner_index learner;
+  incarnation inc;
+  double weight = 0;          // tokens² / steps (ALGORITHM.md §6); the shard normalises
+  std::uint64_t tokens = 0;
+  std::uint64_t steps = 0;
+};
+
+// ---- effects -------------------------------------------------------------
+
+struct open_round {
+  round_number round;
+  fragment_index fragment;
+  std::uint32_t shard = 0;
+  std::vector<learner_ref> eligible;  // ascending learner index
+};
+
+struct close_round {
+  round_number round;
+  fragment_index fragment;
+  std::uint32_t shard = 0;
+  std::vector<round_member> members;  // in arrival order
+  close_reason reason = close_reason::timeout;
+  nanos quorum_ns = -1;  // time the K-th contribution arrived; -1: quorum never reached
+  nanos grace_ns = 0;    // grace window granted after the quorum
+  /// The shard merges and publishes only rounds that reached the quorum. A timed-out
+  /// round without quorum is dropped: its learners keep their counters, so their work
+  /// is merged later with a larger weight instead of being lost.
+  bool merge() const { return quorum_ns >= 0; }
+};
+
+/// A contribution for a round already closed: dropped, recorded as late for the ledger.
+struct late_contribution {
+  round_number round;
+  learner_index learner;
+  incarnation inc;
+  std::uint64_t tokens = 0;
+};
+
+struct learner_dead {
+  learner_index learner;
+  incarnation inc;
+};
+
+using broker_effect = std::variant<open_round, close_round, late_contribution, learner_dead>;
+
+// ---- event tape ------------------------------------------------------------
+
+struct round_record {
+  round_number round;
+  fragment_index fragment;
+  nanos opened_ns = 0;
+  nanos quorum_ns = -1;  // -1: never reached
+  nanos grace_ns = 0;
+  nanos closed_ns = 0;
+  close_reason reason = close_reason::timeout;
+  std::vector<round_member> members;
+  std::vector<learner_ref> late;  // grows as late contributions arrive
+  nanos published_ns = -1;        // -1: not (yet) published
+  std::uint64_t published_version = 0;
+};
+
+struct broker_counters {
+  std::uint64_t rounds_opened = 0;
+  std::uint64_t closed_all_eligible = 0;
+  std::uint64_t closed_grace_expired = 0;
+  std::uint64_t closed_timeout = 0;
+  std::uint64_t late = 0;
+  std::uint64_t duplicates = 0;     // same learner, incarnation and round again
+  std::uint64_t stale = 0;          // messages from an older (or departed) incarnation
+  std::uint64_t rejected = 0;       // contributions with zero steps (no defined weight)
+  std::uint64_t unknown_round = 0;  // contributions or publications for rounds never opened
+  std::uint64_t learners_dead = 0;
+  std::uint64_t rounds_closed() const {
+    return closed_all_eligible + closed_grace_expired + closed_timeout;
+  }
+};
+
+class broker_core {
+ public:
+  static constexpr std::size_t history_capacity = 1024;
+
+  /// The config must pass validate() (asserted).
+  explicit broker_core(broker_config cfg);
+  static expected<broker_core> create(broker_config cfg);
+
+  // ---- inputs (each may append effects) ----
+  void on_join(learner_index learner, incarnation inc, nanos now);
+  void on_leave(learner_index learner, incarnation inc, nanos now);
+  void on_progress(learner_index learner, incarnation inc, std::uint64_t steps_done,
+                   nanos step_time_ns, nanos now);
+  void on_contribution(round_number round, learner_index learner, incarnation inc,
+                       std::uint64_t tokens, std::uint64_t steps, nanos now);
+  void on_published(round_number round, fragment_index fragment, std::uint64_t version, nanos now);
+  /// Liveness, grace and timeout deadlines, and opening of paced rounds.
+  void tick(nanos now);
+
+  /// Hands over the effects produced since the last call, in production order.
+  std::vector<broker_effect> take_effects();
+
+  // ---- queries ----
+  const broker_config& config() const { return cfg_; }
+  const broker_counters& counters() const { return counters_; }
+  /// The last history_capacity closed rounds, in closing order.
+  const std::deque<round_record>& history() const { return history_; }
+  const round_record* find_record(round_number round) const;
+  std::size_t rounds_open() const { return open_.size(); }
+  round_number next_round() const { return round_number{next_round_}; }
+  bool is_live(learner_index learner) const;
+  bool is_eligible(learner_index learner) const;
+  /// Current pacing estimate; nullopt before any step time is known.
+  std::optional<nanos> xi_step_ns() const;
+  double xi_quorum_ns() const { return xi_quorum_ns_; }
+  double xi_sync_ns() const { return xi_sync_ns_; }
+
+ private:
+  struct learner_state {
+    incarnation inc;
+    bool live = true;
+    bool departed = false;  // left on purpose: this incarnation is finished
+    nanos last_heard_ns = 0;
+    std::uint64_t steps_done = 0;  // of this incarnation
+    double step_ema_ns = 0;
+    bool has_step_ema = false;
+  };
+  struct round_state {
+    std::uint64_t round = 0;
+    std::uint32_t fragment = 0;
+    std::uint32_t shard = 0;
+    nanos opened_ns = 0;
+    std::vector<learner_ref> eligible;
+    std::vector<round_member> members;
+    nanos quorum_ns = -1;
+    nanos grace_ns = 0;
+  };
+
+  learner_state* admit(learner_index learner, incarnation inc, nanos now);
+  void reset_learner(learner_state& st, incarnation inc, nanos now);
+  void update_ema(double& ema, bool& has, double sample) const;
+  void reach_quorum(round_state& rs, nanos now);
+  bool all_eligible_in(const round_state& rs) const;
+  void check_closes(nanos now);
+  /// Emits the close effect, records the round, returns the next open round.
+  std::map<std::uint64_t, round_state>::iterator close(
+      std::map<std::uint64_t, round_state>::iterator it, close_reason reason, nanos now);
+  void open_due_rounds(nanos now);
+  std::vector<learner_ref> eligible_now() const;
+  round_record* find_record_mut(std::uint64_t round);
+
+  broker_config cfg_;
+  std::map<learner_index, learner_state> learners_;
+  std::map<std::uint64_t, round_state> open_;
+  std::deque<round_record> history_;
+  std::vector<broker_effect> effects_;
+  broker_counters counters_;
+
+  std::uint64_t next_round_ = 0;
+  nanos last_open_ns_ = 0;
+  bool any_opened_ = false;
+
+  // ξ_step: pooled EMA of the step times reported by the learners that formed the
+  // last quorum (the fastest, whose deadline binds); before that, the minimum
+  // per-learner EMA.
+  std::vector<learner_ref> quorum_set_;
+  double pooled_step_ema_ns_ = 0;
+  bool has_pooled_step_ema_ = false;
+  double xi_quorum_ns_ = 0;
+  bool has_xi_quorum_ = false;
+  double xi_sync_ns_ = 0;  // 0 until the first publication
+  bool has_xi_sync_ = false;
+};
+
+}  // namespace archipelago

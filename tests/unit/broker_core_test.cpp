@@ -1,0 +1,600 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/clock.hpp"
+#include "core/prng.hpp"
+#include "sync_broker/broker_core.hpp"
+
+using namespace archipelago;
+
+namespace {
+
+constexpr nanos ms = 1'000'000;
+
+learner_index L(std::uint32_t i) { return learner_index{i}; }
+incarnation I(std::uint64_t i) { return incarnation{i}; }
+round_number R(std::uint64_t r) { return round_number{r}; }
+
+broker_config make_config(int fragments = 3, int tau = 2, int quorum = 1) {
+  broker_config cfg;
+  cfg.fragments = fragments;
+  cfg.rounds_in_flight = tau;
+  cfg.quorum = quorum;
+  cfg.shard_of_fragment = round_robin_shards(fragments, 2);
+  return cfg;
+}
+
+// A broker driven by a manual clock, with every effect kept in order.
+struct harness {
+  explicit harness(broker_config cfg) : core(std::move(cfg)) {}
+
+  broker_core core;
+  manual_clock clock;
+  std::vector<broker_effect> log;
+
+  nanos now() const { return clock.now(); }
+  void at(nanos t) { clock.set(t); }
+  void drain() {
+    for (auto& e : core.take_effects()) log.push_back(std::move(e));
+  }
+  void tick(nanos t) { at(t); core.tick(t); drain(); }
+  void join(std::uint32_t l, std::uint64_t inc = 1) { core.on_join(L(l), I(inc), now()); drain(); }
+  void step(std::uint32_t l, std::uint64_t steps, nanos step_time, std::uint64_t inc = 1) {
+    core.on_progress(L(l), I(inc), steps, step_time, now());
+    drain();
+  }
+  void contribute(std::uint64_t r, std::uint32_t l, std::uint64_t tokens = 100, std::uint64_t steps = 1,
+                  std::uint64_t inc = 1) {
+    core.on_contribution(R(r), L(l), I(inc), tokens, steps, now());
+    drain();
+  }
+
+  template <class T>
+  std::vector<T> all() const {
+    std::vector<T> out;
+    for (const auto& e : log) {
+      if (const T* x = std::get_if<T>(&e)) out.push_back(*x);
+    }
+    return out;
+  }
+  std::vector<close_round> closes_of(std::uint64_t r) const {
+    std::vector<close_round> out;
+    for (const auto& c : all<close_round>()) {
+      if (c.round.value == r) out.push_back(c);
+    }
+    return out;
+  }
+};
+
+// Two learners joined at t = 0 with one step done each; round 0 opened at t = 0.
+harness two_learners(broker_config cfg, nanos fast_step = 10 * ms, nanos slow_step = 30 * ms) {
+  harness h(std::move(cfg));
+  h.join(0);
+  h.join(1);
+  h.step(0, 1, fast_step);
+  h.step(1, 1, slow_step);
+  h.tick(0);
+  return h;
+}
+
+std::string describe(const broker_effect& e) {
+  std::string s;
+  if (const auto* o = std::get_if<open_round>(&e)) {
+    s = "open r" + std::to_string(o->round.value) + " p" + std::to_string(o->fragment.value) + " s" +
+        std::to_string(o->shard) + " [";
+    for (const auto& l : o->eligible) s += std::to_string(l.learner.value) + "." + std::to_string(l.inc.value) + " ";
+    s += "]";
+  } else if (const auto* c = std::get_if<close_round>(&e)) {
+    s = "close r" + std::to_string(c->round.value) + " " + to_string(c->reason) + " q" +
+        std::to_string(c->quorum_ns) + " g" + std::to_string(c->grace_ns) + " [";
+    for (const auto& m : c->members) {
+      s += std::to_string(m.learner.value) + "." + std::to_string(m.inc.value) + ":" +
+           std::to_string(m.tokens) + "/" + std::to_string(m.steps) + "=" + std::to_string(m.weight) + " ";
+    }
+    s += "]";
+  } else if (const auto* l = std::get_if<late_contribution>(&e)) {
+    s = "late r" + std::to_string(l->round.value) + " " + std::to_string(l->learner.value) + "." +
+        std::to_string(l->inc.value) + " t" + std::to_string(l->tokens);
+  } else if (const auto* d = std::get_if<learner_dead>(&e)) {
+    s = "dead " + std::to_string(d->learner.value) + "." + std::to_string(d->inc.value);
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("broker config validation names the field") {
+  CHECK(validate(make_config()).has_value());
+  auto expect_error = [](broker_config cfg, const std::string& field) {
+    const status st = validate(cfg);
+    REQUIRE_FALSE(st.has_value());
+    CHECK(st.err().code == errc::invalid_input);
+    CHECK(st.err().message.find(field) != std::string::npos);
+  };
+  auto cfg = make_config();
+  cfg.quorum = 0;
+  expect_error(cfg, "quorum");
+  cfg = make_config();
+  cfg.fragments = 0;
+  expect_error(cfg, "fragments");
+  cfg = make_config();
+  cfg.rounds_in_flight = 0;
+  expect_error(cfg, "rounds_in_flight");
+  cfg = make_config();
+  cfg.grace_factor = -0.1;
+  expect_error(cfg, "grace_factor");
+  cfg = make_config();
+  cfg.ema_alpha = 0;
+  expect_error(cfg, "ema_alpha");
+  cfg = make_config();
+  cfg.liveness_timeout_ns = 0;
+  expect_error(cfg, "liveness_timeout_ns");
+  cfg = make_config();
+  cfg.round_timeout_ns = -1;
+  expect_error(cfg, "round_timeout_ns");
+  cfg = make_config();
+  cfg.shard_of_fragment.pop_back();
+  expect_error(cfg, "shard_of_fragment");
+  CHECK_FALSE(broker_core::create(cfg).has_value());
+  CHECK(broker_core::create(make_config()).has_value());
+}
+
+TEST_CASE("first round opens on the first tick with K eligible learners") {
+  harness h(make_config(3, 2, 2));
+  h.join(0);
+  h.join(1);
+  h.tick(0);
+  CHECK(h.all<open_round>().empty());  // joined, no step yet: not eligible
+  h.step(0, 1, 10 * ms);
+  h.tick(1 * ms);
+  CHECK(h.all<open_round>().empty());  // one eligible < K = 2
+  h.step(1, 1, 20 * ms);
+  h.tick(2 * ms);
+  const auto opens = h.all<open_round>();
+  REQUIRE(opens.size() == 1);
+  CHECK(opens[0].round.value == 0);
+  CHECK(opens[0].fragment.value == 0);
+  CHECK(opens[0].eligible.size() == 2);
+  CHECK(h.core.xi_step_ns() == 10 * ms);  // fastest learner before any quorum
+}
+
+TEST_CASE("K=1 without grace closes on the first arrival; later arrivals are late") {
+  auto cfg = make_config();
+  cfg.adaptive_grace = false;
+  auto h = two_learners(cfg);
+  h.at(3 * ms);
+  h.contribute(0, 0, 400, 4);
+  const auto closes = h.closes_of(0);
+  REQUIRE(closes.size() == 1);
+  CHECK(closes[0].reason == close_reason::grace_expired);
+  CHECK(closes[0].grace_ns == 0);
+  CHECK(closes[0].quorum_ns == 3 * ms);
+  CHECK(closes[0].merge());
+  REQUIRE(closes[0].members.size() == 1);
+  CHECK(closes[0].members[0].learner == L(0));
+
+  h.at(5 * ms);
+  h.contribute(0, 1, 300, 3);
+  const auto late = h.all<late_contribution>();
+  REQUIRE(late.size() == 1);
+  CHECK(late[0].round == R(0));
+  CHECK(late[0].learner == L(1));
+  CHECK(late[0].tokens == 300);
+  CHECK(h.core.counters().late == 1);
+  const round_record* rec = h.core.find_record(R(0));
+  REQUIRE(rec != nullptr);
+  REQUIRE(rec->late.size() == 1);
+  CHECK(rec->late[0].learner == L(1));
+  CHECK(rec->closed_ns == 3 * ms);
+  CHECK(rec->opened_ns == 0);
+
+  // The same late contribution again, or a member repeating itself, is a duplicate.
+  h.contribute(0, 1, 300, 3);
+  h.contribute(0, 0, 400, 4);
+  CHECK(h.core.counters().late == 1);
+  CHECK(h.core.counters().duplicates == 2);
+  CHECK(h.all<late_contribution>().size() == 1);
+}
+
+TEST_CASE("adaptive grace waits the computed window") {
+  auto cfg = make_config(3, 2, 1);
+  cfg.grace_factor = 0.5;
+  auto h = two_learners(cfg);  // ξ_step = 10 ms (fastest learner)
+  h.at(2 * ms);
+  h.contribute(0, 0);
+  // ξ_quorum = 2 ms, ξ_sync = 0: grace = 0.5 · (2 · 10 − 2 − 0) = 9 ms, below the ξ_step cap.
+  CHECK(h.core.xi_quorum_ns() == doctest::Approx(2.0 * ms));
+  CHECK(h.closes_of(0).empty());
+  h.tick(10 * ms);  // also opens round 1 (one ξ_step after round 0)
+  CHECK(h.closes_of(0).empty());
+  h.tick(11 * ms - 1);
+  CHECK(h.closes_of(0).empty());
+  h.tick(11 * ms);
+  auto c0 = h.closes_of(0);
+  REQUIRE(c0.size() == 1);
+  CHECK(c0[0].reason == close_reason::grace_expired);
+  CHECK(c0[0].grace_ns == 9 * ms);
+  CHECK(c0[0].quorum_ns == 2 * ms);
+
+  // ξ_sync from the publication, then a second round folds both into its grace.
+  h.at(12 * ms);
+  h.core.on_published(R(0), fragment_index{0}, 1, h.now());
+  CHECK(h.core.xi_sync_ns() == doctest::Approx(1.0 * ms));
+  CHECK(h.core.find_record(R(0))->published_version == 1);
+  h.at(13 * ms);
+  h.contribute(1, 0);  // round 1 opened at 10 ms: quorum after 3 ms
+  const double xi_quorum = 0.5 * 3 * ms + 0.5 * 2 * ms;
+  CHECK(h.core.xi_quorum_ns() == doctest::Approx(xi_quorum));
+  const double step = static_cast<double>(*h.core.xi_step_ns());
+  CHECK(step == doctest::Approx(10.0 * ms));
+  const double expected = std::clamp(0.5 * (2 * step - xi_quorum - 1.0 * ms), 0.0, step);
+  CHECK(expected == doctest::Approx(8.25 * ms));
+  h.tick(13 * ms + std::llround(expected));
+  auto c1 = h.closes_of(1);
+  REQUIRE(c1.size() == 1);
+  CHECK(c1[0].grace_ns == std::llround(expected));
+  CHECK(c1[0].reason == close_reason::grace_expired);
+}
+
+TEST_CASE("grace is capped at one step time") {
+  auto cfg = make_config(3, 4, 1);
+  cfg.grace_factor = 0.8;
+  auto h = two_learners(cfg);
+  h.at(1 * ms);
+  h.contribute(0, 0);  // 0.8 · (4 · 10 − 1) = 31.2 ms > ξ_step = 10 ms
+  h.tick(11 * ms);
+  auto c0 = h.closes_of(0);
+  REQUIRE(c0.size() == 1);
+  CHECK(c0[0].grace_ns == 10 * ms);
+}
+
+TEST_CASE("a round closes early when every eligible learner has contributed") {
+  auto h = two_learners(make_config());
+  h.at(2 * ms);
+  h.contribute(0, 0);
+  CHECK(h.closes_of(0).empty());
+  h.at(3 * ms);
+  h.contribute(0, 1);
+  auto c0 = h.closes_of(0);
+  REQUIRE(c0.size() == 1);
+  CHECK(c0[0].reason == close_reason::all_eligible);
+  CHECK(c0[0].members.size() == 2);
+  CHECK(h.core.counters().closed_all_eligible == 1);
+}
+
+TEST_CASE("wait_for_all waits for the slow learner") {
+  auto cfg = make_config(3, 2, 1);
+  cfg.wait_for_all = true;
+  auto h = two_learners(cfg);
+  h.at(2 * ms);
+  h.contribute(0, 0);
+  for (nanos t = 3 * ms; t < 500 * ms; t += 7 * ms) h.tick(t);
+  CHECK(h.closes_of(0).empty());
+  h.at(500 * ms);
+  h.contribute(0, 1);
+  auto c0 = h.closes_of(0);
+  REQUIRE(c0.size() == 1);
+  CHECK(c0[0].reason == close_reason::all_eligible);
+  CHECK(c0[0].members.size() == 2);
+  CHECK(c0[0].quorum_ns == 2 * ms);
+}
+
+TEST_CASE("tau bounds rounds in flight; rounds advance fragment by fragment") {
+  auto cfg = make_config(3, 2, 1);
+  cfg.adaptive_grace = false;
+  harness h(cfg);
+  h.join(0);
+  h.step(0, 1, 10 * ms);
+  for (nanos t = 0; t <= 50 * ms; t += 1 * ms) h.tick(t);
+  auto opens = h.all<open_round>();
+  REQUIRE(opens.size() == 2);  // τ = 2 and nothing closes
+  CHECK(h.core.rounds_open() == 2);
+  h.at(51 * ms);
+  h.contribute(0, 0);
+  h.tick(52 * ms);
+  h.contribute(1, 0);
+  h.tick(61 * ms);
+  CHECK(h.all<open_round>().size() == 3);  // paced: round 2 opened at 52 ms
+  h.tick(62 * ms);
+  opens = h.all<open_round>();
+  REQUIRE(opens.size() == 4);
+  for (std::size_t r = 0; r < opens.size(); ++r) {
+    CAPTURE(r);
+    CHECK(opens[r].round.value == r);
+    CHECK(opens[r].fragment.value == r % 3);
+    CHECK(opens[r].shard == (r % 3) % 2);
+  }
+  CHECK(opens[2].eligible.size() == 1);
+  CHECK(h.core.counters().rounds_opened == 4);
+}
+
+TEST_CASE("rounds are paced one xi_step apart") {
+  auto cfg = make_config(24, 8, 1);
+  cfg.adaptive_grace = false;
+  harness h(cfg);
+  h.join(0);
+  h.step(0, 1, 10 * ms);
+  for (nanos t = 0; t <= 25 * ms; t += 1 * ms) h.tick(t);
+  auto opens = h.all<open_round>();
+  REQUIRE(opens.size() == 3);  // at 0, 10 and 20 ms
+  CHECK(h.core.find_record(R(0)) == nullptr);
+
+  // Once learner 0 is the quorum, its reports feed the pooled estimate.
+  h.contribute(0, 0);
+  h.step(0, 2, 30 * ms);
+  CHECK(h.core.xi_step_ns() == 30 * ms);  // first pooled sample
+  for (nanos t = 26 * ms; t <= 49 * ms; t += 1 * ms) h.tick(t);
+  CHECK(h.all<open_round>().size() == 3);
+  h.tick(50 * ms);  // 20 ms + 30 ms
+  CHECK(h.all<open_round>().size() == 4);
+  h.step(0, 3, 10 * ms);  // pooled EMA: 0.5 · 10 + 0.5 · 30 = 20 ms
+  CHECK(h.core.xi_step_ns() == 20 * ms);
+  h.tick(69 * ms);
+  CHECK(h.all<open_round>().size() == 4);
+  h.tick(70 * ms);
+  CHECK(h.all<open_round>().size() == 5);
+}
+
+TEST_CASE("a dead learner is no longer waited for and the round closes") {
+  auto cfg = make_config(3, 2, 1);
+  cfg.wait_for_all = true;
+  auto h = two_learners(cfg);
+  h.at(100 * ms);
+  h.contribute(0, 0);
+  nanos t = 100 * ms;
+  for (; t < 3000 * ms; t += 250 * ms) {
+    h.at(t);
+    h.step(0, 2, 10 * ms);  // learner 0 keeps talking, learner 1 is silent
+    h.tick(t);
+  }
+  CHECK(h.closes_of(0).empty());
+  CHECK(h.all<learner_dead>().empty());
+  h.tick(3000 * ms);
+  auto dead = h.all<learner_dead>();
+  REQUIRE(dead.size() == 1);
+  CHECK(dead[0].learner == L(1));
+  CHECK(dead[0].inc == I(1));
+  CHECK_FALSE(h.core.is_live(L(1)));
+  auto c0 = h.closes_of(0);
+  REQUIRE(c0.size() == 1);
+  CHECK(c0[0].reason == close_reason::all_eligible);
+  CHECK(c0[0].members.size() == 1);
+  // New rounds no longer list it.
+  const auto opens = h.all<open_round>();
+  CHECK(opens.back().eligible.size() == 1);
+  CHECK(h.core.counters().learners_dead == 1);
+}
+
+TEST_CASE("rejoin with a higher incarnation resets counters; stale incarnations are ignored") {
+  auto cfg = make_config(3, 2, 1);
+  cfg.wait_for_all = true;
+  auto h = two_learners(cfg);
+  h.step(1, 50, 30 * ms);
+  CHECK(h.core.is_eligible(L(1)));
+  h.at(5 * ms);
+  h.join(1, 2);  // restarted process
+  CHECK(h.core.is_live(L(1)));
+  CHECK_FALSE(h.core.is_eligible(L(1)));  // no step since it joined
+  // Round 0 was opened for incarnation 1: it no longer waits for learner 1.
+  h.contribute(0, 0);
+  auto c0 = h.closes_of(0);
+  REQUIRE(c0.size() == 1);
+  CHECK(c0[0].reason == close_reason::all_eligible);
+
+  // Messages of the old incarnation are stale.
+  h.step(1, 51, 30 * ms, 1);
+  h.core.on_join(L(1), I(1), h.now());
+  h.tick(10 * ms);  // opens round 1
+  h.contribute(1, 1, 100, 1, 1);
+  CHECK(h.core.counters().stale == 3);
+  CHECK(h.closes_of(1).empty());
+  CHECK_FALSE(h.core.is_eligible(L(1)));
+  auto opens = h.all<open_round>();
+  REQUIRE(opens.size() == 2);
+  CHECK(opens[1].eligible.size() == 1);
+
+  h.step(1, 1, 30 * ms, 2);
+  CHECK(h.core.is_eligible(L(1)));
+  h.contribute(1, 0);  // round 1 closes: learner 1 was not eligible at open
+  h.tick(20 * ms);
+  opens = h.all<open_round>();
+  REQUIRE(opens.size() == 3);
+  REQUIRE(opens[2].eligible.size() == 2);
+  CHECK(opens[2].eligible[1].learner == L(1));
+  CHECK(opens[2].eligible[1].inc == I(2));
+}
+
+TEST_CASE("a departed learner is not waited for; its incarnation stays closed") {
+  auto cfg = make_config(3, 2, 1);
+  cfg.wait_for_all = true;
+  auto h = two_learners(cfg);
+  h.at(2 * ms);
+  h.contribute(0, 0);
+  CHECK(h.closes_of(0).empty());
+  h.core.on_leave(L(1), I(1), h.now());
+  h.drain();
+  REQUIRE(h.closes_of(0).size() == 1);
+  h.step(1, 2, 30 * ms, 1);
+  CHECK(h.core.counters().stale == 1);
+  CHECK_FALSE(h.core.is_live(L(1)));
+}
+
+TEST_CASE("timeout closes a round without quorum") {
+  auto cfg = make_config(3, 2, 2);
+  cfg.round_timeout_ns = 100 * ms;
+  auto h = two_learners(cfg);
+  h.at(5 * ms);
+  h.contribute(0, 0);
+  for (nanos t = 10 * ms; t < 100 * ms; t += 10 * ms) {
+    h.at(t);
+    h.step(0, 2, 10 * ms);
+    h.step(1, 2, 30 * ms);
+    h.tick(t);
+  }
+  CHECK(h.closes_of(0).empty());
+  h.tick(100 * ms);
+  auto c0 = h.closes_of(0);
+  REQUIRE(c0.size() == 1);
+  CHECK(c0[0].reason == close_reason::timeout);
+  CHECK(c0[0].quorum_ns == -1);
+  CHECK_FALSE(c0[0].merge());
+  CHECK(c0[0].members.size() == 1);
+  CHECK(h.core.counters().closed_timeout >= 1);
+  CHECK(h.core.find_record(R(0))->reason == close_reason::timeout);
+}
+
+TEST_CASE("weights are tokens squared over steps; duplicates and bad input ignored") {
+  auto cfg = make_config(3, 2, 1);
+  cfg.wait_for_all = true;
+  harness h(cfg);
+  for (std::uint32_t l = 0; l < 3; ++l) {
+    h.join(l);
+    h.step(l, 1, 10 * ms);
+  }
+  h.tick(0);
+  h.at(1 * ms);
+  h.contribute(0, 0, 1000, 4);
+  h.contribute(0, 0, 1000, 4);  // duplicate
+  h.contribute(0, 1, 300, 0);   // zero steps: rejected
+  h.contribute(7, 1, 300, 3);   // never opened
+  CHECK(h.core.counters().duplicates == 1);
+  CHECK(h.core.counters().rejected == 1);
+  CHECK(h.core.counters().unknown_round == 1);
+  h.contribute(0, 1, 300, 3);
+  h.contribute(0, 2, 512, 8);
+  auto c0 = h.closes_of(0);
+  REQUIRE(c0.size() == 1);
+  REQUIRE(c0[0].members.size() == 3);
+  CHECK(c0[0].members[0].weight == doctest::Approx(250000.0));
+  CHECK(c0[0].members[1].weight == doctest::Approx(30000.0));
+  CHECK(c0[0].members[2].weight == doctest::Approx(32768.0));
+  CHECK(c0[0].members[0].tokens == 1000);
+  CHECK(c0[0].members[0].steps == 4);
+}
+
+TEST_CASE("history is bounded") {
+  auto cfg = make_config(24, 1, 1);
+  cfg.adaptive_grace = false;
+  harness h(cfg);
+  h.join(0);
+  h.step(0, 1, 0);  // ξ_step = 0: a new round on every tick
+  const std::uint64_t total = broker_core::history_capacity + 10;
+  for (std::uint64_t r = 0; r < total; ++r) {
+    h.core.tick(static_cast<nanos>(r));
+    h.core.on_contribution(R(r), L(0), I(1), 10, 1, static_cast<nanos>(r));
+    (void)h.core.take_effects();
+    h.core.on_progress(L(0), I(1), r + 1, 0, static_cast<nanos>(r));
+  }
+  CHECK(h.core.counters().rounds_closed() == total);
+  CHECK(h.core.history().size() == broker_core::history_capacity);
+  CHECK(h.core.history().front().round.value == 10);
+  CHECK(h.core.find_record(R(5)) == nullptr);
+  CHECK(h.core.find_record(R(total - 1)) != nullptr);
+  // A contribution for an evicted round is still late.
+  h.core.on_contribution(R(3), L(0), I(1), 10, 1, static_cast<nanos>(total));
+  CHECK(h.core.counters().late == 1);
+}
+
+namespace {
+
+// Several learners of different speeds, one dying and rejoining, publications
+// after each merge; everything random comes from one seed.
+std::vector<std::string> run_scenario(std::uint64_t seed, broker_counters* counters_out) {
+  prng rng(seed);
+  auto cfg = make_config(6, 2, 1);
+  cfg.liveness_timeout_ns = 200 * ms;
+  harness h(cfg);
+  struct sim_learner {
+    explicit sim_learner(nanos step) : step_ns(step) {}
+    nanos step_ns;
+    nanos next_step_ns = 0;
+    std::uint64_t inc = 1;
+    std::uint64_t steps = 0;
+    std::uint64_t c_steps = 0;
+    bool alive = true;
+    std::set<std::uint64_t> answered;
+  };
+  std::vector<sim_learner> learners = {sim_learner(5 * ms), sim_learner(8 * ms), sim_learner(13 * ms),
+                                       sim_learner(21 * ms)};
+  std::vector<std::pair<nanos, close_round>> to_publish;
+  std::set<std::uint64_t> open_rounds;
+  std::size_t seen = 0;
+  const nanos crash_at = static_cast<nanos>(300 + rng.below(200)) * ms;
+  const nanos rejoin_at = crash_at + static_cast<nanos>(300 + rng.below(200)) * ms;
+
+  for (nanos t = 0; t <= 2000 * ms; t += 1 * ms) {
+    h.at(t);
+    if (t == crash_at) learners[3].alive = false;
+    if (t == rejoin_at) {
+      learners[3].alive = true;
+      learners[3].inc = 2;
+      learners[3].steps = learners[3].c_steps = 0;
+      learners[3].answered.clear();
+      learners[3].next_step_ns = t;
+      h.join(3, 2);
+    }
+    for (std::uint32_t l = 0; l < learners.size(); ++l) {
+      auto& sl = learners[l];
+      if (!sl.alive || t < sl.next_step_ns) continue;
+      const auto jitter = static_cast<nanos>(rng.below(static_cast<std::uint64_t>(sl.step_ns / 4)));
+      const nanos took = sl.step_ns + jitter;
+      sl.next_step_ns = t + took;
+      ++sl.steps;
+      ++sl.c_steps;
+      h.step(l, sl.steps, took, sl.inc);
+      for (std::uint64_t r : open_rounds) {
+        if (sl.answered.insert(r).second) {
+          h.contribute(r, l, sl.c_steps * (l == 2 ? 64 : 128), sl.c_steps, sl.inc);
+        }
+      }
+    }
+    while (!to_publish.empty() && to_publish.front().first <= t) {
+      const close_round& c = to_publish.front().second;
+      h.core.on_published(c.round, c.fragment, c.round.value + 1, t);
+      to_publish.erase(to_publish.begin());
+    }
+    h.tick(t);
+    for (; seen < h.log.size(); ++seen) {
+      if (const auto* o = std::get_if<open_round>(&h.log[seen])) open_rounds.insert(o->round.value);
+      if (const auto* c = std::get_if<close_round>(&h.log[seen])) {
+        open_rounds.erase(c->round.value);
+        if (c->merge()) {
+          to_publish.push_back({t + static_cast<nanos>(1 + rng.below(3)) * ms, *c});
+          for (const auto& m : c->members) learners[m.learner.value].c_steps = 0;
+        }
+      }
+    }
+  }
+  std::vector<std::string> out;
+  for (const auto& e : h.log) out.push_back(describe(e));
+  if (counters_out != nullptr) *counters_out = h.core.counters();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a seeded randomized scenario is deterministic") {
+  for (std::uint64_t seed : {1ULL, 42ULL, 20260429ULL}) {
+    CAPTURE(seed);
+    broker_counters first_counters;
+    broker_counters second_counters;
+    const auto first = run_scenario(seed, &first_counters);
+    const auto second = run_scenario(seed, &second_counters);
+    CHECK(first == second);
+    CHECK(first_counters.rounds_opened > 50);
+    CHECK(first_counters.rounds_closed() + 2 >= first_counters.rounds_opened);
+    CHECK(first_counters.learners_dead == 1);
+    CHECK(first_counters.stale == 0);
+    CHECK(first_counters.late > 0);  // slow learners miss K=1 rounds
+    CHECK(first_counters.rounds_opened == second_counters.rounds_opened);
+    CHECK(first_counters.late == second_counters.late);
+  }
+  CHECK(run_scenario(1, nullptr) != run_scenario(42, nullptr));  // the seed matters
+}
