@@ -113,6 +113,7 @@ std::vector<knob> make_knobs() {
   auto d = &config::data;
   auto t = &config::train;
   auto w = &config::wire;
+  auto h = &config::mesh;
   auto l = &config::link;
   std::string presets;
   for (const auto& name : model_preset_names()) presets += (presets.empty() ? "" : " | ") + name;
@@ -178,6 +179,37 @@ std::vector<knob> make_knobs() {
                   "Steps between evaluations; 0 evaluates only at the end. Default: 250."),
       number_knob("train.time_limit_s", t, &train_config::time_limit_s, 0.0, 1e9,
                   "Stop after this many seconds of training; 0 means no limit. Default: 0."),
+      // mesh
+      text_knob("mesh.mode", h, &mesh_config::mode, "dp | diloco | streaming | decoupled",
+                "Synchronisation policy (ALGORITHM.md §8). Default: decoupled.",
+                [](std::string_view v) -> std::string {
+                  for (const char* name : {"dp", "diloco", "streaming", "decoupled"})
+                    if (v == name) return "";
+                  return "unknown mode '" + std::string(v) + "' (dp, diloco, streaming or decoupled)";
+                }),
+      number_knob("mesh.learners", h, &mesh_config::learners, 1, 1024, "Learners (M). Default: 4."),
+      number_knob("mesh.shards", h, &mesh_config::shards, 1, 1024, "Parameter shards. Default: 2."),
+      number_knob("mesh.fragments", h, &mesh_config::fragments, 1, 4096,
+                  "Fragments (P) for decoupled and streaming; dp and diloco use one. Default: 24."),
+      number_knob("mesh.quorum", h, &mesh_config::quorum, 1, 1024,
+                  "Minimum quorum (K) of a decoupled round. Default: 1."),
+      number_knob("mesh.rounds_in_flight", h, &mesh_config::rounds_in_flight, 1, 64,
+                  "Rounds open at once (tau). Default: 2."),
+      number_knob("mesh.grace_factor", h, &mesh_config::grace_factor, 0.0, 10.0,
+                  "Grace safety factor (gamma). Default: 0.8."),
+      bool_knob("mesh.grace", h, &mesh_config::grace,
+                "Adaptive grace window after the quorum (decoupled). Default: true."),
+      number_knob("mesh.ema_alpha", h, &mesh_config::ema_alpha, 0.01, 1.0,
+                  "Weight of the newest sample in the timing EMAs. Default: 0.5."),
+      number_knob("mesh.outer_lr", h, &mesh_config::outer_lr, 0.0, 10.0,
+                  "Outer learning rate (eta_out). Default: 0.7."),
+      number_knob("mesh.outer_momentum", h, &mesh_config::outer_momentum, 0.0, 0.999,
+                  "Outer Nesterov momentum (mu). Default: 0.9."),
+      number_knob("mesh.mix", h, &mesh_config::mix, -1.0, 1.0,
+                  "alpha_mix on receipt of a fragment; -1 takes the mode's (0, streaming 0.5). "
+                  "Default: -1."),
+      number_knob("mesh.diloco_inner_steps", h, &mesh_config::diloco_inner_steps, 1, 1000000,
+                  "Inner steps per outer round in diloco (H). Default: 50."),
       // wire
       number_knob("wire.heartbeat_interval_ms", w, &wire_config::heartbeat_interval_ms, I{10}, I{600000},
                   "Heartbeat interval, both ways; any message counts. Default: 1000."),
@@ -370,6 +402,25 @@ status validate(const config& cfg) {
     return invalid("wire.reconnect_max_ms (" + std::to_string(cfg.wire.reconnect_max_ms) +
                    ") must be at least wire.reconnect_initial_ms (" +
                    std::to_string(cfg.wire.reconnect_initial_ms) + ")");
+  return {};
+}
+
+status validate_mesh(const config& cfg) {
+  if (auto ok = validate(cfg); !ok) return ok;
+  const mesh_config& m = cfg.mesh;
+  if (m.quorum > m.learners)
+    return invalid("mesh.quorum (" + std::to_string(m.quorum) + ") must not exceed mesh.learners (" +
+                   std::to_string(m.learners) + ")");
+  const bool one_fragment = m.mode == "dp" || m.mode == "diloco";
+  const int fragments = one_fragment ? 1 : m.fragments;
+  if (m.shards > fragments)
+    return invalid("mesh.shards (" + std::to_string(m.shards) + ") must not exceed the fragments (" +
+                   std::to_string(fragments) + (one_fragment ? ", mode " + m.mode + " uses one" : "") + ")");
+  if (!one_fragment) {
+    const auto shape = *resolve_model(cfg.model);
+    if (auto plan = make_fragment_plan(make_layout(shape), m.fragments); !plan)
+      return invalid("mesh.fragments: " + plan.err().message);
+  }
   return {};
 }
 

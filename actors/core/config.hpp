@@ -52,6 +52,24 @@ struct train_config {
   double time_limit_s = 0;              // stop early after this wall time; 0: no limit
 };
 
+/// The mesh (ALGORITHM.md §2, §8). The mode picks the synchronisation policy;
+/// the knobs below refine it where the mode leaves a choice.
+struct mesh_config {
+  std::string mode = "decoupled";  // dp | diloco | streaming | decoupled
+  int learners = 4;                // M
+  int shards = 2;                  // parameter shards
+  int fragments = 24;              // P (decoupled, streaming); dp and diloco use 1
+  int quorum = 1;                  // K (decoupled); the synchronous modes wait for all
+  int rounds_in_flight = 2;        // τ
+  double grace_factor = 0.8;       // γ
+  bool grace = true;               // adaptive grace window (decoupled)
+  double ema_alpha = 0.5;          // smoothing of the timing estimates
+  double outer_lr = 0.7;           // η_out
+  double outer_momentum = 0.9;     // μ
+  double mix = -1;                 // α_mix; -1: the mode's (0, streaming 0.5)
+  int diloco_inner_steps = 50;     // H for diloco (paper 500, scaled)
+};
+
 struct wire_config {
   std::int64_t heartbeat_interval_ms = 1000;  // both ways; any message counts
   int liveness = 3;                           // silent intervals before a peer is dead
@@ -84,6 +102,7 @@ struct config {
   optimizer_config optimizer;
   data_config data;
   train_config train;
+  mesh_config mesh;
   wire_config wire;
   link_config link;
 };
@@ -119,5 +138,7 @@ std::string to_toml(const config& cfg);
 /// Cross-knob checks and the resolved model shape (preset + overrides).
 expected<model_shape> resolve_model(const model_config& m);
 status validate(const config& cfg);
+/// validate() plus the checks a mesh needs (K ≤ M, shards ≤ fragments, a fragment plan exists).
+status validate_mesh(const config& cfg);
 
 }  // namespace archipelago

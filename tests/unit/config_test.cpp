@@ -71,3 +71,24 @@ TEST_CASE("a shape override that breaks the model is caught by validate") {
   REQUIRE_FALSE(ok);
   CHECK(ok.err().message.find("n_head") != std::string::npos);
 }
+
+TEST_CASE("mesh configurations that cannot work are refused with the knobs named") {
+  auto refuses = [](std::vector<std::string> sets, const std::string& needle) {
+    config cfg;
+    for (const auto& s : sets) REQUIRE(set_knob_assignment(cfg, s));
+    CHECK(validate(cfg));  // commands without a mesh do not care
+    auto ok = validate_mesh(cfg);
+    REQUIRE_FALSE(ok);
+    CHECK(ok.err().message.find(needle) != std::string::npos);
+  };
+  refuses({"mesh.learners=2", "mesh.quorum=3"}, "mesh.quorum (3) must not exceed mesh.learners (2)");
+  refuses({"mesh.fragments=4", "mesh.shards=5"}, "mesh.shards (5) must not exceed the fragments (4)");
+  refuses({"mesh.mode=dp", "mesh.shards=2"}, "mode dp uses one");
+  refuses({"mesh.fragments=1000"}, "mesh.fragments");
+  config cfg;
+  CHECK_FALSE(set_knob(cfg, "mesh.fragments", "0"));
+  auto mode = set_knob(cfg, "mesh.mode", "async");
+  REQUIRE_FALSE(mode);
+  CHECK(mode.err().message.find("unknown mode 'async'") != std::string::npos);
+  CHECK(validate_mesh(config{}));
+}
