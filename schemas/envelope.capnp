@@ -120,6 +120,8 @@ struct Contribution {
   anchorVersion @1 :UInt64;  # version of Θ_p the delta is taken against
   steps @2 :UInt64;          # inner steps since that anchor (c_steps)
   tokens @3 :UInt64;         # tokens since that anchor (c_tokens)
+  learner @4 :UInt32;        # shard → broker arrival notice: the contributing learner (no tensor)
+  learnerIncarnation @5 :UInt64;  # ... and its incarnation
 }
 
 struct Member {
@@ -152,6 +154,7 @@ struct FragmentUpdate {
 struct FetchFragment {
   # A joiner asks for the current Θ_p; the reply is a FragmentUpdate.
   fragment @0 :UInt32;
+  replyEndpoint @1 :Text;    # where the joiner listens; the shard broadcasts there from now on
 }
 
 enum ChaosKind {

@@ -59,7 +59,7 @@ expect_error 2 "already exists" -- "$A" keygen --name node0 --dir "$work/keys"
 expect_error 2 "wire.encoding" -- "$A" train --set wire.encoding=fp8
 
 # --help works on every command and exits 0.
-for cmd in "" train sample config bench "bench compute" keygen; do
+for cmd in "" run train sample config bench "bench compute" "bench wire" keygen; do
   # shellcheck disable=SC2086
   if timeout 20 "$A" $cmd --help >"$work/help" 2>&1 && grep -q "Usage" "$work/help"; then pass
   else fail "archipelago $cmd --help"; fi
@@ -86,6 +86,23 @@ PY
 else
   fail "train run failed: $(tail -5 "$work/train.err")"
 fi
+
+# The one-process mesh: learners, shards and a broker over inproc:// train the model.
+if timeout 240 "$A" run --steps 40 --learners 2 --shards 2 --json >"$work/run.out" 2>"$work/run.err"; then
+  if tail -n 1 "$work/run.out" | python3 -c '
+import json, sys
+s = json.loads(sys.stdin.read())
+assert s["mode"] == "decoupled" and s["learners"] == 2 and s["fragments"] == 24, s
+assert s["steps"] == 80 and s["tokens"] == 80 * 32 * 64, s
+assert s["rounds"] > 0 and s["mean_members"] >= 1, s
+assert 0 < s["eval_bpb"] < 8.0, s
+'; then pass; else fail "run --json: $(tail -n 1 "$work/run.out")"; fi
+else
+  fail "run failed: $(tail -5 "$work/run.err")"
+fi
+expect_error 2 "mesh.quorum \\(3\\) must not exceed mesh.learners \\(2\\)" -- "$A" run --learners 2 --set mesh.quorum=3
+expect_error 2 "unknown mode 'async'" -- "$A" run --mode async
+expect_error 2 "mesh.shards \\(30\\) must not exceed the fragments" -- "$A" run --shards 30
 
 # The checkpoint is read back by sample; --json again last.
 if timeout 60 "$A" sample --checkpoint "$work/model.ckpt" --bytes 64 --prompt "The " --json >"$work/sample.out" 2>&1; then

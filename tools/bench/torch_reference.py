@@ -10,12 +10,19 @@ Run it with the system interpreter (Debian's python3-torch 1.13):
 
 BLAS tuning must be set by the caller, in the environment, because OpenBLAS reads it when it
 is loaded (see /work/shared/design/MACHINE.md section 6). The best tuning found on the 2-vCPU
-machines is the OpenMP build of OpenBLAS with the core type forced:
+machines is the OpenMP build of OpenBLAS (libopenblas0-openmp) with the core type forced, plus
+--mallopt (keeps freed activation memory in the process instead of page-faulting it back in
+every step):
 
     LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp OPENBLAS_CORETYPE=SkylakeX \
-        /usr/bin/python3 tools/bench/torch_reference.py --model micro --threads 2 --json
+        /usr/bin/python3 tools/bench/torch_reference.py --model micro --threads 2 --mallopt --json
 
-The script reports which BLAS library it actually loaded and the relevant environment.
+Avoid the pthread OpenBLAS with 2 threads (its pool spins against torch's OpenMP pool) and
+OPENBLAS_CORETYPE=Haswell (AVX2 kernels, about half the AVX-512 speed). With the pthread build,
+OPENBLAS_NUM_THREADS=1 is as good for nano but makes every GEMM single-threaded, which costs
+about 25-40% on micro. The script reports which BLAS library it actually loaded (core type,
+threading, threads) and the relevant environment, and "cpu_util" (process CPU time / wall
+time), which drops below --threads when another process took CPU time during the run.
 
 Architecture (identical to the C++ engine):
   x = wte[tok] + wpe[pos]; n_layer pre-LN blocks:
@@ -360,6 +367,8 @@ def main():
     H = args.n_head or H0
     B = args.batch
     overridden = (T, C, L, H) != (T0, C0, L0, H0)
+    if min(T, C, L, H) < 1 or C % H != 0:
+        ap.error(f"need positive sizes and d_model divisible by n_head (got C={C}, H={H})")
 
     model = GPT(T, C, L, H, args.untied, args.seed)
     params = sum(p.numel() for p in model.parameters())

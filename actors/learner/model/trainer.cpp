@@ -12,8 +12,11 @@
 namespace archipelago {
 
 void set_compute_threads(int threads) {
+  // Per calling thread: OpenMP's thread count is a per-thread setting, and
+  // Eigen follows it when its own global count is 0. Several learners in one
+  // process can so each have their own.
   omp_set_num_threads(threads);
-  Eigen::setNbThreads(threads);
+  Eigen::setNbThreads(0);
 }
 
 expected<dataset> load_dataset(const data_config& data, int shards, int context, std::uint64_t seed) {

@@ -65,7 +65,7 @@ class engine {
   double last_lr_ = 0;
 };
 
-/// Applies the thread count to OpenMP and Eigen.
+/// Applies the thread count to OpenMP and Eigen, for the calling thread.
 void set_compute_threads(int threads);
 
 }  // namespace archipelago

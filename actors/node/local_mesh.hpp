@@ -1,0 +1,29 @@
+#pragma once
+// A whole mesh in one process over inproc:// — M learners, S shards, one
+// broker — as `archipelago run` starts it.
+
+#include <functional>
+#include <string>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+
+namespace archipelago {
+
+struct mesh_summary {
+  std::string mode;
+  int learners = 0, shards = 0, fragments = 0;
+  std::uint64_t steps = 0, tokens = 0, merged_tokens = 0, late = 0, rejected = 0;
+  std::uint64_t rounds = 0, published = 0, bytes_on_wire = 0;
+  double mean_members = 0;
+  double wall_s = 0;
+  double eval_loss = 0, eval_bpb = 0, entropy_floor_bpb = 0;
+};
+
+/// Called about twice a second with a one-line status.
+using mesh_progress = std::function<void(const std::string&)>;
+
+expected<mesh_summary> run_local_mesh(const config& cfg, const mesh_progress& progress,
+                                      const std::function<bool()>& stop_requested);
+
+}  // namespace archipelago

@@ -1,0 +1,136 @@
+// The parameter shard's CAF shell: contributions in, arrival notices to the
+// broker; on the broker's close, merge, outer step and broadcast of the new
+// fragment; FetchFragment answered for joiners (Clone pattern).
+
+#include <cmath>
+
+#include "node/mesh_actors.hpp"
+#include "parameter_shard/shard_core.hpp"
+#include "transport/caf_bridge.hpp"
+
+namespace archipelago {
+namespace {
+
+using namespace transport;
+
+struct shard_state {
+  std::unique_ptr<shard_core> core;
+  std::unique_ptr<node_transport> wire;
+  std::vector<node_address> learners;  // broadcast list (learners that fetched)
+  std::vector<fragment_index> owned;
+  static inline const char* name = "parameter_shard";
+};
+
+const node_address broker_address{role::sync_broker, 0};
+
+caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_setup* setup, std::uint32_t index,
+                          std::vector<float> initial, mesh_stats* stats, const clock_source* clock) {
+  auto& st = self->state;
+  for (std::uint32_t p = 0; p < setup->shard_of_fragment.size(); ++p)
+    if (setup->shard_of_fragment[p] == index) st.owned.push_back({p});
+  shard_config sc;
+  sc.outer = {setup->cfg.mesh.outer_lr, setup->cfg.mesh.outer_momentum};
+  st.core = std::make_unique<shard_core>(setup->layout, setup->plan, st.owned, sc, initial.data());
+  auto tc = transport_config_from(setup->cfg, {role::parameter_shard, index}, incarnation{1},
+                                   setup->shard_endpoints[index]);
+  tc->context = setup->io_context;
+  st.wire = std::move(*node_transport::start(*tc, *clock, deliver_to(caf::actor_cast<caf::actor>(self))));
+  (void)st.wire->add_peer(broker_address, setup->broker_endpoint);
+
+  auto fragment_message = [self](fragment_index p, std::uint64_t round) {
+    auto& st = self->state;
+    auto b = st.wire->make_envelope(round);
+    auto u = b.body().initFragmentUpdate();
+    u.setFragment(p.value);
+    u.setVersion(st.core->version(p));
+    const auto& value = st.core->value(p);
+    (void)b.add_tensor_values("fragment/" + std::to_string(p.value), value.data(), value.size(),
+                              tensor_encoding::fp32);
+    return b.finish();
+  };
+
+  return {
+      [self](values_atom) {
+        std::vector<std::uint32_t> fragments;
+        std::vector<std::vector<float>> values;
+        for (fragment_index p : self->state.owned) {
+          fragments.push_back(p.value);
+          values.push_back(self->state.core->value(p));
+        }
+        return caf::make_message(fragments, values);
+      },
+      [self, stats, fragment_message](const inbound_ptr& m) {
+        auto& st = self->state;
+        const auto& env = *m->envelope;
+        const node_address from = env.sender();
+        auto body = env.root().getBody();
+        switch (env.body()) {
+          case wire::Envelope::Body::CONTRIBUTION: {
+            auto c = body.getContribution();
+            const fragment_index p{c.getFragment()};
+            std::vector<float> delta;
+            std::string why;
+            contribution_verdict verdict = contribution_verdict::rejected;
+            if (env.tensor_count() == 1 && st.core->owns(p) &&
+                env.tensor_info(0).getElementCount() == st.core->value(p).size()) {
+              delta.resize(env.tensor_info(0).getElementCount());
+              if (env.decode_tensor_values(0, delta.data()))
+                verdict = st.core->on_contribution(round_number{env.header().getRound()}, p,
+                                                   {{from.index}, incarnation{env.header().getIncarnation()}},
+                                                   c.getSteps(), c.getTokens(), std::move(delta), &why);
+            }
+            if (verdict == contribution_verdict::rejected) ++stats->rejected;
+            if (verdict != contribution_verdict::buffered) break;
+            auto b = st.wire->make_envelope(env.header().getRound());
+            auto notice = b.body().initContribution();
+            notice.setFragment(p.value);
+            notice.setSteps(c.getSteps());
+            notice.setTokens(c.getTokens());
+            notice.setLearner(from.index);
+            notice.setLearnerIncarnation(env.header().getIncarnation());
+            (void)st.wire->send(broker_address, b.finish());
+            break;
+          }
+          case wire::Envelope::Body::ROUND_CLOSE: {
+            auto close = body.getRoundClose();
+            const round_number r{env.header().getRound()};
+            const fragment_index p{close.getFragment()};
+            std::vector<learner_ref> members;
+            if (close.getQuorumNs() >= 0)
+              for (auto mb : close.getMembers()) members.push_back({{mb.getLearner()}, incarnation{mb.getIncarnation()}});
+            auto published = st.core->on_round_close(r, p, members);
+            if (!published || !published->has_value()) break;
+            ++stats->published;
+            stats->merged_tokens += (*published)->merged_tokens;
+            stats->bytes_sent += (*published)->value.size() * 4 * st.learners.size();
+            (void)st.wire->broadcast(st.learners, fragment_message(p, r.value));
+            auto b = st.wire->make_envelope(r.value);
+            auto u = b.body().initFragmentUpdate();
+            u.setFragment(p.value);
+            u.setVersion((*published)->version);
+            (void)st.wire->send(broker_address, b.finish());
+            break;
+          }
+          case wire::Envelope::Body::FETCH_FRAGMENT: {
+            auto f = body.getFetchFragment();
+            if (std::find(st.learners.begin(), st.learners.end(), from) == st.learners.end()) {
+              st.learners.push_back(from);
+              (void)st.wire->add_peer(from, f.getReplyEndpoint().cStr());
+            }
+            if (st.core->owns({f.getFragment()})) (void)st.wire->send(from, fragment_message({f.getFragment()}, 0));
+            break;
+          }
+          default: break;
+        }
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_shard(caf::actor_system& sys, const mesh_setup& setup, std::uint32_t index,
+                       const std::vector<float>& initial_params, mesh_stats& stats, const clock_source& clock) {
+  return sys.spawn(shard_actor, &setup, index, initial_params, &stats, &clock);
+}
+
+}  // namespace archipelago
