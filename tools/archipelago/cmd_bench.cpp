@@ -80,6 +80,7 @@ std::string json_string(const std::string& line, const std::string& key) {
 struct torch_config {
   std::string label;
   std::string env;
+  std::string args;  // extra script arguments
   std::vector<double> tokens_per_s;  // per round
   std::vector<double> ratio;         // engine / this, per round
   std::string blas;
@@ -91,7 +92,7 @@ void run_torch(torch_config& run, const compute_options& o, int steps) {
   const std::string cmd = "env " + run.env + " " + o.python + " " + o.torch_script + " --model " +
                           o.model + " --threads " + std::to_string(o.threads) + " --batch " +
                           std::to_string(o.batch) + " --steps " + std::to_string(steps) +
-                          " --warmup " + std::to_string(o.warmup) + " --json 2>&1";
+                          " --warmup " + std::to_string(o.warmup) + run.args + " --json 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
     run.error = "cannot start " + o.python;
@@ -183,7 +184,8 @@ int run_compute(const compute_options& o) {
   if (o.against_torch) {
     // "as installed" is what `apt-get install python3-torch` gives (the pthread
     // OpenBLAS, core type auto-detected); "tuned" follows MACHINE.md §6 (the
-    // OpenMP OpenBLAS with its AVX-512 kernels forced).
+    // OpenMP OpenBLAS with its AVX-512 kernels forced) and keeps freed buffers
+    // in the heap (--mallopt), the best tuning found here.
     const std::string blas_dir = "/usr/lib/x86_64-linux-gnu/openblas-";
     const std::string clean_env = "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE -u OPENBLAS_NUM_THREADS";
     torch_runs.resize(2);
@@ -191,6 +193,7 @@ int run_compute(const compute_options& o) {
     torch_runs[0].env = std::filesystem::exists(blas_dir + "openmp")
                             ? clean_env + " LD_LIBRARY_PATH=" + blas_dir + "openmp OPENBLAS_CORETYPE=SkylakeX"
                             : clean_env + " OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1";
+    torch_runs[0].args = " --mallopt";  // heap-served buffers, as archipelago's own main does
     torch_runs[1].label = "as_installed";
     torch_runs[1].env = std::filesystem::exists(blas_dir + "pthread")
                             ? clean_env + " LD_LIBRARY_PATH=" + blas_dir + "pthread"
