@@ -24,8 +24,6 @@ struct learner_state {
   static inline const char* name = "learner";
 };
 
-const node_address broker_address{role::sync_broker, 0};
-
 caf::behavior learner_actor(caf::stateful_actor<learner_state, caf::event_based_actor>* self,
                             const mesh_setup* setup, std::uint32_t index, const dataset* data, mesh_stats* stats,
                             const clock_source* clock) {

@@ -19,6 +19,9 @@ class context_t;
 
 namespace archipelago {
 
+/// The mesh has one sync broker, at this address.
+inline constexpr node_address broker_address{role::sync_broker, 0};
+
 struct mesh_setup {
   std::shared_ptr<zmq::context_t> io_context;  // one per process: inproc:// needs it shared
   config cfg;

@@ -21,8 +21,6 @@ struct shard_state {
   static inline const char* name = "parameter_shard";
 };
 
-const node_address broker_address{role::sync_broker, 0};
-
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_setup* setup, std::uint32_t index,
                           std::vector<float> initial, mesh_stats* stats, const clock_source* clock) {
   auto& st = self->state;
