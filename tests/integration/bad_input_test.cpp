@@ -137,7 +137,7 @@ TEST_CASE("bad-input battery against a live node") {
     envelope_builder a(me, incarnation{1}, ++seq, 0);
     a.body().initHeartbeat();
     envelope_builder b(me, incarnation{1}, seq, 0);
-    b.body().initFetchFragment();
+    b.body().initAck();
     auto fa = frames_of(a.finish()), fb = frames_of(b.finish());
     for (std::size_t i = 0; i + 8 < fa[0].size(); ++i)
       if (fa[0][i] != fb[0][i]) fa[0][i] = 200;
