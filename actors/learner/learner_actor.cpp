@@ -36,9 +36,8 @@ caf::behavior learner_actor(caf::stateful_actor<learner_state, caf::event_based_
   const double mix = setup->cfg.mesh.mix >= 0 ? setup->cfg.mesh.mix : (setup->cfg.mesh.mode == "streaming" ? 0.5 : 0.0);
   st.core = std::make_unique<learner_core>(setup->layout, setup->plan, learner_sync_config{mix, 64});
   st.encoding = *parse_tensor_encoding(setup->cfg.wire.encoding);
-  auto tc = transport_config_from(setup->cfg, me, incarnation{1}, setup->learner_endpoints[index]);
-  tc->context = setup->io_context;
-  st.wire = std::move(*node_transport::start(*tc, *clock, deliver_to(caf::actor_cast<caf::actor>(self))));
+  st.wire = start_mesh_wire(self, *setup, me, setup->learner_endpoints[index], *clock);
+  if (!st.wire) return {};
   (void)st.wire->add_peer(broker_address, setup->broker_endpoint);
   for (std::uint32_t s = 0; s < setup->shard_endpoints.size(); ++s)
     (void)st.wire->add_peer({role::parameter_shard, s}, setup->shard_endpoints[s]);

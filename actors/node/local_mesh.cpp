@@ -7,6 +7,7 @@
 
 #include "learner/learner_core.hpp"
 #include "node/mesh_actors.hpp"
+#include "sync_broker/broker_core.hpp"
 #include "transport/caf_bridge.hpp"
 
 namespace archipelago {
@@ -24,8 +25,8 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   setup.shape = *resolve_model(base.model);
   setup.layout = make_layout(setup.shape);
   setup.plan = *make_fragment_plan(setup.layout, base.mesh.fragments);
-  for (std::size_t p = 0; p < setup.plan.fragments.size(); ++p)
-    setup.shard_of_fragment.push_back(static_cast<std::uint32_t>(p % static_cast<std::size_t>(s)));
+  setup.shard_of_fragment =
+      round_robin_shards(static_cast<int>(setup.plan.fragments.size()), static_cast<std::uint32_t>(s));
   setup.io_context = transport::make_io_context();
   setup.broker_endpoint = "inproc://broker";
   for (int i = 0; i < s; ++i) setup.shard_endpoints.push_back("inproc://shard-" + std::to_string(i));

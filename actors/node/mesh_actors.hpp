@@ -4,15 +4,38 @@
 
 #include <caf/all.hpp>
 
+#include <cstdio>
+#include <memory>
+
 #include "core/clock.hpp"
 #include "learner/model/trainer.hpp"
 #include "node/mesh_setup.hpp"
+#include "transport/caf_bridge.hpp"
 
 namespace archipelago {
 
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using values_atom = caf::atom_constant<caf::atom("values")>;
+
+/// Starts the node transport of `self` at `address`, listening on `endpoint`,
+/// its inbound messages delivered to `self`. On failure it reports the error,
+/// ends the actor and returns null.
+inline std::unique_ptr<transport::node_transport> start_mesh_wire(caf::scheduled_actor* self, const mesh_setup& setup,
+                                                                  node_address address, const std::string& endpoint,
+                                                                  const clock_source& clock) {
+  auto settings = transport::transport_config_from(setup.cfg, address, incarnation{1}, endpoint);
+  if (settings) {
+    settings->context = setup.io_context;
+    auto wire = transport::node_transport::start(*settings, clock,
+                                                 transport::deliver_to(caf::actor_cast<caf::actor>(self)));
+    if (wire) return std::move(*wire);
+    settings = wire.err();
+  }
+  std::fprintf(stderr, "archipelago %s: %s\n", address.to_string().c_str(), settings.err().message.c_str());
+  self->quit(caf::exit_reason::user_shutdown);
+  return nullptr;
+}
 
 /// The sync broker (event-based). `setup`, `stats` and `clock` outlive it.
 caf::actor spawn_broker(caf::actor_system& sys, const mesh_setup& setup, mesh_stats& stats,

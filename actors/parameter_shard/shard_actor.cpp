@@ -29,10 +29,8 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
   shard_config sc;
   sc.outer = {setup->cfg.mesh.outer_lr, setup->cfg.mesh.outer_momentum};
   st.core = std::make_unique<shard_core>(setup->layout, setup->plan, st.owned, sc, initial.data());
-  auto tc = transport_config_from(setup->cfg, {role::parameter_shard, index}, incarnation{1},
-                                   setup->shard_endpoints[index]);
-  tc->context = setup->io_context;
-  st.wire = std::move(*node_transport::start(*tc, *clock, deliver_to(caf::actor_cast<caf::actor>(self))));
+  st.wire = start_mesh_wire(self, *setup, {role::parameter_shard, index}, setup->shard_endpoints[index], *clock);
+  if (!st.wire) return {};
   (void)st.wire->add_peer(broker_address, setup->broker_endpoint);
 
   auto fragment_message = [self](fragment_index p, std::uint64_t round) {

@@ -37,9 +37,8 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
                            const clock_source* clock) {
   auto& st = self->state;
   st.core = std::make_unique<broker_core>(broker_settings(*setup));
-  auto tc = transport_config_from(setup->cfg, {role::sync_broker, 0}, incarnation{1}, setup->broker_endpoint);
-  tc->context = setup->io_context;
-  st.wire = std::move(*node_transport::start(*tc, *clock, deliver_to(caf::actor_cast<caf::actor>(self))));
+  st.wire = start_mesh_wire(self, *setup, broker_address, setup->broker_endpoint, *clock);
+  if (!st.wire) return {};
   for (std::uint32_t s = 0; s < setup->shard_endpoints.size(); ++s)
     (void)st.wire->add_peer({role::parameter_shard, s}, setup->shard_endpoints[s]);
 

@@ -33,8 +33,9 @@ class mesh {
       : cfg_(c),
         layout_(make_layout(sim_shape)),
         plan_(*make_fragment_plan(layout_, c.fragments)),
+        shard_of_fragment_(round_robin_shards(c.fragments, static_cast<std::uint32_t>(c.shards))),
         rng_(derive_seed(c.seed, 1)),
-        broker_(broker_settings(c)) {
+        broker_(broker_settings(c, shard_of_fragment_)) {
     const int m = c.learners;
     target_.resize(layout_.total_floats);
     for (auto& x : target_) x = static_cast<float>(rng_.normal());
@@ -99,15 +100,13 @@ class mesh {
     bool operator>(const event& o) const { return at != o.at ? at > o.at : seq > o.seq; }
   };
 
-  static broker_config broker_settings(const sim_config& c) {
+  static broker_config broker_settings(const sim_config& c, const std::vector<std::uint32_t>& shard_of_fragment) {
     broker_config b = c.broker;
     b.fragments = c.fragments;
-    b.shard_of_fragment = round_robin_shards(c.fragments, static_cast<std::uint32_t>(c.shards));
+    b.shard_of_fragment = shard_of_fragment;
     return b;
   }
-  std::uint32_t shard_of(fragment_index p) const {
-    return round_robin_shards(cfg_.fragments, static_cast<std::uint32_t>(cfg_.shards))[p.value];
-  }
+  std::uint32_t shard_of(fragment_index p) const { return shard_of_fragment_[p.value]; }
   int broker_node() const { return cfg_.learners; }
   int shard_node(std::uint32_t s) const { return cfg_.learners + 1 + static_cast<int>(s); }
 
@@ -284,6 +283,7 @@ class mesh {
   sim_config cfg_;
   param_layout layout_;
   fragment_plan plan_;
+  std::vector<std::uint32_t> shard_of_fragment_;
   prng rng_;
   broker_core broker_;
   std::vector<std::unique_ptr<shard_core>> shards_;
