@@ -122,6 +122,13 @@ struct Contribution {
   tokens @3 :UInt64;         # tokens since that anchor (c_tokens)
   learner @4 :UInt32;        # shard → broker arrival notice: the contributing learner (no tensor)
   learnerIncarnation @5 :UInt64;  # ... and its incarnation
+  step @6 :UInt64;           # the learner's inner steps done when it sent this (this incarnation)
+  verdict @7 :Verdict;       # arrival notice: what the shard did with it (the token ledger)
+}
+enum Verdict {
+  buffered @0;   # held for its round
+  late @1;       # its round was closed already
+  rejected @2;   # bad contribution: wrong fragment or size, non-finite values, a bound exceeded
 }
 
 struct Member {

@@ -105,6 +105,34 @@ knob text_knob(std::string key, Section config::*section, std::string Section::*
   return k;
 }
 
+/// A comma-separated list of numbers, each in [lo, hi]; empty means "not given".
+expected<std::vector<double>> parse_list(std::string_view text, double lo, double hi) {
+  std::vector<double> out;
+  if (text.empty()) return out;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    const std::string_view item = text.substr(start, comma == std::string_view::npos ? text.npos : comma - start);
+    double v = 0;
+    if (!parse_number(item, v))
+      return make_error(errc::invalid_input, "'" + std::string(item) + "' is not a number");
+    if (v < lo || v > hi)
+      return make_error(errc::invalid_input, "'" + std::string(item) + "' is outside [" + number_text(lo) + ", " +
+                                                 number_text(hi) + "]");
+    out.push_back(v);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::function<std::string(std::string_view)> list_check(double lo, double hi) {
+  return [=](std::string_view text) -> std::string {
+    auto list = parse_list(text, lo, hi);
+    return list ? "" : list.err().message;
+  };
+}
+
 std::vector<knob> make_knobs() {
   using I = std::int64_t;
   using U = std::uint64_t;
@@ -208,8 +236,22 @@ std::vector<knob> make_knobs() {
       number_knob("mesh.mix", h, &mesh_config::mix, -1.0, 1.0,
                   "alpha_mix on receipt of a fragment; -1 takes the mode's (0, streaming 0.5). "
                   "Default: -1."),
-      number_knob("mesh.diloco_inner_steps", h, &mesh_config::diloco_inner_steps, 1, 1000000,
-                  "Inner steps per outer round in diloco (H). Default: 50."),
+      number_knob("mesh.inner_steps", h, &mesh_config::inner_steps, 1, 1000000,
+                  "Inner steps between two syncs of a fragment (H) in diloco and streaming. Default: 50."),
+      bool_knob("mesh.elastic", h, &mesh_config::elastic,
+                "dp, diloco, streaming: rounds stop waiting for a dead learner (false: they stall "
+                "until it is back, the non-elastic baseline). Default: true."),
+      number_knob("mesh.round_timeout_s", h, &mesh_config::round_timeout_s, 0.01, 86400.0,
+                  "Bound on any open round; a learner waiting for a fragment this long re-fetches it. "
+                  "Default: 60."),
+      text_knob("mesh.learner_threads", h, &mesh_config::learner_threads, "list of M integers",
+                "Compute threads per learner, e.g. \"2,1,1\". Default: train.threads / M, at least 1.",
+                list_check(1, 256)),
+      text_knob("mesh.learner_batch", h, &mesh_config::learner_batch, "list of M integers",
+                "Sequences per step per learner. Default: data.batch.", list_check(1, 4096)),
+      text_knob("mesh.learner_slowdown", h, &mesh_config::learner_slowdown, "list of M numbers",
+                "Step-time factor per learner (>= 1; a slow learner is paced). Default: 1.",
+                list_check(1, 1000)),
       // wire
       number_knob("wire.heartbeat_interval_ms", w, &wire_config::heartbeat_interval_ms, I{10}, I{600000},
                   "Heartbeat interval, both ways; any message counts. Default: 1000."),
@@ -411,17 +453,79 @@ status validate_mesh(const config& cfg) {
   if (m.quorum > m.learners)
     return invalid("mesh.quorum (" + std::to_string(m.quorum) + ") must not exceed mesh.learners (" +
                    std::to_string(m.learners) + ")");
-  const bool one_fragment = m.mode == "dp" || m.mode == "diloco";
-  const int fragments = one_fragment ? 1 : m.fragments;
-  if (m.shards > fragments)
-    return invalid("mesh.shards (" + std::to_string(m.shards) + ") must not exceed the fragments (" +
-                   std::to_string(fragments) + (one_fragment ? ", mode " + m.mode + " uses one" : "") + ")");
-  if (!one_fragment) {
+  // dp and diloco have one fragment, hence one shard whatever mesh.shards says.
+  if (m.mode != "dp" && m.mode != "diloco") {
+    if (m.shards > m.fragments)
+      return invalid("mesh.shards (" + std::to_string(m.shards) + ") must not exceed mesh.fragments (" +
+                     std::to_string(m.fragments) + ")");
     const auto shape = *resolve_model(cfg.model);
     if (auto plan = make_fragment_plan(make_layout(shape), m.fragments); !plan)
       return invalid("mesh.fragments: " + plan.err().message);
   }
+  for (const auto& [key, text] : {std::pair{"mesh.learner_threads", &m.learner_threads},
+                                  std::pair{"mesh.learner_batch", &m.learner_batch},
+                                  std::pair{"mesh.learner_slowdown", &m.learner_slowdown}}) {
+    auto list = parse_list(*text, 0, 1e9);
+    if (!list) return invalid(std::string(key) + ": " + list.err().message);
+    if (!list->empty() && list->size() != static_cast<std::size_t>(m.learners))
+      return invalid(std::string(key) + " has " + std::to_string(list->size()) + " values for " +
+                     std::to_string(m.learners) + " learners (give one per learner)");
+  }
   return {};
+}
+
+expected<sync_policy> resolve_policy(const config& cfg) {
+  if (auto ok = validate_mesh(cfg); !ok) return ok.err();
+  const mesh_config& m = cfg.mesh;
+  sync_policy p;
+  p.mode = m.mode;
+  p.shards = m.shards;
+  p.rounds_in_flight = m.rounds_in_flight;
+  // The synchronous modes wait for every live learner; non-elastic ones also
+  // need all M to be live (a dead learner stalls them).
+  p.wait_for_all = true;
+  p.adaptive_grace = false;
+  p.quorum = m.elastic ? 1 : m.learners;
+  if (m.mode == "dp") {
+    p.fragments = p.shards = 1;
+    p.rounds_in_flight = 1;
+    p.contribute_after = 1;
+    p.wait_slack = 0;  // a learner waits for the new parameters before its next step
+    p.send_gradients = true;
+  } else if (m.mode == "diloco") {
+    p.fragments = p.shards = 1;
+    p.rounds_in_flight = 1;
+    p.contribute_after = m.inner_steps;
+    p.steps_per_round = m.inner_steps;
+    p.wait_slack = 0;  // waits for the merged model at the end of each H-step phase
+  } else if (m.mode == "streaming") {
+    p.fragments = m.fragments;
+    p.contribute_after = m.inner_steps;
+    p.steps_per_round = static_cast<double>(m.inner_steps) / m.fragments;  // each fragment every H steps
+    p.wait_slack = m.rounds_in_flight;  // waits only when a fragment's result is τ steps overdue
+    p.mix = 0.5;
+  } else {  // decoupled
+    p.fragments = m.fragments;
+    p.quorum = m.quorum;
+    p.wait_for_all = false;
+    p.adaptive_grace = m.grace;
+  }
+  if (m.mix >= 0) p.mix = m.mix;
+  return p;
+}
+
+learner_profile learner_profile_of(const config& cfg, int index) {
+  const mesh_config& m = cfg.mesh;
+  auto pick = [&](const std::string& text, double fallback) {
+    auto list = parse_list(text, 0, 1e9);
+    return list && static_cast<std::size_t>(index) < list->size() ? (*list)[static_cast<std::size_t>(index)]
+                                                                   : fallback;
+  };
+  learner_profile p;
+  p.threads = static_cast<int>(pick(m.learner_threads, std::max(1, cfg.train.threads / std::max(1, m.learners))));
+  p.batch = static_cast<int>(pick(m.learner_batch, cfg.data.batch));
+  p.slowdown = pick(m.learner_slowdown, 1.0);
+  return p;
 }
 
 }  // namespace archipelago

@@ -67,7 +67,13 @@ struct mesh_config {
   double outer_lr = 0.7;           // η_out
   double outer_momentum = 0.9;     // μ
   double mix = -1;                 // α_mix; -1: the mode's (0, streaming 0.5)
-  int diloco_inner_steps = 50;     // H for diloco (paper 500, scaled)
+  int inner_steps = 50;            // H for diloco and streaming (paper 500, scaled)
+  bool elastic = true;             // synchronous modes: stop waiting for a dead learner (false: stall)
+  double round_timeout_s = 60;     // bound on any open round
+  // Heterogeneous learners: comma-separated values, one per learner (empty: the defaults).
+  std::string learner_threads;     // compute threads (default: train.threads / M, at least 1)
+  std::string learner_batch;       // sequences per step (default: data.batch)
+  std::string learner_slowdown;    // step-time factor >= 1, by pacing (default: 1)
 };
 
 struct wire_config {
@@ -138,7 +144,37 @@ std::string to_toml(const config& cfg);
 /// Cross-knob checks and the resolved model shape (preset + overrides).
 expected<model_shape> resolve_model(const model_config& m);
 status validate(const config& cfg);
-/// validate() plus the checks a mesh needs (K ≤ M, shards ≤ fragments, a fragment plan exists).
+/// validate() plus the checks a mesh needs (K ≤ M, shards ≤ fragments, a fragment plan exists,
+/// per-learner lists of the right length).
 status validate_mesh(const config& cfg);
+
+/// What a mode means for the actors (ALGORITHM.md §8): the same learner, broker
+/// and shard code runs every mode; only these values differ.
+struct sync_policy {
+  std::string mode;
+  int fragments = 24;            // P
+  int shards = 2;                // parameter shards (dp, diloco: one, as they have one fragment)
+  int quorum = 1;                // K
+  int rounds_in_flight = 2;      // τ
+  bool wait_for_all = false;     // a round closes only when every live eligible learner is in
+  bool adaptive_grace = true;    // decoupled: the grace window after the quorum
+  double steps_per_round = 1;    // the broker opens rounds this many ξ_step apart
+  int contribute_after = 1;      // a learner answers a round once it did this many steps on the fragment
+  int wait_slack = -1;           // ... and stops stepping this many steps later without an update; -1: never
+  double mix = 0;                // α_mix
+  bool send_gradients = false;   // dp: learners send gradients, the shards run AdamW
+};
+
+/// validate_mesh() and the policy of cfg.mesh.mode.
+expected<sync_policy> resolve_policy(const config& cfg);
+
+/// One learner's compute: threads, batch and slow-down (heterogeneous learners).
+struct learner_profile {
+  int threads = 1;
+  int batch = 32;
+  double slowdown = 1;
+};
+/// Learner `index`'s profile (cfg must pass validate_mesh).
+learner_profile learner_profile_of(const config& cfg, int index);
 
 }  // namespace archipelago

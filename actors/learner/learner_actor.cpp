@@ -1,9 +1,11 @@
 // The learner's CAF shell, a detached actor: its compute has a thread of its
-// own and never waits. Each inner step is one step_atom message it sends
-// itself, so fragment updates and round openings that arrived meanwhile are
-// handled between two steps, in arrival order.
+// own. Each inner step is one step_atom message it sends itself, so fragment
+// updates and round openings that arrived meanwhile are handled between two
+// steps, in arrival order. Under decoupled it never waits; the synchronous
+// policies park it (no step_atom) until the awaited fragment arrives.
 
 #include <chrono>
+#include <thread>
 
 #include "learner/learner_core.hpp"
 #include "node/mesh_actors.hpp"
@@ -18,53 +20,105 @@ struct learner_state {
   std::unique_ptr<engine> eng;
   std::unique_ptr<learner_core> core;
   std::unique_ptr<node_transport> wire;
+  learner_profile profile;
   std::size_t to_install = 0;
-  bool stepping = false, done = false;
+  bool stepping = false, waiting = false, done = false;
+  nanos wait_since = 0;
+  std::uint64_t wake_generation = 0;  // invalidates wake-ups of finished waits
   tensor_encoding encoding = tensor_encoding::fp32;
   static inline const char* name = "learner";
 };
 
-caf::behavior learner_actor(caf::stateful_actor<learner_state, caf::event_based_actor>* self,
-                            const mesh_setup* setup, std::uint32_t index, const dataset* data, mesh_stats* stats,
-                            const clock_source* clock) {
+using learner_self = caf::stateful_actor<learner_state, caf::event_based_actor>;
+
+/// Clone pattern: (re)subscribe with every shard and fetch every fragment.
+void fetch_all(learner_self* self, const mesh_setup& setup, std::uint32_t index) {
+  for (std::uint32_t p = 0; p < setup.plan.fragments.size(); ++p) {
+    auto b = self->state.wire->make_envelope();
+    auto f = b.body().initFetchFragment();
+    f.setFragment(p);
+    f.setReplyEndpoint(setup.learner_endpoints[index]);
+    (void)self->state.wire->send({role::parameter_shard, setup.shard_of_fragment[p]}, b.finish());
+  }
+}
+
+/// Answers every pending round that is ready (dp: with the gradient of the last step).
+void send_contributions(learner_self* self, const mesh_setup& setup, mesh_stats& stats) {
+  auto& st = self->state;
+  const float* gradient = setup.policy.send_gradients ? st.eng->model().grads() : nullptr;
+  while (auto c = st.core->next_contribution(st.eng->model().params(), gradient)) {
+    auto cb = st.wire->make_envelope(c->round.value);
+    auto body = cb.body().initContribution();
+    body.setFragment(c->fragment.value);
+    body.setAnchorVersion(c->anchor_version);
+    body.setSteps(c->steps);
+    body.setTokens(c->tokens);
+    body.setStep(c->step);
+    if (!cb.add_tensor_values("delta/" + std::to_string(c->fragment.value), c->delta.data(), c->delta.size(),
+                              st.encoding, static_cast<std::uint32_t>(setup.cfg.wire.block_size)))
+      continue;  // a non-finite delta is never sent
+    stats.bytes_sent += c->delta.size() * 4;
+    (void)st.wire->send({role::parameter_shard, setup.shard_of_fragment[c->fragment.value]}, cb.finish());
+  }
+}
+
+caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::uint32_t index, const dataset* data,
+                            mesh_stats* stats, const clock_source* clock, incarnation inc) {
   auto& st = self->state;
   const node_address me{role::learner, index};
-  set_compute_threads(setup->cfg.train.threads);
+  st.profile = learner_profile_of(setup->cfg, static_cast<int>(index));
+  set_compute_threads(st.profile.threads);
   config cfg = setup->cfg;
   cfg.train.seed = derive_seed(setup->cfg.train.seed, 1000 + index);  // own batches
+  cfg.data.batch = st.profile.batch;
   st.eng = std::make_unique<engine>(cfg, setup->shape, *data, static_cast<int>(index));
-  const double mix = setup->cfg.mesh.mix >= 0 ? setup->cfg.mesh.mix : (setup->cfg.mesh.mode == "streaming" ? 0.5 : 0.0);
-  st.core = std::make_unique<learner_core>(setup->layout, setup->plan, learner_sync_config{mix, 64});
+  learner_sync_config sync;
+  sync.mix = setup->policy.mix;
+  sync.contribute_after = static_cast<std::uint64_t>(setup->policy.contribute_after);
+  sync.wait_slack = setup->policy.wait_slack;
+  st.core = std::make_unique<learner_core>(setup->layout, setup->plan, sync);
   st.encoding = *parse_tensor_encoding(setup->cfg.wire.encoding);
-  st.wire = start_mesh_wire(self, *setup, me, setup->learner_endpoints[index], *clock);
+  st.wire = start_mesh_wire(self, *setup, me, setup->learner_endpoints[index], *clock, inc);
   if (!st.wire) return {};
   (void)st.wire->add_peer(broker_address, setup->broker_endpoint);
   for (std::uint32_t s = 0; s < setup->shard_endpoints.size(); ++s)
     (void)st.wire->add_peer({role::parameter_shard, s}, setup->shard_endpoints[s]);
 
-  // Clone pattern: subscribe (the shard adds us to its broadcast list) and fetch.
   st.to_install = setup->plan.fragments.size();
-  for (std::uint32_t p = 0; p < setup->plan.fragments.size(); ++p) {
-    auto b = st.wire->make_envelope();
-    auto f = b.body().initFetchFragment();
-    f.setFragment(p);
-    f.setReplyEndpoint(setup->learner_endpoints[index]);
-    (void)st.wire->send({role::parameter_shard, setup->shard_of_fragment[p]}, b.finish());
-  }
+  fetch_all(self, *setup, index);
   {
     auto b = st.wire->make_envelope();
     auto j = b.body().initJoin();
     j.setLayoutFingerprint(setup->layout.fingerprint());
     j.setBatchTokens(static_cast<std::uint32_t>(st.eng->tokens_per_step()));
-    j.setThreads(static_cast<std::uint16_t>(setup->cfg.train.threads));
+    j.setThreads(static_cast<std::uint16_t>(st.profile.threads));
     j.setEndpoint(setup->learner_endpoints[index]);
     (void)st.wire->send(broker_address, b.finish());
   }
 
+  const auto wait_bound = std::chrono::milliseconds(static_cast<std::int64_t>(setup->cfg.mesh.round_timeout_s * 1000));
+  // A waiting learner resumes when an update arrives; the wake-up bounds the wait.
+  auto resume_if_ready = [self, stats, clock] {
+    auto& st = self->state;
+    if (!st.waiting || st.core->must_wait()) return;
+    st.waiting = false;
+    ++st.wake_generation;
+    stats->wait_ns += static_cast<std::uint64_t>(clock->now() - st.wait_since);
+    self->send(self, step_atom::value);
+  };
+
   return {
-      [self, setup, stats, clock](step_atom) {
+      [](peer_atom, std::uint8_t, std::uint32_t, bool) {},  // liveness matters to the broker only
+      [self, setup, stats, clock, wait_bound](step_atom) {
         auto& st = self->state;
         if (st.done) return;
+        if (st.core->must_wait()) {  // the synchronous policies, also before leaving: the last work is merged
+          send_contributions(self, *setup, *stats);
+          st.waiting = true;
+          st.wait_since = clock->now();
+          self->delayed_send(self, wait_bound, wake_atom::value, ++st.wake_generation);
+          return;
+        }
         if (st.eng->steps_done() >= setup->cfg.train.steps) {
           st.done = true;
           auto b = st.wire->make_envelope();
@@ -74,37 +128,42 @@ caf::behavior learner_actor(caf::stateful_actor<learner_state, caf::event_based_
           return;
         }
         const nanos t0 = clock->now();
-        st.eng->step();
-        const nanos step_ns = clock->now() - t0;
-        st.core->on_step(static_cast<std::uint64_t>(st.eng->tokens_per_step()));
+        if (setup->policy.send_gradients) st.eng->compute_gradient();
+        else st.eng->step();
+        nanos step_ns = clock->now() - t0;
+        if (st.profile.slowdown > 1) {  // a slower machine, emulated by pacing
+          const auto extra = static_cast<nanos>(static_cast<double>(step_ns) * (st.profile.slowdown - 1));
+          std::this_thread::sleep_for(std::chrono::nanoseconds(extra));
+          step_ns += extra;
+        }
+        const auto tokens = static_cast<std::uint64_t>(st.eng->tokens_per_step());
+        st.core->on_step(tokens);
         ++stats->steps;
-        stats->tokens += static_cast<std::uint64_t>(st.eng->tokens_per_step());
+        stats->tokens += tokens;
         auto b = st.wire->make_envelope();
         auto p = b.body().initProgress();
         p.setStep(static_cast<std::uint64_t>(st.eng->steps_done()));
         p.setStepTimeNs(static_cast<std::uint64_t>(step_ns));
+        p.setTokens(st.core->steps_done() * tokens);
         (void)st.wire->send(broker_address, b.finish());
-        while (auto c = st.core->next_contribution(st.eng->model().params())) {
-          auto cb = st.wire->make_envelope(c->round.value);
-          auto body = cb.body().initContribution();
-          body.setFragment(c->fragment.value);
-          body.setAnchorVersion(c->anchor_version);
-          body.setSteps(c->steps);
-          body.setTokens(c->tokens);
-          if (!cb.add_tensor_values("delta/" + std::to_string(c->fragment.value), c->delta.data(), c->delta.size(),
-                                    st.encoding, static_cast<std::uint32_t>(setup->cfg.wire.block_size)))
-            continue;  // a non-finite delta is never sent
-          stats->bytes_sent += c->delta.size() * 4;
-          (void)st.wire->send({role::parameter_shard, setup->shard_of_fragment[c->fragment.value]}, cb.finish());
-        }
+        send_contributions(self, *setup, *stats);
         self->send(self, step_atom::value);
       },
-      [self](const inbound_ptr& m) {
+      [self, setup, index, stats, wait_bound](wake_atom, std::uint64_t generation) {
+        auto& st = self->state;
+        if (!st.waiting || generation != st.wake_generation) return;
+        // No update within the bound: a broadcast may have been lost. Fetch again.
+        ++stats->refetches;
+        fetch_all(self, *setup, index);
+        self->delayed_send(self, wait_bound, wake_atom::value, ++st.wake_generation);
+      },
+      [self, setup, stats, resume_if_ready](const inbound_ptr& m) {
         auto& st = self->state;
         const auto& env = *m->envelope;
         auto body = env.root().getBody();
         if (env.body() == wire::Envelope::Body::ROUND_OPEN) {
           st.core->on_round_open(round_number{env.header().getRound()}, {body.getRoundOpen().getFragment()});
+          send_contributions(self, *setup, *stats);
         } else if (env.body() == wire::Envelope::Body::FRAGMENT_UPDATE && env.tensor_count() == 1) {
           auto u = body.getFragmentUpdate();
           const fragment_index p{u.getFragment()};
@@ -113,13 +172,14 @@ caf::behavior learner_actor(caf::stateful_actor<learner_state, caf::event_based_
           std::vector<float> value(st.core->fragment_floats(p));
           if (!env.decode_tensor_values(0, value.data())) return;
           if (!st.core->installed(p)) {
-            st.core->install(p, u.getVersion(), value, st.eng->model().params());
+            if (!st.core->install(p, u.getVersion(), value, st.eng->model().params())) return;
             if (--st.to_install == 0 && !st.stepping) {
               st.stepping = true;
               self->send(self, step_atom::value);
             }
           } else {
             st.core->on_fragment_update(p, u.getVersion(), value, st.eng->model().params());
+            resume_if_ready();
           }
         }
       },
@@ -129,8 +189,8 @@ caf::behavior learner_actor(caf::stateful_actor<learner_state, caf::event_based_
 }  // namespace
 
 caf::actor spawn_learner(caf::actor_system& sys, const mesh_setup& setup, std::uint32_t index, const dataset& data,
-                         mesh_stats& stats, const clock_source& clock) {
-  return sys.spawn<caf::detached>(learner_actor, &setup, index, &data, &stats, &clock);
+                         mesh_stats& stats, const clock_source& clock, incarnation inc) {
+  return sys.spawn<caf::detached>(learner_actor, &setup, index, &data, &stats, &clock, inc);
 }
 
 }  // namespace archipelago

@@ -35,12 +35,13 @@ bool learner_core::install(fragment_index p, std::uint64_t version, std::span<co
   std::copy(global.begin(), global.end(), s.anchor.begin());
   scatter(p, global.data(), params);
   s.version = version;
-  s.steps = s.tokens = 0;
+  s.steps = s.tokens = s.contributed_steps = 0;
   s.installed = true;
   return true;
 }
 
 void learner_core::on_step(std::uint64_t tokens) {
+  ++steps_done_;
   for (auto& s : state_) {
     ++s.steps;
     s.tokens += tokens;
@@ -58,26 +59,40 @@ void learner_core::on_round_open(round_number r, fragment_index p) {
   pending_.push_back({r, p});
 }
 
-std::optional<contribution_plan> learner_core::next_contribution(const float* params) {
-  while (!pending_.empty()) {
-    const pending_round r = pending_.front();
-    pending_.pop_front();
-    const fragment_state& s = state_[r.fragment.value];
-    if (!s.installed || s.steps == 0) continue;
+std::optional<contribution_plan> learner_core::next_contribution(const float* params, const float* gradient) {
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    fragment_state& s = state_[it->fragment.value];
+    if (!s.installed || s.steps < config_.contribute_after || s.steps <= s.contributed_steps) continue;
+    s.contributed_steps = s.steps;
     contribution_plan c;
-    c.round = r.round;
-    c.fragment = r.fragment;
+    c.round = it->round;
+    c.fragment = it->fragment;
+    c.step = steps_done_;
     c.anchor_version = s.version;
     c.steps = s.steps;
     c.tokens = s.tokens;
+    pending_.erase(it);
     c.delta.resize(s.anchor.size());
-    gather(r.fragment, params, c.delta.data());
+    if (gradient != nullptr) {
+      gather(c.fragment, gradient, c.delta.data());
+      for (float& x : c.delta) x = -x;
+      return c;
+    }
+    gather(c.fragment, params, c.delta.data());
     // The delta is taken against the learner's own anchor, so it is exact even
     // if broadcasts were missed (ALGORITHM.md §4).
     for (std::size_t i = 0; i < c.delta.size(); ++i) c.delta[i] -= s.anchor[i];
     return c;
   }
   return std::nullopt;
+}
+
+bool learner_core::must_wait() const {
+  if (config_.wait_slack < 0) return false;
+  const std::uint64_t limit = config_.contribute_after + static_cast<std::uint64_t>(config_.wait_slack);
+  for (const auto& s : state_)
+    if (s.installed && s.steps >= limit) return true;
+  return false;
 }
 
 bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, std::span<const float> global,
@@ -97,7 +112,7 @@ bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, s
   }
   std::copy(global.begin(), global.end(), s.anchor.begin());
   s.version = version;
-  s.steps = s.tokens = 0;
+  s.steps = s.tokens = s.contributed_steps = 0;
   s.installed = true;
   return true;
 }

@@ -24,16 +24,24 @@ namespace archipelago {
 struct learner_sync_config {
   double mix = 0;  // α_mix: θ_p ← α·θ_p + (1−α)·Θ_p on receipt; 0 = overwrite (the paper)
   std::size_t max_pending_rounds = 64;  // bound on rounds opened and not yet answered
+  /// A round is answered once the learner did this many steps on its fragment
+  /// since the anchor (H in diloco and streaming; 1 otherwise).
+  std::uint64_t contribute_after = 1;
+  /// The synchronous policies: the learner stops stepping once a fragment is
+  /// this many steps past contribute_after without a new global value (dp and
+  /// diloco 0, streaming τ). Negative: never waits (decoupled).
+  std::int64_t wait_slack = -1;
 };
 
 /// What the learner sends the owning shard for one round.
 struct contribution_plan {
   round_number round;
   fragment_index fragment;
+  std::uint64_t step = 0;    // the learner's steps done when it was taken (this incarnation)
   std::uint64_t anchor_version = 0;
   std::uint64_t steps = 0;   // c_steps since the anchor
   std::uint64_t tokens = 0;  // c_tokens since the anchor
-  std::vector<float> delta;  // θ_p − anchor_p, the fragment's flat vector
+  std::vector<float> delta;  // θ_p − anchor_p, the fragment's flat vector (dp: −gradient)
 };
 
 class learner_core {
@@ -60,10 +68,16 @@ class learner_core {
   /// max_pending_rounds the oldest pending round is dropped (it would be late).
   void on_round_open(round_number r, fragment_index p);
 
-  /// The next contribution to send, if any round is pending and the learner
-  /// has done work on its fragment since the anchor. Rounds whose fragment has
-  /// no new work are answered by nothing (the broker does not wait for them).
-  std::optional<contribution_plan> next_contribution(const float* params);
+  /// The next contribution to send: the oldest pending round whose fragment has
+  /// contribute_after steps of work since its anchor, and new work since its
+  /// last contribution (a round opened before the previous round's result
+  /// arrived must not get the same work twice). Rounds not ready stay pending. With `gradient` (the dp policy) the delta is −gradient, so the
+  /// shard's outer gradient is the learner's gradient.
+  std::optional<contribution_plan> next_contribution(const float* params, const float* gradient = nullptr);
+
+  /// True when the policy makes the learner wait for a fragment update before
+  /// its next step (never for decoupled).
+  bool must_wait() const;
 
   /// A new global Θ_p arrived. Stale or duplicate versions are ignored (false).
   bool on_fragment_update(fragment_index p, std::uint64_t version, std::span<const float> global,
@@ -75,6 +89,7 @@ class learner_core {
   bool installed(fragment_index p) const { return state_.at(p.value).installed; }
   std::size_t pending_rounds() const { return pending_.size(); }
   std::uint64_t dropped_rounds() const { return dropped_rounds_; }
+  std::uint64_t steps_done() const { return steps_done_; }
 
  private:
   struct fragment_state {
@@ -82,6 +97,7 @@ class learner_core {
     std::uint64_t version = 0;
     std::uint64_t steps = 0;
     std::uint64_t tokens = 0;
+    std::uint64_t contributed_steps = 0;  // c_steps when last contributed since the anchor
     bool installed = false;
   };
   struct pending_round {
@@ -95,6 +111,7 @@ class learner_core {
   std::vector<fragment_state> state_;
   std::deque<pending_round> pending_;
   std::uint64_t dropped_rounds_ = 0;
+  std::uint64_t steps_done_ = 0;
 };
 
 }  // namespace archipelago

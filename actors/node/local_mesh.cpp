@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <thread>
 
@@ -11,20 +12,38 @@
 #include "transport/caf_bridge.hpp"
 
 namespace archipelago {
+namespace {
+
+/// The global model Θ, gathered from the shards (values_atom).
+std::vector<float> gather_global(caf::scoped_actor& self, const std::vector<caf::actor>& shards,
+                                 const mesh_setup& setup) {
+  std::vector<float> theta(setup.layout.total_floats, 0.f);
+  learner_core scatterer(setup.layout, setup.plan, {});
+  for (const auto& shard : shards) {
+    self->request(shard, std::chrono::seconds(10), values_atom::value)
+        .receive(
+            [&](const std::vector<std::uint32_t>& fragments, const std::vector<std::vector<float>>& values) {
+              for (std::size_t k = 0; k < fragments.size(); ++k)
+                scatterer.scatter({fragments[k]}, values[k].data(), theta.data());
+            },
+            [&](caf::error&) {});
+  }
+  return theta;
+}
+
+}  // namespace
 
 expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested) {
-  if (auto ok = validate_mesh(base); !ok) return ok.err();
-  if (base.mesh.mode != "decoupled")
-    return make_error(errc::unsupported, "mode '" + base.mesh.mode + "' is not built yet (only decoupled runs so far)");
+  auto policy = resolve_policy(base);
+  if (!policy) return policy.err();
   mesh_setup setup;
   setup.cfg = base;
-  const int m = base.mesh.learners, s = base.mesh.shards;
-  // Compute threads share the cores: one learner per core at most.
-  setup.cfg.train.threads = std::max(1, base.train.threads / m);
+  setup.policy = *policy;
+  const int m = base.mesh.learners, s = policy->shards;
   setup.shape = *resolve_model(base.model);
   setup.layout = make_layout(setup.shape);
-  setup.plan = *make_fragment_plan(setup.layout, base.mesh.fragments);
+  setup.plan = *make_fragment_plan(setup.layout, policy->fragments);
   setup.shard_of_fragment =
       round_robin_shards(static_cast<int>(setup.plan.fragments.size()), static_cast<std::uint32_t>(s));
   setup.io_context = transport::make_io_context();
@@ -41,6 +60,13 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
     engine init(setup.cfg, setup.shape, *data, 0);
     initial.assign(init.model().params(), init.model().params() + init.model().buffer_size());
   }
+  // Evaluations of Θ run on this thread, with one compute thread.
+  engine evaluator(setup.cfg, setup.shape, *data, 0);
+  set_compute_threads(1);
+  auto evaluate = [&](const std::vector<float>& theta) {
+    std::copy(theta.begin(), theta.end(), evaluator.model().params());
+    return evaluator.evaluate();
+  };
 
   mesh_stats stats;
   steady_clock_source clock;
@@ -49,52 +75,71 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
     caf::actor_system_config sys_cfg;
     sys_cfg.set("scheduler.max-threads", 2);
     caf::actor_system sys{sys_cfg};
-    std::vector<caf::actor> actors;
+    std::vector<caf::actor> shards, actors;
     for (int i = 0; i < s; ++i)
-      actors.push_back(spawn_shard(sys, setup, static_cast<std::uint32_t>(i), initial, stats, clock));
-    actors.push_back(spawn_broker(sys, setup, stats, clock));
+      shards.push_back(spawn_shard(sys, setup, static_cast<std::uint32_t>(i), initial, stats, clock));
+    caf::actor broker = spawn_broker(sys, setup, stats, clock);
     for (int i = 0; i < m; ++i) actors.push_back(spawn_learner(sys, setup, static_cast<std::uint32_t>(i), *data, stats, clock));
+    caf::scoped_actor self{sys};
 
     const auto start = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    double last_eval_s = 0, last_loss = std::nan("");
+    constexpr double eval_period_s = 20;
     while (stats.learners_done.load() < m && !stop_requested() &&
            (base.train.time_limit_s <= 0 || elapsed() < base.train.time_limit_s)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      if (elapsed() - last_eval_s >= eval_period_s) {
+        last_eval_s = elapsed();
+        const std::uint64_t tokens = stats.tokens.load();
+        last_loss = evaluate(gather_global(self, shards, setup)).loss;
+        out.eval_curve.emplace_back(tokens, last_loss);
+      }
       if (progress) {
-        char line[256];
+        broker_report r;
+        {
+          std::lock_guard lock(stats.report_mutex);
+          r = stats.report;
+        }
         const double rounds = static_cast<double>(stats.rounds_closed.load());
-        std::snprintf(line, sizeof line, "%.0fs  steps %llu  tokens %llu  rounds %llu  published %llu  members/round %.2f  late %llu",
-                      elapsed(), static_cast<unsigned long long>(stats.steps.load()),
-                      static_cast<unsigned long long>(stats.tokens.load()), static_cast<unsigned long long>(rounds),
-                      static_cast<unsigned long long>(stats.published.load()),
-                      rounds > 0 ? static_cast<double>(stats.members.load()) / rounds : 0.0,
-                      static_cast<unsigned long long>(stats.late.load()));
+        const double span_s = r.first_join_ns < 0 ? 0 : static_cast<double>(clock.now() - r.first_join_ns) * 1e-9;
+        char line[320];
+        std::snprintf(line, sizeof line,
+                      "%.0fs  round %.0f  version %llu  tokens %llu  eval %.3f  goodput %.1f%%  uptime %.1f%%  "
+                      "members %.2f  quorum %.0fms  grace %.0fms  late %llu",
+                      elapsed(), rounds, static_cast<unsigned long long>(stats.published.load()),
+                      static_cast<unsigned long long>(stats.tokens.load()), last_loss,
+                      span_s > 0 ? 100 * r.ledger.merged_step_time_s / (m * span_s) : 0.0, 100 * r.uptime,
+                      rounds > 0 ? static_cast<double>(stats.members.load()) / rounds : 0.0, r.xi_quorum_ms,
+                      r.last_grace_ms, static_cast<unsigned long long>(r.ledger.late));
         progress(line);
       }
     }
     out.wall_s = elapsed();
 
-    // Gather the global model from the shards.
-    std::vector<float> theta(setup.layout.total_floats, 0.f);
-    learner_core scatterer(setup.layout, setup.plan, {});
-    caf::scoped_actor self{sys};
-    for (int i = 0; i < s; ++i) {
-      self->request(actors[static_cast<std::size_t>(i)], std::chrono::seconds(10), values_atom::value)
-          .receive(
-              [&](const std::vector<std::uint32_t>& fragments, const std::vector<std::vector<float>>& values) {
-                for (std::size_t k = 0; k < fragments.size(); ++k)
-                  scatterer.scatter({fragments[k]}, values[k].data(), theta.data());
-              },
-              [&](caf::error&) {});
-    }
+    // Learners still running (a stop or time limit) are ended first, so the
+    // broker's last report covers every step they reported.
     for (auto& a : actors) self->send_exit(a, caf::exit_reason::user_shutdown);
+    for (auto& a : actors) {
+      self->monitor(a);
+      self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(30)) >> [] {});
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // in-flight notices reach the broker
+    self->request(broker, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
+    const std::vector<float> theta = gather_global(self, shards, setup);
+    self->send_exit(broker, caf::exit_reason::user_shutdown);
+    for (auto& a : shards) self->send_exit(a, caf::exit_reason::user_shutdown);
     actors.clear();
+    shards.clear();
 
-    engine evaluator(setup.cfg, setup.shape, *data, 0);
-    std::copy(theta.begin(), theta.end(), evaluator.model().params());
-    const eval_result r = evaluator.evaluate();
+    const eval_result r = evaluate(theta);
     out.eval_loss = r.loss;
     out.eval_bpb = r.bits_per_byte;
+    out.eval_curve.emplace_back(stats.tokens.load(), r.loss);
+  }
+  {
+    std::lock_guard lock(stats.report_mutex);
+    out.broker = stats.report;
   }
   out.mode = base.mesh.mode;
   out.learners = m;
@@ -102,14 +147,19 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   out.fragments = static_cast<int>(setup.plan.fragments.size());
   out.steps = stats.steps;
   out.tokens = stats.tokens;
-  out.merged_tokens = stats.merged_tokens;
-  out.late = stats.late;
-  out.rejected = stats.rejected;
   out.rounds = stats.rounds_closed;
   out.published = stats.published;
   out.bytes_on_wire = stats.bytes_sent;
+  out.refetches = stats.refetches;
   out.mean_members = out.rounds ? static_cast<double>(stats.members.load()) / static_cast<double>(out.rounds) : 0;
   out.entropy_floor_bpb = data->entropy_floor_bpb;
+  const ledger_totals& l = out.broker.ledger;
+  const double span_s = out.broker.first_join_ns >= 0 && out.broker.last_leave_ns > out.broker.first_join_ns
+                            ? static_cast<double>(out.broker.last_leave_ns - out.broker.first_join_ns) * 1e-9
+                            : out.wall_s;
+  out.goodput = l.merged_step_time_s / (m * span_s);
+  out.wait_share = static_cast<double>(stats.wait_ns.load()) * 1e-9 / (m * span_s);
+  out.ledger_exact = l.balanced() && l.processed == out.tokens;
   return out;
 }
 

@@ -4,20 +4,29 @@
 
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "node/mesh_setup.hpp"
 
 namespace archipelago {
 
 struct mesh_summary {
   std::string mode;
   int learners = 0, shards = 0, fragments = 0;
-  std::uint64_t steps = 0, tokens = 0, merged_tokens = 0, late = 0, rejected = 0;
-  std::uint64_t rounds = 0, published = 0, bytes_on_wire = 0;
+  std::uint64_t steps = 0, tokens = 0;
+  std::uint64_t rounds = 0, published = 0, bytes_on_wire = 0, refetches = 0;
   double mean_members = 0;
   double wall_s = 0;
   double eval_loss = 0, eval_bpb = 0, entropy_floor_bpb = 0;
+  broker_report broker;     // ledger, uptime, timing figures
+  double goodput = 0;       // merged learner step time / (M × the learners' span)
+  double wait_share = 0;    // learner time spent waiting for fragments / (M × span)
+  bool ledger_exact = false;  // buckets sum to the tokens processed, which equal the learners' count
+  /// The global model's eval loss during the run: (tokens, nats/byte).
+  std::vector<std::pair<std::uint64_t, double>> eval_curve;
 };
 
 /// Called about twice a second with a one-line status.

@@ -17,18 +17,22 @@ namespace archipelago {
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using values_atom = caf::atom_constant<caf::atom("values")>;
+using report_atom = caf::atom_constant<caf::atom("report")>;
+using wake_atom = caf::atom_constant<caf::atom("wake")>;
 
 /// Starts the node transport of `self` at `address`, listening on `endpoint`,
-/// its inbound messages delivered to `self`. On failure it reports the error,
+/// its inbound messages and peer events delivered to `self`. On failure it reports the error,
 /// ends the actor and returns null.
 inline std::unique_ptr<transport::node_transport> start_mesh_wire(caf::scheduled_actor* self, const mesh_setup& setup,
                                                                   node_address address, const std::string& endpoint,
-                                                                  const clock_source& clock) {
-  auto settings = transport::transport_config_from(setup.cfg, address, incarnation{1}, endpoint);
+                                                                  const clock_source& clock,
+                                                                  incarnation inc = incarnation{1}) {
+  auto settings = transport::transport_config_from(setup.cfg, address, inc, endpoint);
   if (settings) {
     settings->context = setup.io_context;
-    auto wire = transport::node_transport::start(*settings, clock,
-                                                 transport::deliver_to(caf::actor_cast<caf::actor>(self)));
+    const auto actor = caf::actor_cast<caf::actor>(self);
+    auto wire = transport::node_transport::start(*settings, clock, transport::deliver_to(actor),
+                                                 transport::deliver_peer_events_to(actor));
     if (wire) return std::move(*wire);
     settings = wire.err();
   }
@@ -37,15 +41,18 @@ inline std::unique_ptr<transport::node_transport> start_mesh_wire(caf::scheduled
   return nullptr;
 }
 
-/// The sync broker (event-based). `setup`, `stats` and `clock` outlive it.
+/// The sync broker (event-based). `setup`, `stats` and `clock` outlive it. It
+/// writes its accounting to stats.report every 250 ms and when asked (report_atom → true).
 caf::actor spawn_broker(caf::actor_system& sys, const mesh_setup& setup, mesh_stats& stats,
                         const clock_source& clock);
 /// Parameter shard `index` (event-based); answers values_atom with its fragments' Θ.
 caf::actor spawn_shard(caf::actor_system& sys, const mesh_setup& setup, std::uint32_t index,
                        const std::vector<float>& initial_params, mesh_stats& stats, const clock_source& clock);
 /// Learner `index` (detached: its compute has a thread of its own). It trains
-/// `steps` inner steps, then leaves; `data` outlives it.
+/// `steps` inner steps, then leaves; `data` outlives it. A restarted learner
+/// has a higher incarnation.
 caf::actor spawn_learner(caf::actor_system& sys, const mesh_setup& setup, std::uint32_t index,
-                         const dataset& data, mesh_stats& stats, const clock_source& clock);
+                         const dataset& data, mesh_stats& stats, const clock_source& clock,
+                         incarnation inc = incarnation{1});
 
 }  // namespace archipelago

@@ -6,12 +6,14 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/config.hpp"
 #include "core/ids.hpp"
 #include "core/layout.hpp"
+#include "sync_broker/token_ledger.hpp"
 
 namespace zmq {
 class context_t;
@@ -25,6 +27,7 @@ inline constexpr node_address broker_address{role::sync_broker, 0};
 struct mesh_setup {
   std::shared_ptr<zmq::context_t> io_context;  // one per process: inproc:// needs it shared
   config cfg;
+  sync_policy policy;
   model_shape shape;
   param_layout layout;
   fragment_plan plan;
@@ -34,13 +37,27 @@ struct mesh_setup {
   std::vector<std::string> learner_endpoints;
 };
 
+/// The broker's accounting, as of its last report.
+struct broker_report {
+  ledger_totals ledger;
+  double uptime = 1;
+  nanos first_join_ns = -1, last_leave_ns = -1;  // the learners' span, for goodput
+  double xi_step_ms = 0, xi_quorum_ms = 0, last_grace_ms = 0;
+  std::uint64_t closed_grace_expired = 0, closed_all_eligible = 0, closed_timeout = 0;
+};
+
 /// Live figures the actors update and the progress line reads.
 struct mesh_stats {
-  std::atomic<std::uint64_t> rounds_closed{0}, published{0}, versions{0};
-  std::atomic<std::uint64_t> steps{0}, tokens{0}, merged_tokens{0}, late{0}, rejected{0};
+  std::atomic<std::uint64_t> rounds_closed{0}, published{0};
+  std::atomic<std::uint64_t> steps{0}, tokens{0}, late{0}, rejected{0};
   std::atomic<std::uint64_t> members{0};      // summed over closed rounds
   std::atomic<std::uint64_t> bytes_sent{0};   // contributions and fragment broadcasts
+  std::atomic<std::uint64_t> wait_ns{0};      // learners' time waiting for fragments (synchronous modes)
+  std::atomic<std::uint64_t> refetches{0};    // waits that ran into mesh.round_timeout_s
   std::atomic<int> learners_done{0};
+
+  std::mutex report_mutex;
+  broker_report report;  // guarded by report_mutex
 };
 
 }  // namespace archipelago

@@ -18,16 +18,21 @@ struct shard_state {
   std::unique_ptr<node_transport> wire;
   std::vector<node_address> learners;  // broadcast list (learners that fetched)
   std::vector<fragment_index> owned;
+  std::uint32_t index = 0;
   static inline const char* name = "parameter_shard";
 };
 
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_setup* setup, std::uint32_t index,
                           std::vector<float> initial, mesh_stats* stats, const clock_source* clock) {
   auto& st = self->state;
+  st.index = index;
   for (std::uint32_t p = 0; p < setup->shard_of_fragment.size(); ++p)
     if (setup->shard_of_fragment[p] == index) st.owned.push_back({p});
   shard_config sc;
   sc.outer = {setup->cfg.mesh.outer_lr, setup->cfg.mesh.outer_momentum};
+  sc.gradient_mode = setup->policy.send_gradients;
+  sc.adamw_outer = setup->cfg.optimizer;
+  sc.schedule_steps = setup->cfg.train.steps;
   st.core = std::make_unique<shard_core>(setup->layout, setup->plan, st.owned, sc, initial.data());
   st.wire = start_mesh_wire(self, *setup, {role::parameter_shard, index}, setup->shard_endpoints[index], *clock);
   if (!st.wire) return {};
@@ -46,6 +51,7 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
   };
 
   return {
+      [](peer_atom, std::uint8_t, std::uint32_t, bool) {},  // liveness matters to the broker only
       [self](values_atom) {
         std::vector<std::uint32_t> fragments;
         std::vector<std::vector<float>> values;
@@ -75,8 +81,14 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
                                                    {{from.index}, incarnation{env.header().getIncarnation()}},
                                                    c.getSteps(), c.getTokens(), std::move(delta), &why);
             }
-            if (verdict == contribution_verdict::rejected) ++stats->rejected;
-            if (verdict != contribution_verdict::buffered) break;
+            if (verdict == contribution_verdict::rejected) {
+              ++stats->rejected;
+              std::fprintf(stderr, "archipelago shard %u: rejected round %llu from %s: %s\n", self->state.index,
+                           static_cast<unsigned long long>(env.header().getRound()), from.to_string().c_str(),
+                           why.empty() ? "undecodable tensor" : why.c_str());
+            }
+            if (verdict == contribution_verdict::duplicate) break;
+            // Arrival notice: the broker admits buffered ones to the round; all go to the ledger.
             auto b = st.wire->make_envelope(env.header().getRound());
             auto notice = b.body().initContribution();
             notice.setFragment(p.value);
@@ -84,6 +96,10 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
             notice.setTokens(c.getTokens());
             notice.setLearner(from.index);
             notice.setLearnerIncarnation(env.header().getIncarnation());
+            notice.setStep(c.getStep());
+            notice.setVerdict(verdict == contribution_verdict::buffered ? wire::Verdict::BUFFERED
+                              : verdict == contribution_verdict::late   ? wire::Verdict::LATE
+                                                                        : wire::Verdict::REJECTED);
             (void)st.wire->send(broker_address, b.finish());
             break;
           }
@@ -95,9 +111,13 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
             if (close.getQuorumNs() >= 0)
               for (auto mb : close.getMembers()) members.push_back({{mb.getLearner()}, incarnation{mb.getIncarnation()}});
             auto published = st.core->on_round_close(r, p, members);
-            if (!published || !published->has_value()) break;
+            if (!published) {
+              std::fprintf(stderr, "archipelago shard %u: round %llu not merged: %s\n", st.index,
+                           static_cast<unsigned long long>(r.value), published.err().message.c_str());
+              break;
+            }
+            if (!published->has_value()) break;
             ++stats->published;
-            stats->merged_tokens += (*published)->merged_tokens;
             stats->bytes_sent += (*published)->value.size() * 4 * st.learners.size();
             (void)st.wire->broadcast(st.learners, fragment_message(p, r.value));
             auto b = st.wire->make_envelope(r.value);

@@ -1,5 +1,6 @@
 #include "parameter_shard/shard_core.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace archipelago {
@@ -22,14 +23,22 @@ shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, st
     const fragment_spec& spec = plan.fragments.at(p.value);
     std::size_t offset = 0;
     f.theta.reserve(spec.floats);
+    param_layout fragment_layout;  // the fragment's tensors at their offsets in its flat vector
     for (std::size_t t : spec.tensors) f.names.push_back(layout.tensors[t].name);
     for (std::size_t i = 0; i < spec.tensors.size(); ++i) {
       const tensor_spec& ts = layout.tensors[spec.tensors[i]];
-      f.tensors.push_back({offset, ts.size(), ts.kind == tensor_kind::embedding, f.names[i]});
+      // Gradients are averaged on every tensor; deltas get RDA except on embeddings.
+      f.tensors.push_back({offset, ts.size(), config.gradient_mode || ts.kind == tensor_kind::embedding, f.names[i]});
       f.theta.insert(f.theta.end(), initial_params + ts.offset, initial_params + ts.offset + ts.size());
+      fragment_layout.tensors.push_back(ts);
+      fragment_layout.tensors.back().offset = offset;
       offset += ts.size();
     }
     f.momentum.assign(f.theta.size(), 0.f);
+    if (config.gradient_mode) {
+      fragment_layout.total_floats = fragment_layout.param_count = offset;
+      f.gradient_optimizer = std::make_unique<adamw>(fragment_layout, config.adamw_outer);
+    }
   }
 }
 
@@ -98,7 +107,9 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
       ledger_.unmerged_tokens += c.tokens;
       continue;
     }
-    views.push_back({c.delta.data(), static_cast<double>(c.tokens), static_cast<double>(c.steps)});
+    // Gradients are averaged per token: steps = tokens makes the weight tokens²/steps = tokens.
+    const auto tokens = static_cast<double>(c.tokens);
+    views.push_back({c.delta.data(), tokens, config_.gradient_mode ? std::max(1.0, tokens) : static_cast<double>(c.steps)});
     merged_tokens += c.tokens;
   }
   if (views.empty()) return std::optional<published_fragment>{};
@@ -106,7 +117,12 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
   std::vector<float> outer_gradient(f.theta.size());
   if (auto ok = merge_outer_gradient(f.tensors, views, f.theta.size(), outer_gradient.data()); !ok)
     return ok.err();
-  outer_.step(f.theta.data(), f.momentum.data(), outer_gradient.data(), f.theta.size());
+  if (f.gradient_optimizer)
+    f.gradient_optimizer->step(f.theta.data(), outer_gradient.data(),
+                               scheduled_lr(config_.adamw_outer, static_cast<std::int64_t>(f.version),
+                                            config_.schedule_steps));
+  else
+    outer_.step(f.theta.data(), f.momentum.data(), outer_gradient.data(), f.theta.size());
   ++f.version;
   ledger_.merged += views.size();
   ledger_.merged_tokens += merged_tokens;

@@ -7,19 +7,27 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/ids.hpp"
+#include "core/config.hpp"
 #include "core/layout.hpp"
+#include "learner/model/adamw.hpp"
 #include "parameter_shard/merge.hpp"
 
 namespace archipelago {
 
 struct shard_config {
   nesterov_config outer;
+  /// The dp policy: contributions are gradients, averaged per token over every
+  /// tensor, and the outer step is AdamW at the inner schedule (step = version).
+  bool gradient_mode = false;
+  optimizer_config adamw_outer;
+  std::int64_t schedule_steps = 1;
   std::size_t max_open_rounds = 16;           // rounds with buffered contributions
   std::size_t max_contributions_per_round = 256;
 };
@@ -83,6 +91,7 @@ class shard_core {
     std::vector<std::string> names;        // owned: tensors' name views point here
     std::vector<fragment_tensor> tensors;  // within the fragment's flat vector
     std::vector<float> theta, momentum;
+    std::unique_ptr<adamw> gradient_optimizer;  // gradient_mode only
     std::uint64_t version = 0;
     std::map<std::uint64_t, std::vector<buffered_contribution>> open;  // round → contributions
     std::uint64_t closed_through = 0;  // rounds at or below this are closed (+1 offset: 0 = none)

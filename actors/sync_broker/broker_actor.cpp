@@ -1,10 +1,12 @@
 // The sync broker's CAF shell: feeds messages and ticks to broker_core and
-// turns its effects into RoundOpen / RoundClose messages.
+// turns its effects into RoundOpen / RoundClose messages; keeps the token
+// ledger and the publication times (uptime) and reports them to mesh_stats.
 
 #include <chrono>
 
 #include "node/mesh_actors.hpp"
 #include "sync_broker/broker_core.hpp"
+#include "sync_broker/token_ledger.hpp"
 #include "transport/caf_bridge.hpp"
 
 namespace archipelago {
@@ -14,6 +16,11 @@ using namespace transport;
 
 struct broker_state {
   std::unique_ptr<broker_core> core;
+  token_ledger ledger;
+  std::vector<nanos> published_at;
+  nanos first_join_ns = -1, last_leave_ns = -1, first_open_ns = -1, last_grace_ns = 0;
+  nanos last_report_ns = 0;
+  nanos last_xi_step_ns = 0;  // the pace survives the learners' departure at the end
   std::unique_ptr<node_transport> wire;
   std::vector<node_address> learners;
   static inline const char* name = "sync_broker";
@@ -23,12 +30,19 @@ broker_config broker_settings(const mesh_setup& s) {
   broker_config b;
   const mesh_config& m = s.cfg.mesh;
   b.fragments = static_cast<int>(s.plan.fragments.size());
-  b.rounds_in_flight = m.rounds_in_flight;
-  b.quorum = m.quorum;
+  b.rounds_in_flight = s.policy.rounds_in_flight;
+  b.quorum = s.policy.quorum;
   b.grace_factor = m.grace_factor;
-  b.adaptive_grace = m.grace;
+  b.adaptive_grace = s.policy.adaptive_grace;
+  b.wait_for_all = s.policy.wait_for_all;
+  b.steps_per_round = s.policy.steps_per_round;
   b.ema_alpha = m.ema_alpha;
-  b.liveness_timeout_ns = s.cfg.wire.heartbeat_interval_ms * s.cfg.wire.liveness * 1'000'000;
+  b.round_timeout_ns = static_cast<nanos>(m.round_timeout_s * 1e9);
+  // The transport's heartbeats decide liveness (peer_atom): a learner deep in a
+  // long step sends no Progress but is alive. The core's own message timeout
+  // is only a backstop.
+  b.liveness_timeout_ns = std::max<nanos>(s.cfg.wire.heartbeat_interval_ms * s.cfg.wire.liveness * 1'000'000,
+                                          b.round_timeout_ns);
   b.shard_of_fragment = s.shard_of_fragment;
   return b;
 }
@@ -42,10 +56,33 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
   for (std::uint32_t s = 0; s < setup->shard_endpoints.size(); ++s)
     (void)st.wire->add_peer({role::parameter_shard, s}, setup->shard_endpoints[s]);
 
-  auto dispatch = [self, stats] {
+  // A gap between publications longer than a few planned round intervals is down time.
+  auto report = [self, stats, setup](nanos now) {
+    auto& st = self->state;
+    st.last_report_ns = now;
+    st.last_xi_step_ns = st.core->xi_step_ns().value_or(st.last_xi_step_ns);
+    const auto step_ns = static_cast<double>(st.last_xi_step_ns);
+    const auto stall = static_cast<nanos>(std::max(1e9, 4 * setup->policy.steps_per_round * step_ns));
+    std::lock_guard lock(stats->report_mutex);
+    broker_report& r = stats->report;
+    r.ledger = st.ledger.totals();
+    const nanos end = st.last_leave_ns >= 0 ? st.last_leave_ns : now;
+    r.uptime = st.first_open_ns < 0 ? 1.0 : uptime_from_publications(st.published_at, st.first_open_ns, end, stall);
+    r.first_join_ns = st.first_join_ns;
+    r.last_leave_ns = st.last_leave_ns;
+    r.xi_step_ms = step_ns * 1e-6;
+    r.xi_quorum_ms = st.core->xi_quorum_ns() * 1e-6;
+    r.last_grace_ms = static_cast<double>(st.last_grace_ns) * 1e-6;
+    r.closed_all_eligible = st.core->counters().closed_all_eligible;
+    r.closed_grace_expired = st.core->counters().closed_grace_expired;
+    r.closed_timeout = st.core->counters().closed_timeout;
+  };
+
+  auto dispatch = [self, stats, clock] {
     auto& st = self->state;
     for (auto& effect : st.core->take_effects()) {
       if (auto* o = std::get_if<open_round>(&effect)) {
+        if (st.first_open_ns < 0) st.first_open_ns = clock->now();
         auto b = st.wire->make_envelope(o->round.value);
         auto body = b.body().initRoundOpen();
         body.setFragment(o->fragment.value);
@@ -61,11 +98,15 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
                        : c->reason == close_reason::grace_expired ? wire::CloseReason::GRACE_EXPIRED
                                                                   : wire::CloseReason::TIMEOUT);
         auto members = body.initMembers(static_cast<unsigned>(c->members.size()));
+        std::vector<learner_ref> refs;
         for (unsigned i = 0; i < c->members.size(); ++i) {
           members[i].setLearner(c->members[i].learner.value);
           members[i].setIncarnation(c->members[i].inc.value);
           members[i].setWeight(c->members[i].weight);
+          refs.push_back({c->members[i].learner, c->members[i].inc});
         }
+        st.ledger.on_round_closed(c->round, refs, c->merge());
+        st.last_grace_ns = c->grace_ns;
         (void)st.wire->send({role::parameter_shard, c->shard}, b.finish());
         ++stats->rounds_closed;
         stats->members += c->members.size();
@@ -77,10 +118,21 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
 
   self->send(self, tick_atom::value);
   return {
-      [self, dispatch, clock](tick_atom) {
-        self->state.core->tick(clock->now());
+      [self, dispatch, report, clock](tick_atom) {
+        const nanos now = clock->now();
+        self->state.core->tick(now);
         dispatch();
+        if (now - self->state.last_report_ns >= 250'000'000) report(now);
         self->delayed_send(self, std::chrono::milliseconds(2), tick_atom::value);
+      },
+      [self, dispatch, clock](peer_atom, std::uint8_t kind, std::uint32_t index, bool alive) {
+        if (alive || kind != static_cast<std::uint8_t>(role::learner)) return;
+        self->state.core->on_peer_lost({index}, clock->now());
+        dispatch();
+      },
+      [self, report, clock](report_atom) {
+        report(clock->now());
+        return true;
       },
       [self, dispatch, clock](const inbound_ptr& m) {
         auto& st = self->state;
@@ -93,25 +145,39 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
             if (std::find(st.learners.begin(), st.learners.end(), from) == st.learners.end()) st.learners.push_back(from);
             (void)st.wire->add_peer(from, body.getJoin().getEndpoint().cStr());
             st.core->on_join({from.index}, incarnation{env.header().getIncarnation()}, now);
+            if (st.first_join_ns < 0) st.first_join_ns = now;
             break;
           case wire::Envelope::Body::LEAVE:
             st.core->on_leave({from.index}, incarnation{env.header().getIncarnation()}, now);
+            st.last_leave_ns = now;
             break;
           case wire::Envelope::Body::PROGRESS: {
             auto p = body.getProgress();
-            st.core->on_progress({from.index}, incarnation{env.header().getIncarnation()}, p.getStep(),
-                                 static_cast<nanos>(p.getStepTimeNs()), now);
+            const learner_ref who{{from.index}, incarnation{env.header().getIncarnation()}};
+            st.core->on_progress(who.learner, who.inc, p.getStep(), static_cast<nanos>(p.getStepTimeNs()), now);
+            st.ledger.on_progress(who, p.getStep(), p.getTokens(), static_cast<nanos>(p.getStepTimeNs()));
             break;
           }
           case wire::Envelope::Body::CONTRIBUTION: {  // a shard's arrival notice
             auto c = body.getContribution();
-            st.core->on_contribution(round_number{env.header().getRound()}, {c.getLearner()},
-                                     incarnation{c.getLearnerIncarnation()}, c.getTokens(), c.getSteps(), now);
+            const round_number round{env.header().getRound()};
+            const learner_ref who{{c.getLearner()}, incarnation{c.getLearnerIncarnation()}};
+            switch (c.getVerdict()) {
+              case wire::Verdict::BUFFERED:
+                st.ledger.on_arrival(round, who, c.getStep(), c.getSteps());
+                st.core->on_contribution(round, who.learner, who.inc, c.getTokens(), c.getSteps(), now);
+                break;
+              case wire::Verdict::LATE: st.ledger.on_outcome(who, c.getStep(), c.getSteps(), ledger_bucket::late); break;
+              case wire::Verdict::REJECTED:
+                st.ledger.on_outcome(who, c.getStep(), c.getSteps(), ledger_bucket::rejected);
+                break;
+            }
             break;
           }
           case wire::Envelope::Body::FRAGMENT_UPDATE: {  // a shard published
             auto u = body.getFragmentUpdate();
             st.core->on_published(round_number{env.header().getRound()}, {u.getFragment()}, u.getVersion(), now);
+            if (st.published_at.size() < (std::size_t{1} << 24)) st.published_at.push_back(now);
             break;
           }
           default: break;

@@ -34,6 +34,9 @@ status validate(const broker_config& cfg) {
   if (cfg.liveness_timeout_ns <= 0) {
     return invalid("broker liveness_timeout_ns must be > 0, got " + std::to_string(cfg.liveness_timeout_ns));
   }
+  if (!std::isfinite(cfg.steps_per_round) || cfg.steps_per_round <= 0) {
+    return invalid("broker steps_per_round must be finite and > 0, got " + std::to_string(cfg.steps_per_round));
+  }
   if (cfg.round_timeout_ns <= 0) {
     return invalid("broker round_timeout_ns must be > 0, got " + std::to_string(cfg.round_timeout_ns));
   }
@@ -156,7 +159,7 @@ bool broker_core::is_eligible(learner_index learner) const {
 std::vector<learner_ref> broker_core::eligible_now() const {
   std::vector<learner_ref> out;
   for (const auto& [index, st] : learners_) {
-    if (st.live && !st.departed && st.steps_done >= 1) out.push_back({index, st.inc});
+    if (is_eligible(index)) out.push_back({index, st.inc});
   }
   return out;
 }
@@ -304,7 +307,7 @@ void broker_core::open_due_rounds(nanos now) {
     if (eligible.size() < static_cast<std::size_t>(cfg_.quorum)) return;
     const std::optional<nanos> step = xi_step_ns();
     if (!step) return;
-    if (any_opened_ && now < last_open_ns_ + *step) return;
+    if (any_opened_ && now < last_open_ns_ + std::llround(static_cast<double>(*step) * cfg_.steps_per_round)) return;
 
     round_state rs;
     rs.round = next_round_++;
@@ -321,13 +324,22 @@ void broker_core::open_due_rounds(nanos now) {
   }
 }
 
+void broker_core::mark_dead(learner_index index, learner_state& st) {
+  st.live = false;
+  ++counters_.learners_dead;
+  effects_.push_back(learner_dead{index, st.inc});
+}
+
+void broker_core::on_peer_lost(learner_index learner, nanos now) {
+  auto it = learners_.find(learner);
+  if (it == learners_.end() || !it->second.live || it->second.departed) return;
+  mark_dead(learner, it->second);
+  check_closes(now);
+}
+
 void broker_core::tick(nanos now) {
   for (auto& [index, st] : learners_) {
-    if (st.live && !st.departed && now - st.last_heard_ns >= cfg_.liveness_timeout_ns) {
-      st.live = false;
-      ++counters_.learners_dead;
-      effects_.push_back(learner_dead{index, st.inc});
-    }
+    if (st.live && !st.departed && now - st.last_heard_ns >= cfg_.liveness_timeout_ns) mark_dead(index, st);
   }
   check_closes(now);
   open_due_rounds(now);

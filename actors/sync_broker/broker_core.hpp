@@ -26,6 +26,7 @@ struct broker_config {
   double grace_factor = 0.8;     // γ
   bool adaptive_grace = true;    // false: close as soon as K have arrived
   bool wait_for_all = false;     // sync modes: close only when every eligible learner contributed
+  double steps_per_round = 1;    // rounds open this many ξ_step apart (diloco H, streaming H/P)
   double ema_alpha = 0.5;        // weight of the newest sample, in (0, 1]
   nanos liveness_timeout_ns = 3'000'000'000;
   nanos round_timeout_ns = 60'000'000'000;  // bound on any open round
@@ -135,6 +136,9 @@ class broker_core {
   void on_contribution(round_number round, learner_index learner, incarnation inc,
                        std::uint64_t tokens, std::uint64_t steps, nanos now);
   void on_published(round_number round, fragment_index fragment, std::uint64_t version, nanos now);
+  /// The transport found the learner silent (no message, not even a heartbeat,
+  /// for its liveness timeout): it is dead now. Its next message revives it.
+  void on_peer_lost(learner_index learner, nanos now);
   /// Liveness, grace and timeout deadlines, and opening of paced rounds.
   void tick(nanos now);
 
@@ -178,6 +182,7 @@ class broker_core {
   };
 
   learner_state* admit(learner_index learner, incarnation inc, nanos now);
+  void mark_dead(learner_index index, learner_state& st);
   void reset_learner(learner_state& st, incarnation inc, nanos now);
   void update_ema(double& ema, bool& has, double sample) const;
   void reach_quorum(round_state& rs, nanos now);

@@ -23,4 +23,15 @@ inline node_transport::message_handler deliver_to(caf::actor actor) {
   return [actor](inbound_ptr message) { caf::anon_send(actor, std::move(message)); };
 }
 
+using peer_atom = caf::atom_constant<caf::atom("peer")>;
+
+/// A peer handler that tells `actor` (peer_atom, role as uint8, index, alive)
+/// when a peer falls silent or speaks again: any message counts, heartbeats
+/// included, which the actors never see.
+inline node_transport::peer_handler deliver_peer_events_to(caf::actor actor) {
+  return [actor](node_address peer, bool alive) {
+    caf::anon_send(actor, peer_atom::value, static_cast<std::uint8_t>(peer.kind), peer.index, alive);
+  };
+}
+
 }  // namespace archipelago::transport

@@ -7,11 +7,11 @@ namespace archipelago::sim {
 namespace {
 
 // Node ids: learners 0..M-1, the broker M, shards M+1..M+S.
-struct msg_progress { learner_ref from; std::uint64_t steps; nanos step_ns; };
+struct msg_progress { learner_ref from; std::uint64_t steps, tokens; nanos step_ns; };
 struct msg_join { learner_ref from; };
 struct msg_round_open { round_number round; fragment_index fragment; };
 struct msg_contribution { learner_ref from; contribution_plan plan; };
-struct msg_arrival { round_number round; learner_ref from; std::uint64_t tokens, steps; };
+struct msg_arrival { round_number round; learner_ref from; std::uint64_t tokens, steps, step; contribution_verdict verdict; };
 struct msg_close { round_number round; fragment_index fragment; std::vector<learner_ref> members; bool merge; };
 struct msg_update { fragment_index fragment; std::uint64_t version; std::vector<float> value; bool fetch_reply; };
 struct msg_published { round_number round; fragment_index fragment; std::uint64_t version; };
@@ -79,6 +79,7 @@ class mesh {
     result_.final_loss = loss(result_.final_theta);
     result_.history.assign(broker_.history().begin(), broker_.history().end());
     result_.broker = broker_.counters();
+    result_.ledger = ledger_.totals();
     for (auto& s : shards_) result_.shards.push_back(s->ledger());
     return std::move(result_);
   }
@@ -92,6 +93,8 @@ class mesh {
     std::size_t installing = 0;  // fragments still being fetched on (re)join
     nanos step_ns = 0;
     std::uint64_t steps_done = 0;
+    bool waiting = false;
+    nanos wait_since = 0;
   };
   struct event {
     nanos at;
@@ -153,7 +156,8 @@ class mesh {
     learner& l = learners_[i];
     l.inc = incarnation{l.inc.value + 1};
     l.alive = true;
-    l.core = std::make_unique<learner_core>(layout_, plan_, learner_sync_config{});
+    l.core = std::make_unique<learner_core>(layout_, plan_, cfg_.sync);
+    l.waiting = false;
     l.installing = plan_.fragments.size();
     // Clone pattern: subscribe (be a learner the shards broadcast to) first,
     // then fetch every fragment; updates at or below the fetched version are dropped.
@@ -173,20 +177,33 @@ class mesh {
     at(now_ + l.step_ns, [this, i, inc = l.inc] { step(i, inc); });
   }
 
+  void send_contributions(std::uint32_t i) {
+    learner& l = learners_[i];
+    while (auto c = l.core->next_contribution(l.params.data())) {
+      ++result_.contributions_sent[i];
+      send(static_cast<int>(i), shard_node(shard_of(c->fragment)), msg_contribution{{{i}, l.inc}, std::move(*c)});
+    }
+  }
+
   void step(std::uint32_t i, incarnation inc) {
     learner& l = learners_[i];
     if (!l.alive || l.inc != inc) return;
+    if (l.core->must_wait()) {  // the synchronous policies: parked until an update arrives
+      send_contributions(i);
+      l.waiting = true;
+      l.wait_since = now_;
+      return;
+    }
     // One inner step on a quadratic with this learner's target, plus noise.
     for (std::size_t k = 0; k < l.params.size(); ++k)
       l.params[k] -= 0.05f * (l.params[k] - l.target[k]) + 0.01f * static_cast<float>(rng_.normal());
     ++l.steps_done;
     ++result_.learner_steps[i];
+    result_.tokens_processed += cfg_.tokens_per_step;
     l.core->on_step(cfg_.tokens_per_step);
-    send(static_cast<int>(i), broker_node(), msg_progress{{{i}, inc}, l.steps_done, l.step_ns});
-    while (auto c = l.core->next_contribution(l.params.data())) {
-      ++result_.contributions_sent[i];
-      send(static_cast<int>(i), shard_node(shard_of(c->fragment)), msg_contribution{{{i}, inc}, std::move(*c)});
-    }
+    send(static_cast<int>(i), broker_node(),
+         msg_progress{{{i}, inc}, l.core->steps_done(), l.core->steps_done() * cfg_.tokens_per_step, l.step_ns});
+    send_contributions(i);
     schedule_step(i);
   }
 
@@ -196,12 +213,18 @@ class mesh {
     if (!l.alive) return;
     if (auto o = std::get_if<msg_round_open>(&m)) {
       l.core->on_round_open(o->round, o->fragment);
+      if (l.installing == 0) send_contributions(i);
     } else if (auto u = std::get_if<msg_update>(&m)) {
       if (u->fetch_reply && l.installing > 0 && !l.core->installed(u->fragment)) {
         l.core->install(u->fragment, u->version, u->value, l.params.data());
         if (--l.installing == 0) schedule_step(i);  // joined: start stepping
       } else if (l.core->installed(u->fragment)) {
         l.core->on_fragment_update(u->fragment, u->version, u->value, l.params.data());
+        if (l.waiting && !l.core->must_wait()) {
+          l.waiting = false;
+          result_.learner_wait_ns += now_ - l.wait_since;
+          schedule_step(i);
+        }
       }
     }
   }
@@ -215,11 +238,20 @@ class mesh {
   }
 
   void on_broker_message(const message& m) {
-    if (auto p = std::get_if<msg_progress>(&m)) broker_.on_progress(p->from.learner, p->from.inc, p->steps, p->step_ns, now_);
-    else if (auto j = std::get_if<msg_join>(&m)) broker_.on_join(j->from.learner, j->from.inc, now_);
-    else if (auto a = std::get_if<msg_arrival>(&m))
-      broker_.on_contribution(a->round, a->from.learner, a->from.inc, a->tokens, a->steps, now_);
-    else if (auto pub = std::get_if<msg_published>(&m)) broker_.on_published(pub->round, pub->fragment, pub->version, now_);
+    if (auto p = std::get_if<msg_progress>(&m)) {
+      broker_.on_progress(p->from.learner, p->from.inc, p->steps, p->step_ns, now_);
+      ledger_.on_progress(p->from, p->steps, p->tokens, p->step_ns);
+    } else if (auto j = std::get_if<msg_join>(&m)) {
+      broker_.on_join(j->from.learner, j->from.inc, now_);
+    } else if (auto a = std::get_if<msg_arrival>(&m)) {
+      if (a->verdict == contribution_verdict::buffered) {
+        ledger_.on_arrival(a->round, a->from, a->step, a->steps);
+        broker_.on_contribution(a->round, a->from.learner, a->from.inc, a->tokens, a->steps, now_);
+      } else {
+        ledger_.on_outcome(a->from, a->step, a->steps,
+                           a->verdict == contribution_verdict::late ? ledger_bucket::late : ledger_bucket::rejected);
+      }
+    } else if (auto pub = std::get_if<msg_published>(&m)) broker_.on_published(pub->round, pub->fragment, pub->version, now_);
     dispatch_broker_effects();
   }
 
@@ -233,6 +265,7 @@ class mesh {
           members.push_back({m.learner, m.inc});
           result_.member_incarnations[m.learner.value].push_back(m.inc.value);
         }
+        ledger_.on_round_closed(c->round, members, c->merge());
         send(broker_node(), shard_node(c->shard), msg_close{c->round, c->fragment, std::move(members), c->merge()});
       }
     }
@@ -246,8 +279,9 @@ class mesh {
     if (auto c = std::get_if<msg_contribution>(&m)) {
       const auto verdict = shard.on_contribution(c->plan.round, c->plan.fragment, c->from, c->plan.steps,
                                                  c->plan.tokens, c->plan.delta);
-      if (verdict == contribution_verdict::buffered)
-        send(self, broker_node(), msg_arrival{c->plan.round, c->from, c->plan.tokens, c->plan.steps});
+      if (verdict != contribution_verdict::duplicate)
+        send(self, broker_node(),
+             msg_arrival{c->plan.round, c->from, c->plan.tokens, c->plan.steps, c->plan.step, verdict});
     } else if (auto close = std::get_if<msg_close>(&m)) {
       auto published = shard.on_round_close(close->round, close->fragment,
                                             close->merge ? close->members : std::vector<learner_ref>{});
@@ -286,6 +320,7 @@ class mesh {
   std::vector<std::uint32_t> shard_of_fragment_;
   prng rng_;
   broker_core broker_;
+  token_ledger ledger_;
   std::vector<std::unique_ptr<shard_core>> shards_;
   std::vector<learner> learners_;
   std::vector<float> target_;

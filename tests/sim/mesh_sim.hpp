@@ -20,6 +20,7 @@
 #include "learner/learner_core.hpp"
 #include "parameter_shard/shard_core.hpp"
 #include "sync_broker/broker_core.hpp"
+#include "sync_broker/token_ledger.hpp"
 #include "transport/link_shaper.hpp"
 
 namespace archipelago::sim {
@@ -43,6 +44,7 @@ struct sim_config {
   std::vector<nanos> step_ns;  // per learner; default 10 ms each
   std::uint64_t tokens_per_step = 1024;
   broker_config broker;        // fragments and shard_of_fragment are filled in
+  learner_sync_config sync;    // the learners' policy (default: decoupled, never waits)
   link_profile link;           // every directed link
   nanos duration_ns = 10'000'000'000;
   nanos tick_ns = 1'000'000;
@@ -61,6 +63,9 @@ struct sim_result {
   std::vector<std::uint64_t> learner_steps;  // per learner, over all incarnations
   std::vector<std::uint64_t> contributions_sent;
   std::vector<std::vector<std::uint64_t>> member_incarnations;  // learner → incarnations seen in closed rounds
+  ledger_totals ledger;                      // kept by the broker from Progress and arrival notices
+  std::uint64_t tokens_processed = 0;        // counted by the learners themselves
+  nanos learner_wait_ns = 0;                 // summed time learners spent waiting (synchronous policies)
 };
 
 /// Runs the mesh until config.duration_ns of virtual time.

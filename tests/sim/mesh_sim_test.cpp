@@ -133,3 +133,86 @@ TEST_CASE("sim: a partitioned learner is left behind, then merged again after th
   CHECK(with_1_after > 0);
   CHECK(r.final_loss < 0.2 * r.initial_loss);
 }
+
+TEST_CASE("sim: the token ledger is exact — every processed token in one bucket") {
+  for (std::uint64_t seed : {51u, 52u}) {
+    CAPTURE(seed);
+    sim_config c = base(seed);
+    c.step_ns = {10'000'000, 10'000'000, 20'000'000, 20'000'000};
+    c.crashes = {{3, 2'000'000'000, 3'000'000'000}};  // its uncontributed steps are lost
+    c.broker.adaptive_grace = false;                 // K=1 without grace: slow learners come late
+    const sim_result r = run_mesh(c);
+    const ledger_totals& l = r.ledger;
+    CHECK(l.balanced());
+    CHECK(l.processed == r.tokens_processed);  // no Progress lost on a clean network
+    CHECK(l.merged > 0);
+    CHECK(l.late > 0);
+    CHECK(l.lost > 0);
+    CHECK(l.rejected == 0);
+    // With the grace window the slow learners' work is merged instead of late.
+    sim_config with_grace = c;
+    with_grace.broker.adaptive_grace = true;
+    const ledger_totals g = run_mesh(with_grace).ledger;
+    CHECK(g.balanced());
+    CHECK(static_cast<double>(g.merged) / static_cast<double>(g.processed) >
+          1.5 * static_cast<double>(l.merged) / static_cast<double>(l.processed));
+  }
+  // On a lossy network the ledger still balances over what the broker heard.
+  sim_config c = base(53);
+  c.link.loss = 0.05;
+  c.link.duplicate = 0.05;
+  c.link.reorder = 0.05;
+  const sim_result r = run_mesh(c);
+  CHECK(r.ledger.balanced());
+  CHECK(r.ledger.processed <= r.tokens_processed);
+  CHECK(r.ledger.processed > r.tokens_processed * 9 / 10);
+}
+
+TEST_CASE("sim: synchronous policies wait — every live learner in every round, stragglers stall the rest") {
+  const std::uint64_t seed = 61;
+  CAPTURE(seed);
+  // Streaming-like: each fragment after H = 4 steps, wait-for-all, waits when τ = 2 steps overdue.
+  sim_config c = base(seed);
+  c.step_ns = {10'000'000, 10'000'000, 20'000'000, 20'000'000};
+  c.broker.wait_for_all = true;
+  c.broker.adaptive_grace = false;
+  c.broker.steps_per_round = 1;
+  c.sync.contribute_after = 4;
+  c.sync.wait_slack = 2;
+  const sim_result sync = run_mesh(c);
+  REQUIRE(sync.history.size() > 20);
+  std::size_t full = 0;
+  for (const auto& rec : sync.history) full += rec.members.size() == 4;
+  CHECK(full >= sync.history.size() - 2);  // rounds open before a learner's first step can miss it
+  CHECK(sync.learner_wait_ns > 0);         // the fast learners waited for the slow ones
+  CHECK(sync.final_loss < 0.3 * sync.initial_loss);
+  CHECK(sync.ledger.balanced());
+
+  // Decoupled on the same learners never waits and its fast learners step more.
+  const sim_result decoupled = run_mesh([&] {
+    sim_config d = c;
+    d.broker.wait_for_all = false;
+    d.sync = {};
+    return d;
+  }());
+  CHECK(decoupled.learner_wait_ns == 0);
+  CHECK(decoupled.learner_steps[0] > sync.learner_steps[0] * 5 / 4);
+
+  // diloco-like (one fragment, H = 5, wait at once): rounds merge all four, learners in lock-step.
+  sim_config dl = base(seed);
+  dl.fragments = 1;
+  dl.shards = 1;
+  dl.broker.wait_for_all = true;
+  dl.broker.adaptive_grace = false;
+  dl.broker.rounds_in_flight = 1;
+  dl.broker.steps_per_round = 5;
+  dl.sync.contribute_after = 5;
+  dl.sync.wait_slack = 0;
+  const sim_result diloco = run_mesh(dl);
+  REQUIRE(diloco.history.size() > 20);
+  for (std::size_t k = 1; k < diloco.history.size(); ++k) CHECK(diloco.history[k].members.size() == 4);
+  // Lock-step: no learner is more than one phase ahead of another.
+  const auto [lo, hi] = std::minmax_element(diloco.learner_steps.begin(), diloco.learner_steps.end());
+  CHECK(*hi - *lo <= 5);
+  CHECK(diloco.final_loss < 0.3 * diloco.initial_loss);
+}

@@ -82,13 +82,59 @@ TEST_CASE("mesh configurations that cannot work are refused with the knobs named
     CHECK(ok.err().message.find(needle) != std::string::npos);
   };
   refuses({"mesh.learners=2", "mesh.quorum=3"}, "mesh.quorum (3) must not exceed mesh.learners (2)");
-  refuses({"mesh.fragments=4", "mesh.shards=5"}, "mesh.shards (5) must not exceed the fragments (4)");
-  refuses({"mesh.mode=dp", "mesh.shards=2"}, "mode dp uses one");
+  refuses({"mesh.fragments=4", "mesh.shards=5"}, "mesh.shards (5) must not exceed mesh.fragments (4)");
   refuses({"mesh.fragments=1000"}, "mesh.fragments");
+  refuses({"mesh.learners=3", "mesh.learner_slowdown=1,2"}, "mesh.learner_slowdown has 2 values for 3 learners");
   config cfg;
   CHECK_FALSE(set_knob(cfg, "mesh.fragments", "0"));
   auto mode = set_knob(cfg, "mesh.mode", "async");
   REQUIRE_FALSE(mode);
   CHECK(mode.err().message.find("unknown mode 'async'") != std::string::npos);
   CHECK(validate_mesh(config{}));
+  CHECK_FALSE(set_knob(cfg, "mesh.learner_slowdown", "2,0.5"));  // a slow-down below 1 is out of bounds
+  auto list = set_knob(cfg, "mesh.learner_batch", "8,x");
+  REQUIRE_FALSE(list);
+  CHECK(list.err().message == "mesh.learner_batch: 'x' is not a number");
+}
+
+TEST_CASE("every mode resolves to the policy of ALGORITHM.md §8") {
+  auto policy_of = [](std::vector<std::string> sets) {
+    config cfg;
+    for (const auto& s : sets) REQUIRE(set_knob_assignment(cfg, s));
+    auto p = resolve_policy(cfg);
+    REQUIRE(p);
+    return *p;
+  };
+  const sync_policy dp = policy_of({"mesh.mode=dp", "mesh.shards=3"});
+  CHECK(dp.fragments == 1);
+  CHECK(dp.shards == 1);  // one fragment, one shard
+  CHECK(dp.send_gradients);
+  CHECK(dp.wait_for_all);
+  CHECK(dp.wait_slack == 0);
+  const sync_policy diloco = policy_of({"mesh.mode=diloco", "mesh.inner_steps=40"});
+  CHECK(diloco.fragments == 1);
+  CHECK(diloco.contribute_after == 40);
+  CHECK(diloco.steps_per_round == 40);
+  CHECK(diloco.wait_slack == 0);
+  CHECK_FALSE(diloco.send_gradients);
+  const sync_policy streaming = policy_of({"mesh.mode=streaming", "mesh.inner_steps=48", "mesh.fragments=24"});
+  CHECK(streaming.fragments == 24);
+  CHECK(streaming.steps_per_round == 2);
+  CHECK(streaming.wait_slack == 2);  // τ
+  CHECK(streaming.mix == 0.5);
+  const sync_policy decoupled = policy_of({"mesh.quorum=2", "mesh.grace=false"});
+  CHECK(decoupled.quorum == 2);
+  CHECK_FALSE(decoupled.wait_for_all);
+  CHECK_FALSE(decoupled.adaptive_grace);
+  CHECK(decoupled.wait_slack < 0);
+  CHECK(policy_of({"mesh.mode=dp", "mesh.elastic=false", "mesh.learners=5"}).quorum == 5);
+  CHECK(policy_of({"mesh.mode=streaming", "mesh.mix=0"}).mix == 0);
+
+  config cfg;
+  REQUIRE(set_knob_assignment(cfg, "mesh.learners=3"));
+  REQUIRE(set_knob_assignment(cfg, "mesh.learner_batch=8,16,4"));
+  REQUIRE(set_knob_assignment(cfg, "mesh.learner_slowdown=1,2.5,1"));
+  CHECK(learner_profile_of(cfg, 1).batch == 16);
+  CHECK(learner_profile_of(cfg, 1).slowdown == 2.5);
+  CHECK(learner_profile_of(cfg, 2).threads == 1);  // train.threads 2 over 3 learners
 }

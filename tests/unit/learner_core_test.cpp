@@ -75,23 +75,95 @@ TEST_CASE("learner core: contributions are anchor-relative deltas, exact after m
   CHECK_FALSE(f.core.next_contribution(f.params.data()));
 }
 
-TEST_CASE("learner core: rounds without new work, duplicates and the pending bound") {
+TEST_CASE("learner core: rounds wait for new work, duplicates and the pending bound") {
   fixture f;
   f.install_all(0.0f);
-  f.core.on_round_open(round_number{1}, {0});  // no step yet: nothing to send
+  f.core.on_round_open(round_number{1}, {0});  // no step yet: nothing to send, the round stays pending
   CHECK_FALSE(f.core.next_contribution(f.params.data()));
+  CHECK(f.core.pending_rounds() == 1);
   f.core.on_step(10);
   f.core.on_round_open(round_number{2}, {1});
   f.core.on_round_open(round_number{2}, {1});  // duplicate RoundOpen
-  CHECK(f.core.pending_rounds() == 1);
+  CHECK(f.core.pending_rounds() == 2);
   f.core.on_round_open(round_number{3}, {2});
-  f.core.on_round_open(round_number{4}, {3});
-  f.core.on_round_open(round_number{5}, {0});  // bound is 3: round 2 is dropped
+  f.core.on_round_open(round_number{4}, {3});  // bound is 3: round 1 is dropped
   CHECK(f.core.pending_rounds() == 3);
   CHECK(f.core.dropped_rounds() == 1);
   auto c = f.core.next_contribution(f.params.data());
   REQUIRE(c);
-  CHECK(c->round == round_number{3});
+  CHECK(c->round == round_number{2});
+  CHECK(c->step == 1);
+}
+
+TEST_CASE("learner core: the same work is never contributed twice") {
+  fixture f;
+  f.install_all(0.0f);
+  f.core.on_step(10);
+  f.core.on_round_open(round_number{1}, {0});
+  REQUIRE(f.core.next_contribution(f.params.data()));
+  // The next round of fragment 0 opens before round 1's result arrived.
+  f.core.on_round_open(round_number{5}, {0});
+  CHECK_FALSE(f.core.next_contribution(f.params.data()));
+  f.core.on_step(10);  // new work: now it answers, with everything since the anchor
+  auto c = f.core.next_contribution(f.params.data());
+  REQUIRE(c);
+  CHECK(c->round == round_number{5});
+  CHECK(c->steps == 2);
+}
+
+TEST_CASE("learner core: the synchronous policies wait, decoupled never does") {
+  const param_layout layout = make_layout({256, 4, 8, 1, 2, true});
+  std::vector<float> params(layout.total_floats, 0.f);
+  auto install = [&](learner_core& core) {
+    for (std::uint32_t p = 0; p < core.fragments(); ++p)
+      REQUIRE(core.install({p}, 1, std::vector<float>(core.fragment_floats({p}), 0.f), params.data()));
+  };
+  // diloco: answer after H = 3 steps, wait at once for the result.
+  learner_core diloco(layout, *make_fragment_plan(layout, 1), {0, 8, 3, 0});
+  install(diloco);
+  diloco.on_round_open(round_number{0}, {0});
+  for (int k = 0; k < 2; ++k) {
+    diloco.on_step(16);
+    CHECK_FALSE(diloco.must_wait());
+    CHECK_FALSE(diloco.next_contribution(params.data()));
+  }
+  diloco.on_step(16);
+  CHECK(diloco.must_wait());
+  REQUIRE(diloco.next_contribution(params.data()));
+  CHECK(diloco.must_wait());  // until the merged model arrives
+  REQUIRE(diloco.on_fragment_update({0}, 2, std::vector<float>(diloco.fragment_floats({0}), 0.f), params.data()));
+  CHECK_FALSE(diloco.must_wait());
+
+  // streaming: H = 2, τ = 2: waits only once a fragment is 4 steps without a result.
+  learner_core streaming(layout, *make_fragment_plan(layout, 4), {0.5, 8, 2, 2});
+  install(streaming);
+  for (int k = 0; k < 3; ++k) {
+    streaming.on_step(16);
+    CHECK_FALSE(streaming.must_wait());
+  }
+  streaming.on_step(16);
+  CHECK(streaming.must_wait());
+
+  // decoupled never waits.
+  learner_core decoupled(layout, *make_fragment_plan(layout, 4), {});
+  install(decoupled);
+  for (int k = 0; k < 100; ++k) decoupled.on_step(16);
+  CHECK_FALSE(decoupled.must_wait());
+}
+
+TEST_CASE("learner core: dp sends the negated gradient, so the shard's outer gradient is the gradient") {
+  fixture f;
+  f.install_all(2.0f);
+  std::vector<float> gradient(f.layout.total_floats, 0.f);
+  for (std::size_t i = 0; i < gradient.size(); ++i) gradient[i] = static_cast<float>(i % 7) - 3.f;
+  f.core.on_step(32);
+  f.core.on_round_open(round_number{0}, {1});
+  auto c = f.core.next_contribution(f.params.data(), gradient.data());
+  REQUIRE(c);
+  std::vector<float> expected(f.core.fragment_floats({1}));
+  f.core.gather({1}, gradient.data(), expected.data());
+  REQUIRE(c->delta.size() == expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) CHECK(c->delta[i] == -expected[i]);
 }
 
 TEST_CASE("learner core: overwrite by default, mixing on request, stale versions ignored") {

@@ -31,14 +31,27 @@ int run_mesh_command(const run_options& o) {
   progress.finish();
   if (!summary) return report(summary.err());
   const mesh_summary& s = *summary;
+  const ledger_totals& l = s.broker.ledger;
   std::printf("ran %.1f s: %llu steps, %llu tokens; %llu rounds (%.2f members each), %llu versions published\n",
               s.wall_s, static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(s.tokens),
               static_cast<unsigned long long>(s.rounds), s.mean_members,
               static_cast<unsigned long long>(s.published));
+  std::printf("token ledger: merged %llu, late %llu, lost %llu, rejected %llu = %llu processed (%s)\n",
+              static_cast<unsigned long long>(l.merged), static_cast<unsigned long long>(l.late),
+              static_cast<unsigned long long>(l.lost), static_cast<unsigned long long>(l.rejected),
+              static_cast<unsigned long long>(l.processed), s.ledger_exact ? "exact" : "NOT EXACT");
+  std::printf("goodput %.1f %%, uptime %.1f %%, waiting %.1f %%; %.1f MB on the wire\n", 100 * s.goodput,
+              100 * s.broker.uptime, 100 * s.wait_share, static_cast<double>(s.bytes_on_wire) / 1e6);
   std::printf("global model: eval loss %.4f nats/byte = %.4f bits/byte", s.eval_loss, s.eval_bpb);
   if (!std::isnan(s.entropy_floor_bpb)) std::printf(" (entropy floor %.4f)", s.entropy_floor_bpb);
   std::printf("\n");
   if (o.json) {
+    json_line ledger;
+    ledger.add("merged", static_cast<std::int64_t>(l.merged))
+        .add("late", static_cast<std::int64_t>(l.late))
+        .add("lost", static_cast<std::int64_t>(l.lost))
+        .add("rejected", static_cast<std::int64_t>(l.rejected))
+        .add("processed", static_cast<std::int64_t>(l.processed));
     json_line j;
     j.add("command", "run")
         .add("mode", s.mode)
@@ -51,11 +64,18 @@ int run_mesh_command(const run_options& o) {
         .add("eval_loss", s.eval_loss)
         .add("eval_bpb", s.eval_bpb)
         .add("entropy_floor_bpb", s.entropy_floor_bpb)
+        .add("goodput", s.goodput)
+        .add("uptime", s.broker.uptime)
+        .add("wait_share", s.wait_share)
         .add("rounds", static_cast<std::int64_t>(s.rounds))
+        .add("published", static_cast<std::int64_t>(s.published))
         .add("mean_members", s.mean_members)
-        .add("merged_tokens_fragment_sum", static_cast<std::int64_t>(s.merged_tokens))
-        .add("late", static_cast<std::int64_t>(s.late))
-        .add("rejected", static_cast<std::int64_t>(s.rejected))
+        .add_raw("ledger", ledger.str())
+        .add("ledger_exact", s.ledger_exact)
+        .add("closed_grace_expired", static_cast<std::int64_t>(s.broker.closed_grace_expired))
+        .add("closed_all_eligible", static_cast<std::int64_t>(s.broker.closed_all_eligible))
+        .add("closed_timeout", static_cast<std::int64_t>(s.broker.closed_timeout))
+        .add("refetches", static_cast<std::int64_t>(s.refetches))
         .add("bytes_on_wire", static_cast<std::int64_t>(s.bytes_on_wire));
     std::printf("%s\n", j.str().c_str());
   }

@@ -59,6 +59,13 @@ double engine::step() {
   return loss;
 }
 
+double engine::compute_gradient() {
+  sampler_.next(batch_, inputs_.data(), targets_.data());
+  const double loss = model_.forward_backward(inputs_.data(), targets_.data(), batch_);
+  ++steps_;
+  return loss;
+}
+
 eval_result engine::evaluate() {
   const int t = model_.shape().context;
   const std::uint8_t* bytes = data_.text.data();

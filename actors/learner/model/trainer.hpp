@@ -43,6 +43,10 @@ class engine {
   /// learning rate. Returns the batch's mean loss (nats/token).
   double step();
 
+  /// The dp policy's step: sample a batch, forward and backward, no update; the
+  /// gradient stays in model().grads() until the next step. Returns the loss.
+  double compute_gradient();
+
   /// Loss on the held-out windows (data.eval_tokens of them at most).
   eval_result evaluate();
 

@@ -1,0 +1,98 @@
+#include "sync_broker/token_ledger.hpp"
+
+#include <algorithm>
+
+namespace archipelago {
+
+token_ledger::token_ledger(std::uint64_t max_steps_per_learner, std::size_t max_open_rounds)
+    : max_steps_(max_steps_per_learner), max_open_rounds_(max_open_rounds) {}
+
+token_ledger::learner_steps& token_ledger::of(learner_ref who) { return learners_[who]; }
+
+bool token_ledger::extend(learner_steps& l, std::uint64_t step) {
+  if (step > max_steps_) {
+    ++overflowed_steps_;
+    return false;
+  }
+  if (l.steps.size() < step) l.steps.resize(step);
+  return true;
+}
+
+void token_ledger::on_progress(learner_ref who, std::uint64_t step, std::uint64_t tokens_total, nanos step_time) {
+  learner_steps& l = of(who);
+  if (step <= l.reported_step || tokens_total < l.reported_tokens || !extend(l, step)) return;  // stale or reordered
+  // Steps since the previous report share its tokens; the reported time is the last step's.
+  const std::uint64_t gap = step - l.reported_step;
+  const std::uint64_t tokens = tokens_total - l.reported_tokens;
+  const auto time_us = static_cast<std::uint32_t>(std::clamp<nanos>(step_time / 1000, 0, UINT32_MAX));
+  for (std::uint64_t k = 0; k < gap; ++k) {
+    step_entry& e = l.steps[l.reported_step + k];
+    e.tokens = static_cast<std::uint32_t>(tokens / gap + (k + 1 == gap ? tokens % gap : 0));
+    e.time_us = time_us;
+  }
+  l.reported_step = step;
+  l.reported_tokens = tokens_total;
+}
+
+void token_ledger::on_outcome(learner_ref who, std::uint64_t step, std::uint64_t steps, ledger_bucket bucket) {
+  learner_steps& l = of(who);
+  if (steps > step || !extend(l, step)) return;
+  for (std::uint64_t s = step - steps; s < step; ++s) l.steps[s].bucket = std::max(l.steps[s].bucket, bucket);
+}
+
+void token_ledger::on_arrival(round_number round, learner_ref who, std::uint64_t step, std::uint64_t steps) {
+  if (closed_.count(round.value) != 0) return on_outcome(who, step, steps, ledger_bucket::late);
+  if (open_.size() >= max_open_rounds_ && open_.count(round.value) == 0) open_.erase(open_.begin());
+  open_[round.value].push_back({who, step, steps});
+}
+
+void token_ledger::on_round_closed(round_number round, const std::vector<learner_ref>& members, bool merged) {
+  closed_.insert(round.value);
+  if (closed_.size() > max_open_rounds_) closed_.erase(closed_.begin());
+  auto it = open_.find(round.value);
+  if (it == open_.end()) return;
+  if (merged) {
+    for (const arrival& a : it->second)
+      if (std::find(members.begin(), members.end(), a.who) != members.end())
+        on_outcome(a.who, a.step, a.steps, ledger_bucket::merged);
+  }
+  open_.erase(it);
+}
+
+ledger_totals token_ledger::totals() const {
+  ledger_totals t;
+  for (const auto& [who, l] : learners_) {
+    for (std::uint64_t s = 0; s < l.reported_step; ++s) {
+      const step_entry& e = l.steps[s];
+      const double seconds = e.time_us * 1e-6;
+      t.processed += e.tokens;
+      t.step_time_s += seconds;
+      ++t.steps;
+      switch (e.bucket) {
+        case ledger_bucket::merged:
+          t.merged += e.tokens;
+          t.merged_step_time_s += seconds;
+          break;
+        case ledger_bucket::late: t.late += e.tokens; break;
+        case ledger_bucket::rejected: t.rejected += e.tokens; break;
+        case ledger_bucket::lost: t.lost += e.tokens; break;
+      }
+    }
+  }
+  return t;
+}
+
+double uptime_from_publications(const std::vector<nanos>& published_at, nanos start, nanos end, nanos stall_ns) {
+  if (end <= start) return 1.0;
+  nanos down = 0, previous = start;
+  auto gap = [&](nanos until) {
+    if (until > previous) down += std::max<nanos>(0, (until - previous) - stall_ns);
+    previous = std::max(previous, until);
+  };
+  for (nanos t : published_at)
+    if (t >= start && t <= end) gap(t);
+  gap(end);
+  return 1.0 - static_cast<double>(down) / static_cast<double>(end - start);
+}
+
+}  // namespace archipelago
