@@ -32,12 +32,12 @@ struct learner_state {
 using learner_self = caf::stateful_actor<learner_state, caf::event_based_actor>;
 
 /// Clone pattern: (re)subscribe with every shard and fetch every fragment.
-void fetch_all(learner_self* self, const mesh_setup& setup, std::uint32_t index) {
+void fetch_all(learner_self* self, const mesh_setup& setup) {
   for (std::uint32_t p = 0; p < setup.plan.fragments.size(); ++p) {
     auto b = self->state.wire->make_envelope();
     auto f = b.body().initFetchFragment();
     f.setFragment(p);
-    f.setReplyEndpoint(setup.learner_endpoints[index]);
+    f.setReplyEndpoint(self->state.wire->endpoint());
     (void)self->state.wire->send({role::parameter_shard, setup.shard_of_fragment[p]}, b.finish());
   }
 }
@@ -69,7 +69,8 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
   st.profile = learner_profile_of(setup->cfg, static_cast<int>(index));
   set_compute_threads(st.profile.threads);
   config cfg = setup->cfg;
-  cfg.train.seed = derive_seed(setup->cfg.train.seed, 1000 + index);  // own batches
+  // Own batches; a restarted learner (new incarnation) draws new ones.
+  cfg.train.seed = derive_seed(derive_seed(setup->cfg.train.seed, 1000 + index), inc.value);
   cfg.data.batch = st.profile.batch;
   st.eng = std::make_unique<engine>(cfg, setup->shape, *data, static_cast<int>(index));
   learner_sync_config sync;
@@ -85,18 +86,21 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
     (void)st.wire->add_peer({role::parameter_shard, s}, setup->shard_endpoints[s]);
 
   st.to_install = setup->plan.fragments.size();
-  fetch_all(self, *setup, index);
+  fetch_all(self, *setup);
   {
     auto b = st.wire->make_envelope();
     auto j = b.body().initJoin();
     j.setLayoutFingerprint(setup->layout.fingerprint());
     j.setBatchTokens(static_cast<std::uint32_t>(st.eng->tokens_per_step()));
     j.setThreads(static_cast<std::uint16_t>(st.profile.threads));
-    j.setEndpoint(setup->learner_endpoints[index]);
+    j.setEndpoint(st.wire->endpoint());
     (void)st.wire->send(broker_address, b.finish());
   }
 
   const auto wait_bound = std::chrono::milliseconds(static_cast<std::int64_t>(setup->cfg.mesh.round_timeout_s * 1000));
+  // Joining is bounded too: fetch again until every fragment is installed.
+  const auto fetch_retry = std::chrono::milliseconds(setup->cfg.wire.heartbeat_interval_ms * setup->cfg.wire.liveness);
+  self->delayed_send(self, fetch_retry, wake_atom::value, std::uint64_t{0});
   // A waiting learner resumes when an update arrives; the wake-up bounds the wait.
   auto resume_if_ready = [self, stats, clock] {
     auto& st = self->state;
@@ -149,12 +153,19 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
         send_contributions(self, *setup, *stats);
         self->send(self, step_atom::value);
       },
-      [self, setup, index, stats, wait_bound](wake_atom, std::uint64_t generation) {
+      [self, setup, stats, wait_bound, fetch_retry](wake_atom, std::uint64_t generation) {
         auto& st = self->state;
+        if (generation == 0) {  // joining
+          if (st.to_install == 0) return;
+          ++stats->refetches;
+          fetch_all(self, *setup);
+          self->delayed_send(self, fetch_retry, wake_atom::value, std::uint64_t{0});
+          return;
+        }
         if (!st.waiting || generation != st.wake_generation) return;
         // No update within the bound: a broadcast may have been lost. Fetch again.
         ++stats->refetches;
-        fetch_all(self, *setup, index);
+        fetch_all(self, *setup);
         self->delayed_send(self, wait_bound, wake_atom::value, ++st.wake_generation);
       },
       [self, setup, stats, resume_if_ready](const inbound_ptr& m) {

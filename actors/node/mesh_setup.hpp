@@ -37,9 +37,20 @@ struct mesh_setup {
   std::vector<std::string> learner_endpoints;
 };
 
+/// One learner incarnation as the broker saw it.
+struct learner_record {
+  learner_ref who;
+  ledger_totals ledger;
+  nanos joined_ns = -1;        // its Join arrived (broker clock)
+  nanos first_merged_ns = -1;  // the first round that merged it closed; -1: never
+  nanos left_ns = -1;          // Leave, or declared dead
+};
+
 /// The broker's accounting, as of its last report.
 struct broker_report {
+  nanos started_ns = 0;  // the broker's start; the times below are on the same clock
   ledger_totals ledger;
+  std::vector<learner_record> learners;
   double uptime = 1;
   nanos first_join_ns = -1, last_leave_ns = -1;  // the learners' span, for goodput
   double xi_step_ms = 0, xi_quorum_ms = 0, last_grace_ms = 0;
@@ -49,7 +60,7 @@ struct broker_report {
 /// Live figures the actors update and the progress line reads.
 struct mesh_stats {
   std::atomic<std::uint64_t> rounds_closed{0}, published{0};
-  std::atomic<std::uint64_t> steps{0}, tokens{0}, late{0}, rejected{0};
+  std::atomic<std::uint64_t> steps{0}, tokens{0}, rejected{0};
   std::atomic<std::uint64_t> members{0};      // summed over closed rounds
   std::atomic<std::uint64_t> bytes_sent{0};   // contributions and fragment broadcasts
   std::atomic<std::uint64_t> wait_ns{0};      // learners' time waiting for fragments (synchronous modes)

@@ -3,6 +3,7 @@
 // fragment; FetchFragment answered for joiners (Clone pattern).
 
 #include <cmath>
+#include <map>
 
 #include "node/mesh_actors.hpp"
 #include "parameter_shard/shard_core.hpp"
@@ -17,6 +18,7 @@ struct shard_state {
   std::unique_ptr<shard_core> core;
   std::unique_ptr<node_transport> wire;
   std::vector<node_address> learners;  // broadcast list (learners that fetched)
+  std::map<node_address, std::string> endpoints;
   std::vector<fragment_index> owned;
   std::uint32_t index = 0;
   static inline const char* name = "parameter_shard";
@@ -129,9 +131,12 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
           }
           case wire::Envelope::Body::FETCH_FRAGMENT: {
             auto f = body.getFetchFragment();
-            if (std::find(st.learners.begin(), st.learners.end(), from) == st.learners.end()) {
-              st.learners.push_back(from);
-              (void)st.wire->add_peer(from, f.getReplyEndpoint().cStr());
+            // A restarted learner comes back at a new endpoint: re-point it.
+            std::string& endpoint = st.endpoints[from];
+            if (endpoint != f.getReplyEndpoint().cStr()) {
+              if (endpoint.empty()) st.learners.push_back(from);
+              endpoint = f.getReplyEndpoint().cStr();
+              (void)st.wire->add_peer(from, endpoint);
             }
             if (st.core->owns({f.getFragment()})) (void)st.wire->send(from, fragment_message({f.getFragment()}, 0));
             break;

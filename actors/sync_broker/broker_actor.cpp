@@ -3,6 +3,7 @@
 // ledger and the publication times (uptime) and reports them to mesh_stats.
 
 #include <chrono>
+#include <map>
 
 #include "node/mesh_actors.hpp"
 #include "sync_broker/broker_core.hpp"
@@ -19,8 +20,9 @@ struct broker_state {
   token_ledger ledger;
   std::vector<nanos> published_at;
   nanos first_join_ns = -1, last_leave_ns = -1, first_open_ns = -1, last_grace_ns = 0;
-  nanos last_report_ns = 0;
-  nanos last_xi_step_ns = 0;  // the pace survives the learners' departure at the end
+  nanos last_report_ns = 0, started_ns = 0;
+  nanos last_xi_step_ns = 0;
+  std::map<learner_ref, learner_record> records;  // the pace survives the learners' departure at the end
   std::unique_ptr<node_transport> wire;
   std::vector<node_address> learners;
   static inline const char* name = "sync_broker";
@@ -50,6 +52,7 @@ broker_config broker_settings(const mesh_setup& s) {
 caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_setup* setup, mesh_stats* stats,
                            const clock_source* clock) {
   auto& st = self->state;
+  st.started_ns = clock->now();
   st.core = std::make_unique<broker_core>(broker_settings(*setup));
   st.wire = start_mesh_wire(self, *setup, broker_address, setup->broker_endpoint, *clock);
   if (!st.wire) return {};
@@ -65,7 +68,14 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
     const auto stall = static_cast<nanos>(std::max(1e9, 4 * setup->policy.steps_per_round * step_ns));
     std::lock_guard lock(stats->report_mutex);
     broker_report& r = stats->report;
+    r.started_ns = st.started_ns;
     r.ledger = st.ledger.totals();
+    r.learners.clear();
+    for (const auto& [who, totals] : st.ledger.per_learner()) st.records[who].ledger = totals;
+    for (auto& [who, rec] : st.records) {
+      rec.who = who;
+      r.learners.push_back(rec);
+    }
     const nanos end = st.last_leave_ns >= 0 ? st.last_leave_ns : now;
     r.uptime = st.first_open_ns < 0 ? 1.0 : uptime_from_publications(st.published_at, st.first_open_ns, end, stall);
     r.first_join_ns = st.first_join_ns;
@@ -106,12 +116,15 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
           refs.push_back({c->members[i].learner, c->members[i].inc});
         }
         st.ledger.on_round_closed(c->round, refs, c->merge());
+        if (c->merge())
+          for (const auto& who : refs)
+            if (auto& rec = st.records[who]; rec.first_merged_ns < 0) rec.first_merged_ns = clock->now();
         st.last_grace_ns = c->grace_ns;
         (void)st.wire->send({role::parameter_shard, c->shard}, b.finish());
         ++stats->rounds_closed;
         stats->members += c->members.size();
-      } else if (std::get_if<late_contribution>(&effect)) {
-        ++stats->late;
+      } else if (auto* d = std::get_if<learner_dead>(&effect)) {
+        st.records[{d->learner, d->inc}].left_ns = clock->now();
       }
     }
   };
@@ -146,10 +159,15 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
             (void)st.wire->add_peer(from, body.getJoin().getEndpoint().cStr());
             st.core->on_join({from.index}, incarnation{env.header().getIncarnation()}, now);
             if (st.first_join_ns < 0) st.first_join_ns = now;
+            for (auto& [who, rec] : st.records)  // a restart ends the earlier incarnations
+              if (who.learner.value == from.index && who.inc.value < env.header().getIncarnation() && rec.left_ns < 0)
+                rec.left_ns = now;
+            st.records[{{from.index}, incarnation{env.header().getIncarnation()}}].joined_ns = now;
             break;
           case wire::Envelope::Body::LEAVE:
             st.core->on_leave({from.index}, incarnation{env.header().getIncarnation()}, now);
             st.last_leave_ns = now;
+            st.records[{{from.index}, incarnation{env.header().getIncarnation()}}].left_ns = now;
             break;
           case wire::Envelope::Body::PROGRESS: {
             auto p = body.getProgress();

@@ -59,9 +59,10 @@ void token_ledger::on_round_closed(round_number round, const std::vector<learner
   open_.erase(it);
 }
 
-ledger_totals token_ledger::totals() const {
-  ledger_totals t;
+std::map<learner_ref, ledger_totals> token_ledger::per_learner() const {
+  std::map<learner_ref, ledger_totals> out;
   for (const auto& [who, l] : learners_) {
+    ledger_totals& t = out[who];
     for (std::uint64_t s = 0; s < l.reported_step; ++s) {
       const step_entry& e = l.steps[s];
       const double seconds = e.time_us * 1e-6;
@@ -78,6 +79,21 @@ ledger_totals token_ledger::totals() const {
         case ledger_bucket::lost: t.lost += e.tokens; break;
       }
     }
+  }
+  return out;
+}
+
+ledger_totals token_ledger::totals() const {
+  ledger_totals t;
+  for (const auto& [who, l] : per_learner()) {
+    t.processed += l.processed;
+    t.merged += l.merged;
+    t.late += l.late;
+    t.lost += l.lost;
+    t.rejected += l.rejected;
+    t.steps += l.steps;
+    t.step_time_s += l.step_time_s;
+    t.merged_step_time_s += l.merged_step_time_s;
   }
   return t;
 }

@@ -48,6 +48,8 @@ class token_ledger {
   void on_round_closed(round_number round, const std::vector<learner_ref>& members, bool merged);
 
   ledger_totals totals() const;
+  /// The same, per learner incarnation.
+  std::map<learner_ref, ledger_totals> per_learner() const;
   std::uint64_t overflowed_steps() const { return overflowed_steps_; }
 
  private:

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
     runners[app.get_subcommands({}).back()] = std::move(r);
   };
   add(add_run_command);
+  add(add_node_command);
   add(add_train_command);
   add(add_sample_command);
   add(add_bench_command);

@@ -1,0 +1,120 @@
+#include "node/node_process.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "node/mesh_actors.hpp"
+#include "sync_broker/broker_core.hpp"
+#include "transport/caf_bridge.hpp"
+
+namespace archipelago {
+
+expected<node_result> run_node(const config& cfg, const node_options& o,
+                               const std::function<void(const std::string&)>& progress,
+                               const std::function<bool()>& stop_requested) {
+  auto policy = resolve_policy(cfg);
+  if (!policy) return policy.err();
+  if (o.broker_endpoint.empty()) return make_error(errc::invalid_input, "--broker: the broker's endpoint is required");
+  if (static_cast<int>(o.shard_endpoints.size()) != policy->shards)
+    return make_error(errc::invalid_input, "--shards lists " + std::to_string(o.shard_endpoints.size()) +
+                                               " endpoints; the configuration has " +
+                                               std::to_string(policy->shards) + " shard(s)");
+  if (o.kind == role::parameter_shard && o.index >= o.shard_endpoints.size())
+    return make_error(errc::invalid_input, "--index " + std::to_string(o.index) + ": there are only " +
+                                               std::to_string(o.shard_endpoints.size()) + " shards");
+  if (o.kind == role::learner && o.index >= static_cast<std::uint32_t>(cfg.mesh.learners))
+    return make_error(errc::invalid_input, "--index " + std::to_string(o.index) + ": mesh.learners is " +
+                                               std::to_string(cfg.mesh.learners));
+
+  mesh_setup setup;
+  setup.cfg = cfg;
+  setup.policy = *policy;
+  setup.shape = *resolve_model(cfg.model);
+  setup.layout = make_layout(setup.shape);
+  setup.plan = *make_fragment_plan(setup.layout, policy->fragments);
+  setup.shard_of_fragment =
+      round_robin_shards(static_cast<int>(setup.plan.fragments.size()), static_cast<std::uint32_t>(policy->shards));
+  setup.io_context = transport::make_io_context();
+  setup.broker_endpoint = o.broker_endpoint;
+  setup.shard_endpoints = o.shard_endpoints;
+  setup.learner_endpoints.assign(o.index + 1, o.listen.empty() ? "tcp://127.0.0.1:0" : o.listen);
+
+  // A restarted process is a new incarnation: wall-clock milliseconds only grow.
+  const incarnation inc{static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count())};
+
+  std::optional<dataset> data;
+  if (o.kind != role::sync_broker) {
+    auto loaded = load_dataset(cfg.data, cfg.mesh.learners, setup.shape.context, cfg.train.seed);
+    if (!loaded) return loaded.err();
+    data = std::move(*loaded);
+  }
+
+  mesh_stats stats;
+  steady_clock_source clock;
+  node_result out;
+  out.inc = inc;
+  out.started_unix_s =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  {
+    caf::actor_system_config sys_cfg;
+    sys_cfg.set("scheduler.max-threads", 2);
+    caf::actor_system sys{sys_cfg};
+    caf::scoped_actor self{sys};
+    caf::actor actor;
+    switch (o.kind) {
+      case role::sync_broker:
+        out.address = broker_address;
+        actor = spawn_broker(sys, setup, stats, clock);
+        break;
+      case role::parameter_shard: {
+        out.address = {role::parameter_shard, o.index};
+        // Every shard derives the same seeded initialisation and keeps its fragments of it.
+        engine init(setup.cfg, setup.shape, *data, 0);
+        const std::vector<float> initial(init.model().params(), init.model().params() + init.model().buffer_size());
+        actor = spawn_shard(sys, setup, o.index, initial, stats, clock);
+        break;
+      }
+      default:
+        out.address = {role::learner, o.index};
+        actor = spawn_learner(sys, setup, o.index, *data, stats, clock, inc);
+        break;
+    }
+    self->monitor(actor);
+    bool ended = false;  // the actor quit on its own (its transport failed to start)
+    const auto start = std::chrono::steady_clock::now();
+    auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    while (!ended && !stop_requested() && !(o.kind == role::learner && stats.learners_done.load() > 0)) {
+      self->receive([&](const caf::down_msg&) { ended = true; },
+                    caf::after(std::chrono::milliseconds(500)) >> [] {});
+      if (progress) {
+        char line[256];
+        std::snprintf(line, sizeof line, "%.0fs  %s  steps %llu  rounds %llu  published %llu", elapsed(),
+                      out.address.to_string().c_str(), static_cast<unsigned long long>(stats.steps.load()),
+                      static_cast<unsigned long long>(stats.rounds_closed.load()),
+                      static_cast<unsigned long long>(stats.published.load()));
+        progress(line);
+      }
+    }
+    if (ended) return make_error(errc::io_error, out.address.to_string() + " could not start (see above)");
+    out.wall_s = elapsed();
+    if (o.kind == role::sync_broker)
+      self->request(actor, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
+    // A learner that finished has sent Leave; give the I/O thread a moment to deliver it.
+    if (o.kind == role::learner) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    self->send_exit(actor, caf::exit_reason::user_shutdown);
+  }
+  out.steps = stats.steps;
+  out.tokens = stats.tokens;
+  out.wait_s = static_cast<double>(stats.wait_ns.load()) * 1e-9;
+  out.rounds = stats.rounds_closed;
+  out.published = stats.published;
+  out.rejected = stats.rejected;
+  std::lock_guard lock(stats.report_mutex);
+  out.broker = stats.report;
+  return out;
+}
+
+}  // namespace archipelago

@@ -1,0 +1,48 @@
+#pragma once
+// One mesh role in this process (`archipelago node`): the broker, one parameter
+// shard or one learner, talking to the others over tcp://. Every process of a
+// mesh gets the same configuration and the same list of endpoints; learners
+// announce their own (any free port) when they join.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/ids.hpp"
+#include "node/mesh_setup.hpp"
+
+namespace archipelago {
+
+struct node_options {
+  role kind = role::learner;
+  std::uint32_t index = 0;                   // shard or learner index
+  std::string broker_endpoint;               // tcp://HOST:PORT, where the broker listens
+  std::vector<std::string> shard_endpoints;  // where shard i listens
+  std::string listen;                        // learners: where to listen (default: a free loopback port)
+};
+
+struct node_result {
+  node_address address;
+  incarnation inc;
+  double started_unix_s = 0;  // wall-clock start, to line up with other processes' clocks
+  double wall_s = 0;
+  // learner
+  std::uint64_t steps = 0, tokens = 0;
+  double wait_s = 0;
+  // broker
+  broker_report broker;
+  std::uint64_t rounds = 0;
+  // shard
+  std::uint64_t published = 0, rejected = 0;
+};
+
+/// Runs the role until it is done (a learner: its steps) or `stop_requested`.
+/// `progress` is called about twice a second with a status line.
+expected<node_result> run_node(const config& cfg, const node_options& options,
+                               const std::function<void(const std::string&)>& progress,
+                               const std::function<bool()>& stop_requested);
+
+}  // namespace archipelago

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Start a whole archipelago mesh as separate processes on loopback.
+
+One `archipelago node` process per role: the broker, S parameter shards and M
+learners, talking over tcp://127.0.0.1. Optional faults: `--kill 1@8` sends
+SIGKILL to learner 1 eight seconds after the learners started; it is started
+again `--restart-after` seconds later (a new incarnation that rejoins by
+itself). When every learner finished its steps the broker and the shards get
+SIGTERM, and the launcher prints what the broker saw: rounds, uptime, the token
+ledger, and per restarted learner the time from its restart to its first merged
+contribution.
+
+Example:
+  deploy/launch.py --learners 3 --steps 300 --kill 1@8 --json
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def parse_kill(text):
+    learner, _, at = text.partition("@")
+    try:
+        return int(learner), float(at)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--kill {text!r}: expected LEARNER@SECONDS, e.g. 1@8")
+
+
+def last_json(path):
+    try:
+        with open(path) as f:
+            lines = [line for line in f.read().splitlines() if line.startswith("{")]
+        return json.loads(lines[-1]) if lines else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+class Mesh:
+    def __init__(self, args):
+        self.args = args
+        self.logs = tempfile.mkdtemp(prefix="archipelago-mesh-")
+        ports = free_ports(1 + args.shards)
+        self.broker = f"tcp://127.0.0.1:{ports[0]}"
+        self.shards = ",".join(f"tcp://127.0.0.1:{p}" for p in ports[1:])
+        self.common = ["--broker", self.broker, "--shards", self.shards, "--learners", str(args.learners),
+                       "--steps", str(args.steps), "--mode", args.mode, "--set", "wire.curve=false", "--json"]
+        for knob in args.set:
+            self.common += ["--set", knob]
+        self.processes = {}  # name -> (Popen, log path)
+        self.starts = 0
+
+    def start(self, role, index=0):
+        name = f"{role}-{index}"
+        self.starts += 1
+        log = os.path.join(self.logs, f"{name}.{self.starts}.log")
+        cmd = [self.args.binary, "node", "--role", role, "--index", str(index)] + self.common
+        with open(log, "w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        self.processes[name] = (proc, log)
+        return proc
+
+    def stop_all(self, sig=signal.SIGTERM, wait_s=15):
+        for proc, _ in self.processes.values():
+            if proc.poll() is None:
+                proc.send_signal(sig)
+        deadline = time.time() + wait_s
+        for proc, _ in self.processes.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--learners", type=int, default=3)
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--mode", default="decoupled")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a knob for every node")
+    ap.add_argument("--kill", action="append", type=parse_kill, default=[], metavar="LEARNER@SECONDS")
+    ap.add_argument("--restart-after", type=float, default=2.0, metavar="SECONDS")
+    ap.add_argument("--timeout", type=float, default=600, metavar="SECONDS", help="bound on the whole run")
+    ap.add_argument("--binary", default=os.path.join(REPO, "build", "archipelago"))
+    ap.add_argument("--json", action="store_true", help="print a one-line JSON summary last")
+    args = ap.parse_args()
+    if args.mode in ("dp", "diloco"):
+        args.shards = 1  # one fragment, one shard
+    for learner, at in args.kill:
+        if not 0 <= learner < args.learners or at < 0:
+            ap.error(f"--kill {learner}@{at}: no such learner or a negative time")
+    if not os.access(args.binary, os.X_OK):
+        ap.error(f"{args.binary} is not an executable (build first, or pass --binary)")
+
+    mesh = Mesh(args)
+    interrupted = []
+    signal.signal(signal.SIGINT, lambda *_: interrupted.append(1))
+    signal.signal(signal.SIGTERM, lambda *_: interrupted.append(1))
+    mesh.start("broker")
+    for s in range(args.shards):
+        mesh.start("shard", s)
+    time.sleep(0.5)
+    t0 = time.time()
+    for i in range(args.learners):
+        mesh.start("learner", i)
+
+    kills = sorted(args.kill, key=lambda k: k[1])
+    restarts = []  # (learner, unix time of the restart)
+    pending_restarts = []
+    killed = 0
+    deadline = t0 + args.timeout
+    failure = None
+    while not interrupted:
+        now = time.time()
+        if now > deadline:
+            failure = f"the mesh did not finish within --timeout {args.timeout:.0f} s"
+            break
+        while kills and now - t0 >= kills[0][1]:
+            learner, _ = kills.pop(0)
+            proc, _ = mesh.processes[f"learner-{learner}"]
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                killed += 1
+                pending_restarts.append((learner, now + args.restart_after))
+        for item in list(pending_restarts):
+            if now >= item[1]:
+                pending_restarts.remove(item)
+                mesh.start("learner", item[0])
+                restarts.append((item[0], time.time()))
+        for name, (proc, log) in mesh.processes.items():
+            if proc.poll() not in (None, 0) and not name.startswith("learner") or \
+                    name.startswith("learner") and proc.poll() not in (None, 0, -signal.SIGKILL):
+                failure = f"{name} exited with {proc.returncode}; its log: {log}"
+        if failure:
+            break
+        learners_done = all(mesh.processes[f"learner-{i}"][0].poll() == 0 for i in range(args.learners))
+        if learners_done and not pending_restarts:
+            break
+        time.sleep(0.1)
+    mesh.stop_all()
+
+    broker = last_json(mesh.processes["broker-0"][1]) or {}
+    learner_reports = [last_json(os.path.join(mesh.logs, f)) for f in sorted(os.listdir(mesh.logs))
+                       if f.startswith("learner")]
+    learner_reports = [r for r in learner_reports if r]
+    seen = {(r["learner"], r["incarnation"]): r for r in broker.get("learners", [])}
+    # Learners that finished report their tokens; the broker's ledger must hold exactly those.
+    matches = all(seen.get((r["index"], r["incarnation"]), {}).get("processed") == r["tokens"]
+                  for r in learner_reports)
+    rejoin = []
+    started = broker.get("started_unix_ms", 0) / 1000
+    for learner, at in restarts:
+        later = [r for (i, _), r in seen.items() if i == learner and started + r["joined_s"] >= at - 0.5]
+        merged = [r["first_merged_s"] for r in later if r["first_merged_s"] >= 0]
+        rejoin.append(round(started + min(merged) - at, 2) if merged else None)
+
+    ledger = broker.get("ledger", {})
+    print(f"mesh of {args.learners} learners, {args.shards} shards ({args.mode}); logs in {mesh.logs}")
+    print(f"broker: {broker.get('rounds', 0)} rounds, uptime {100 * broker.get('uptime', 0):.1f} %; "
+          f"ledger {ledger} balanced={broker.get('ledger_balanced')} matches learners={matches}")
+    if restarts:
+        print(f"{killed} learner(s) killed with SIGKILL; restart to first merged contribution: {rejoin} s")
+    if failure:
+        print(f"launch: {failure}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"command": "launch", "mode": args.mode, "learners": args.learners, "shards": args.shards,
+                          "rounds": broker.get("rounds", 0), "uptime": broker.get("uptime", 0),
+                          "ledger": ledger, "ledger_balanced": broker.get("ledger_balanced", False),
+                          "ledger_matches_learners": matches, "kills": killed, "rejoin_s": rejoin,
+                          "failure": failure, "logs": mesh.logs}))
+    return 1 if failure or interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+// archipelago node: one mesh role per process, over tcp:// (deploy/launch.py
+// starts a whole mesh of them on loopback).
+
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "cli_common.hpp"
+#include "commands.hpp"
+#include "node/node_process.hpp"
+
+namespace archipelago::cli {
+namespace {
+
+struct node_cli {
+  config_flags flags;
+  std::string role_name;
+  std::uint32_t index = 0;
+  node_options options;
+  std::string shards;
+  bool json = false;
+};
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+int run_node_command(node_cli& n) {
+  auto cfg = n.flags.resolve();
+  if (!cfg) return report(cfg.err());
+  node_options o = n.options;
+  o.index = n.index;
+  o.kind = n.role_name == "broker" ? role::sync_broker : n.role_name == "shard" ? role::parameter_shard : role::learner;
+  o.shard_endpoints = split_commas(n.shards);
+  install_stop_handlers();
+  progress_line progress(4);
+  auto result = run_node(*cfg, o, [&](const std::string& line) { progress.update(line); },
+                         [] { return stop_requested.load(); });
+  progress.finish();
+  if (!result) return report(result.err());
+  const node_result& r = *result;
+  const ledger_totals& l = r.broker.ledger;
+  if (o.kind == role::learner)
+    std::printf("%s (incarnation %llu): %llu steps, %llu tokens in %.1f s, %.1f s waiting\n",
+                r.address.to_string().c_str(), static_cast<unsigned long long>(r.inc.value),
+                static_cast<unsigned long long>(r.steps), static_cast<unsigned long long>(r.tokens), r.wall_s,
+                r.wait_s);
+  else if (o.kind == role::sync_broker)
+    std::printf("broker: %llu rounds in %.1f s, uptime %.1f %%; ledger merged %llu, late %llu, lost %llu, "
+                "rejected %llu of %llu tokens\n",
+                static_cast<unsigned long long>(r.rounds), r.wall_s, 100 * r.broker.uptime,
+                static_cast<unsigned long long>(l.merged), static_cast<unsigned long long>(l.late),
+                static_cast<unsigned long long>(l.lost), static_cast<unsigned long long>(l.rejected),
+                static_cast<unsigned long long>(l.processed));
+  else
+    std::printf("%s: %llu versions published, %llu contributions rejected\n", r.address.to_string().c_str(),
+                static_cast<unsigned long long>(r.published), static_cast<unsigned long long>(r.rejected));
+  if (n.json) {
+    json_line j;
+    j.add("command", "node").add("role", n.role_name).add("index", static_cast<std::int64_t>(o.index))
+        .add("incarnation", static_cast<std::int64_t>(r.inc.value)).add("wall_s", r.wall_s);
+    if (o.kind == role::learner) {
+      j.add("steps", static_cast<std::int64_t>(r.steps)).add("tokens", static_cast<std::int64_t>(r.tokens))
+          .add("wait_s", r.wait_s);
+    } else if (o.kind == role::sync_broker) {
+      json_line ledger;
+      ledger.add("merged", static_cast<std::int64_t>(l.merged)).add("late", static_cast<std::int64_t>(l.late))
+          .add("lost", static_cast<std::int64_t>(l.lost)).add("rejected", static_cast<std::int64_t>(l.rejected))
+          .add("processed", static_cast<std::int64_t>(l.processed));
+      // Times in seconds since the broker started (-1: never).
+      auto since_start = [&](nanos t) { return t < 0 ? -1.0 : static_cast<double>(t - r.broker.started_ns) * 1e-9; };
+      std::string learners = "[";
+      for (const learner_record& rec : r.broker.learners) {
+        json_line e;
+        e.add("learner", static_cast<std::int64_t>(rec.who.learner.value))
+            .add("incarnation", static_cast<std::int64_t>(rec.who.inc.value))
+            .add("processed", static_cast<std::int64_t>(rec.ledger.processed))
+            .add("merged", static_cast<std::int64_t>(rec.ledger.merged))
+            .add("merged_step_time_s", rec.ledger.merged_step_time_s)
+            .add("joined_s", since_start(rec.joined_ns))
+            .add("first_merged_s", since_start(rec.first_merged_ns))
+            .add("left_s", since_start(rec.left_ns));
+        learners += (learners.size() > 1 ? "," : "") + e.str();
+      }
+      j.add("started_unix_ms", static_cast<std::int64_t>(r.started_unix_s * 1000)).add("rounds", static_cast<std::int64_t>(r.rounds)).add("uptime", r.broker.uptime)
+          .add_raw("ledger", ledger.str()).add("ledger_balanced", l.balanced()).add_raw("learners", learners + "]");
+    } else {
+      j.add("published", static_cast<std::int64_t>(r.published)).add("rejected", static_cast<std::int64_t>(r.rejected));
+    }
+    std::printf("%s\n", j.str().c_str());
+  }
+  return exit_ok;
+}
+
+}  // namespace
+
+runner add_node_command(CLI::App& app) {
+  auto n = std::make_shared<node_cli>();
+  CLI::App* cmd = app.add_subcommand("node", "Run one mesh role in this process, over tcp://");
+  cmd->add_option("--role", n->role_name, "broker, shard or learner")
+      ->required()
+      ->check(CLI::IsMember({"broker", "shard", "learner"}));
+  cmd->add_option("--index", n->index, "Shard or learner index (from 0)");
+  cmd->add_option("--broker", n->options.broker_endpoint, "The broker's endpoint, tcp://HOST:PORT")->required();
+  cmd->add_option("--shards", n->shards, "Every shard's endpoint, comma-separated, in index order")->required();
+  cmd->add_option("--listen", n->options.listen, "Learners: where to listen (default tcp://127.0.0.1:0)");
+  n->flags.add_shortcut(*cmd, "--mode", "mesh.mode", "MODE", "dp, diloco, streaming or decoupled");
+  n->flags.add_shortcut(*cmd, "--learners", "mesh.learners", "M", "Learners in the mesh");
+  n->flags.add_shortcut(*cmd, "--steps", "train.steps", "N", "Inner steps per learner");
+  n->flags.add_to(*cmd);
+  cmd->add_flag("--json", n->json, "Print a one-line JSON summary last");
+  return [n] { return run_node_command(*n); };
+}
+
+}  // namespace archipelago::cli
