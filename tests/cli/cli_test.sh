@@ -96,13 +96,19 @@ assert s["mode"] == "decoupled" and s["learners"] == 2 and s["fragments"] == 24,
 assert s["steps"] == 80 and s["tokens"] == 80 * 32 * 64, s
 assert s["rounds"] > 0 and s["mean_members"] >= 1, s
 assert 0 < s["eval_bpb"] < 8.0, s
+l = s["ledger"]
+assert l["merged"] + l["late"] + l["lost"] + l["rejected"] == l["processed"] == s["tokens"] and s["ledger_exact"], s
+assert 0 < s["goodput"] <= 1 and 0 < s["uptime"] <= 1 and s["bytes_on_wire"] > 0, s
 '; then pass; else fail "run --json: $(tail -n 1 "$work/run.out")"; fi
 else
   fail "run failed: $(tail -5 "$work/run.err")"
 fi
 expect_error 2 "mesh.quorum \\(3\\) must not exceed mesh.learners \\(2\\)" -- "$A" run --learners 2 --set mesh.quorum=3
 expect_error 2 "unknown mode 'async'" -- "$A" run --mode async
-expect_error 2 "mesh.shards \\(30\\) must not exceed the fragments" -- "$A" run --shards 30
+expect_error 2 "mesh.shards \\(30\\) must not exceed mesh.fragments \\(24\\)" -- "$A" run --shards 30
+expect_error 2 "mesh.learner_slowdown has 1 values for 4 learners" -- "$A" run --set mesh.learner_slowdown=2
+expect_error 2 "shards lists 1 endpoints; the configuration has 2" -- \
+  "$A" node --role broker --broker tcp://127.0.0.1:1 --shards tcp://127.0.0.1:2
 
 # The checkpoint is read back by sample; --json again last.
 if timeout 60 "$A" sample --checkpoint "$work/model.ckpt" --bytes 64 --prompt "The " --json >"$work/sample.out" 2>&1; then
