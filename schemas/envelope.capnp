@@ -199,6 +199,7 @@ enum ErrorCode {
   badContribution @3;   # contribution rejected (NaN, stale anchor, wrong size)
   overloaded @4;        # a bounded queue is full; retry later
   internal @5;          # a bug on the answering side
+  meshMismatch @6;      # a joining node's model layout or mesh policy differs from the mesh's
 }
 
 struct Error {

@@ -8,6 +8,8 @@
 
 #include <toml++/toml.h>
 
+#include "core/checksum.hpp"
+
 namespace archipelago {
 namespace {
 
@@ -512,6 +514,14 @@ expected<sync_policy> resolve_policy(const config& cfg) {
   }
   if (m.mix >= 0) p.mix = m.mix;
   return p;
+}
+
+std::uint64_t mesh_agreement_hash(const config& cfg) {
+  const mesh_config& m = cfg.mesh;
+  const std::string text = m.mode + "|" + std::to_string(m.fragments) + "|" + std::to_string(m.shards) + "|" +
+                           std::to_string(m.inner_steps) + "|" + std::to_string(m.rounds_in_flight) + "|" +
+                           cfg.wire.encoding;
+  return checksum64(text.data(), text.size());
 }
 
 learner_profile learner_profile_of(const config& cfg, int index) {

@@ -168,6 +168,10 @@ struct sync_policy {
 /// validate_mesh() and the policy of cfg.mesh.mode.
 expected<sync_policy> resolve_policy(const config& cfg);
 
+/// A hash of the knobs every node of a mesh must agree on (mode, fragments,
+/// shards, H, τ, wire encoding); Join carries it.
+std::uint64_t mesh_agreement_hash(const config& cfg);
+
 /// One learner's compute: threads, batch and slow-down (heterogeneous learners).
 struct learner_profile {
   int threads = 1;

@@ -91,6 +91,7 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
     auto b = st.wire->make_envelope();
     auto j = b.body().initJoin();
     j.setLayoutFingerprint(setup->layout.fingerprint());
+    j.setConfigHash(mesh_agreement_hash(setup->cfg));
     j.setBatchTokens(static_cast<std::uint32_t>(st.eng->tokens_per_step()));
     j.setThreads(static_cast<std::uint16_t>(st.profile.threads));
     j.setEndpoint(st.wire->endpoint());
@@ -172,6 +173,13 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
         auto& st = self->state;
         const auto& env = *m->envelope;
         auto body = env.root().getBody();
+        if (env.body() == wire::Envelope::Body::ERROR &&
+            body.getError().getCode() == wire::ErrorCode::MESH_MISMATCH) {  // refused: nothing to train for
+          std::lock_guard lock(stats->report_mutex);
+          stats->refusal = body.getError().getMessage().cStr();
+          self->quit(caf::exit_reason::user_shutdown);
+          return;
+        }
         if (env.body() == wire::Envelope::Body::ROUND_OPEN) {
           st.core->on_round_open(round_number{env.header().getRound()}, {body.getRoundOpen().getFragment()});
           send_contributions(self, *setup, *stats);

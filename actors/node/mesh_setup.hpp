@@ -69,6 +69,7 @@ struct mesh_stats {
 
   std::mutex report_mutex;
   broker_report report;  // guarded by report_mutex
+  std::string refusal;   // guarded by report_mutex: why the broker refused this node's Join
 };
 
 }  // namespace archipelago

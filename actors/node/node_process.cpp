@@ -98,7 +98,11 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
         progress(line);
       }
     }
-    if (ended) return make_error(errc::io_error, out.address.to_string() + " could not start (see above)");
+    if (ended) {
+      std::lock_guard lock(stats.report_mutex);
+      if (!stats.refusal.empty()) return make_error(errc::invalid_input, stats.refusal);
+      return make_error(errc::io_error, out.address.to_string() + " could not start (see above)");
+    }
     out.wall_s = elapsed();
     if (o.kind == role::sync_broker)
       self->request(actor, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});

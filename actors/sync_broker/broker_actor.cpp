@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <map>
+#include <set>
 
 #include "node/mesh_actors.hpp"
 #include "sync_broker/broker_core.hpp"
@@ -22,7 +23,8 @@ struct broker_state {
   nanos first_join_ns = -1, last_leave_ns = -1, first_open_ns = -1, last_grace_ns = 0;
   nanos last_report_ns = 0, started_ns = 0;
   nanos last_xi_step_ns = 0;
-  std::map<learner_ref, learner_record> records;  // the pace survives the learners' departure at the end
+  std::map<learner_ref, learner_record> records;
+  std::set<learner_ref> refused;  // joined with a different layout or policy  // the pace survives the learners' departure at the end
   std::unique_ptr<node_transport> wire;
   std::vector<node_address> learners;
   static inline const char* name = "sync_broker";
@@ -147,16 +149,37 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
         report(clock->now());
         return true;
       },
-      [self, dispatch, clock](const inbound_ptr& m) {
+      [self, setup, dispatch, clock](const inbound_ptr& m) {
         auto& st = self->state;
         const nanos now = clock->now();
         const auto& env = *m->envelope;
         const node_address from = env.sender();
         auto body = env.root().getBody();
+        if (from.kind == role::learner && st.refused.count({{from.index}, incarnation{env.header().getIncarnation()}}))
+          return;  // a refused incarnation is not a member
         switch (env.body()) {
-          case wire::Envelope::Body::JOIN:
+          case wire::Envelope::Body::JOIN: {
+            auto join = body.getJoin();
+            (void)st.wire->add_peer(from, join.getEndpoint().cStr());
+            if (join.getLayoutFingerprint() != setup->layout.fingerprint() ||
+                join.getConfigHash() != mesh_agreement_hash(setup->cfg)) {
+              const std::string why =
+                  from.to_string() + " refused: its " +
+                  (join.getLayoutFingerprint() != setup->layout.fingerprint()
+                       ? "model layout (model.* knobs) differs from the mesh's"
+                       : "mesh policy (mesh.mode, fragments, shards, inner_steps, rounds_in_flight or "
+                         "wire.encoding) differs from the mesh's");
+              std::fprintf(stderr, "archipelago broker: %s\n", why.c_str());
+              st.refused.insert({{from.index}, incarnation{env.header().getIncarnation()}});
+              auto b = st.wire->make_envelope();
+              auto e = b.body().initError();
+              e.setCode(wire::ErrorCode::MESH_MISMATCH);
+              e.setMessage(why);
+              e.setInReplyTo(env.header().getSequence());
+              (void)st.wire->send(from, b.finish());
+              break;
+            }
             if (std::find(st.learners.begin(), st.learners.end(), from) == st.learners.end()) st.learners.push_back(from);
-            (void)st.wire->add_peer(from, body.getJoin().getEndpoint().cStr());
             st.core->on_join({from.index}, incarnation{env.header().getIncarnation()}, now);
             if (st.first_join_ns < 0) st.first_join_ns = now;
             for (auto& [who, rec] : st.records)  // a restart ends the earlier incarnations
@@ -164,6 +187,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
                 rec.left_ns = now;
             st.records[{{from.index}, incarnation{env.header().getIncarnation()}}].joined_ns = now;
             break;
+          }
           case wire::Envelope::Body::LEAVE:
             st.core->on_leave({from.index}, incarnation{env.header().getIncarnation()}, now);
             st.last_leave_ns = now;
@@ -180,6 +204,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
             auto c = body.getContribution();
             const round_number round{env.header().getRound()};
             const learner_ref who{{c.getLearner()}, incarnation{c.getLearnerIncarnation()}};
+            if (st.refused.count(who)) break;
             switch (c.getVerdict()) {
               case wire::Verdict::BUFFERED:
                 st.ledger.on_arrival(round, who, c.getStep(), c.getSteps());

@@ -10,6 +10,7 @@ synchronous dp policy runs over the same processes.
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -31,6 +32,28 @@ def check(condition, what, summary):
         sys.exit(f"FAIL: {what}\n{json.dumps(summary, indent=1)}")
 
 
+def refused_with_a_different_model(binary):
+    """A learner whose model shape differs from the mesh's is refused with a clear error (exit 2)."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    common = ["--broker", f"tcp://127.0.0.1:{ports[0]}", "--shards", f"tcp://127.0.0.1:{ports[1]}",
+              "--learners", "1", "--set", "mesh.shards=1", "--set", "mesh.fragments=4", "--set", "wire.curve=false"]
+    broker = subprocess.Popen([binary, "node", "--role", "broker", *common], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        learner = subprocess.run([binary, "node", "--role", "learner", *common, "--set", "model.n_layer=3"],
+                                 capture_output=True, text=True, timeout=60)
+    finally:
+        broker.terminate()
+        broker.wait(timeout=15)
+    expected = "learner/0 refused: its model layout (model.* knobs) differs from the mesh's"
+    if learner.returncode != 2 or expected not in learner.stderr:
+        sys.exit(f"FAIL: a learner with another model shape: exit {learner.returncode}, stderr {learner.stderr!r}")
+
+
 def main():
     binary = os.environ["ARCHIPELAGO"]
     r = launch(binary, "--learners", "3", "--steps", "250", "--kill", "1@5", "--kill", "2@9")
@@ -45,6 +68,7 @@ def main():
     d = launch(binary, "--mode", "dp", "--learners", "2", "--steps", "60")
     check(d["rounds"] >= 55, "dp closed about one round per step", d)
     check(d["ledger_balanced"] and d["ledger_matches_learners"], "the dp ledger is exact", d)
+    refused_with_a_different_model(binary)
     print(f"ok: rejoin {r['rejoin_s']} s, decoupled ledger {r['ledger']}, dp rounds {d['rounds']}")
 
 
