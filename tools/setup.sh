@@ -46,7 +46,7 @@ cmake --build "$BUILD_DIR" -j "$(nproc)"
 
 case $ACTION in
   build) ;;
-  run) exec "$BUILD_DIR/archipelago" train "$@" ;;
+  run) exec "$BUILD_DIR/archipelago" run "$@" ;;
   test) exec ctest --test-dir "$BUILD_DIR" --output-on-failure "$@" ;;
   *) echo "setup: unknown action '$ACTION' (build, run or test)" >&2; exit 2 ;;
 esac

@@ -232,9 +232,9 @@ std::vector<knob> make_knobs() {
       number_knob("mesh.ema_alpha", h, &mesh_config::ema_alpha, 0.01, 1.0,
                   "Weight of the newest sample in the timing EMAs. Default: 0.5."),
       number_knob("mesh.outer_lr", h, &mesh_config::outer_lr, 0.0, 10.0,
-                  "Outer learning rate (eta_out). Default: 0.7."),
+                  "Outer learning rate (eta_out). Default: 0.6."),
       number_knob("mesh.outer_momentum", h, &mesh_config::outer_momentum, 0.0, 0.999,
-                  "Outer Nesterov momentum (mu). Default: 0.9."),
+                  "Outer Nesterov momentum (mu). Default: 0.6."),
       number_knob("mesh.mix", h, &mesh_config::mix, -1.0, 1.0,
                   "alpha_mix on receipt of a fragment; -1 takes the mode's (0, streaming 0.5). "
                   "Default: -1."),

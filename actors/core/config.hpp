@@ -64,8 +64,10 @@ struct mesh_config {
   double grace_factor = 0.8;       // γ
   bool grace = true;               // adaptive grace window (decoupled)
   double ema_alpha = 0.5;          // smoothing of the timing estimates
-  double outer_lr = 0.7;           // η_out
-  double outer_momentum = 0.9;     // μ
+  // η_out and μ: DiLoCo's 0.7 and 0.9 suit syncs every ~500 steps; a fragment
+  // here syncs every ~P steps, where they overshoot (README, "The mesh").
+  double outer_lr = 0.6;           // η_out
+  double outer_momentum = 0.6;     // μ
   double mix = -1;                 // α_mix; -1: the mode's (0, streaming 0.5)
   int inner_steps = 50;            // H for diloco and streaming (paper 500, scaled)
   bool elastic = true;             // synchronous modes: stop waiting for a dead learner (false: stall)

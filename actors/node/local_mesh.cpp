@@ -133,6 +133,7 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
     shards.clear();
 
     const eval_result r = evaluate(theta);
+    out.global_params = theta;
     out.eval_loss = r.loss;
     out.eval_bpb = r.bits_per_byte;
     out.eval_curve.emplace_back(stats.tokens.load(), r.loss);

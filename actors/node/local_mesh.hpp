@@ -25,6 +25,7 @@ struct mesh_summary {
   double goodput = 0;       // merged learner step time / (M × the learners' span)
   double wait_share = 0;    // learner time spent waiting for fragments / (M × span)
   bool ledger_exact = false;  // buckets sum to the tokens processed, which equal the learners' count
+  std::vector<float> global_params;  // Θ at the end, laid out like a learner's buffer
   /// The global model's eval loss during the run: (tokens, nats/byte).
   std::vector<std::pair<std::uint64_t, double>> eval_curve;
 };

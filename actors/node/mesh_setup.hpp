@@ -49,6 +49,7 @@ struct learner_record {
 /// The broker's accounting, as of its last report.
 struct broker_report {
   nanos started_ns = 0;  // the broker's start; the times below are on the same clock
+  double broker_cpu_s = 0;  // the broker actor's CPU time (not its transport's I/O thread)
   ledger_totals ledger;
   std::vector<learner_record> learners;
   double uptime = 1;

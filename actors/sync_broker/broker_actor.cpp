@@ -3,6 +3,7 @@
 // ledger and the publication times (uptime) and reports them to mesh_stats.
 
 #include <chrono>
+#include <ctime>
 #include <map>
 #include <set>
 
@@ -16,12 +17,26 @@ namespace {
 
 using namespace transport;
 
+nanos thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<nanos>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+/// Adds the calling thread's CPU time between construction and destruction to `total`.
+struct cpu_meter {
+  nanos& total;
+  nanos start = thread_cpu_ns();
+  ~cpu_meter() { total += thread_cpu_ns() - start; }
+};
+
 struct broker_state {
   std::unique_ptr<broker_core> core;
   token_ledger ledger;
   std::vector<nanos> published_at;
   nanos first_join_ns = -1, last_leave_ns = -1, first_open_ns = -1, last_grace_ns = 0;
   nanos last_report_ns = 0, started_ns = 0;
+  nanos cpu_ns = 0;  // the broker actor's own CPU time (its transport's I/O thread not included)
   nanos last_xi_step_ns = 0;
   std::map<learner_ref, learner_record> records;
   std::set<learner_ref> refused;  // joined with a different layout or policy  // the pace survives the learners' departure at the end
@@ -71,6 +86,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
     std::lock_guard lock(stats->report_mutex);
     broker_report& r = stats->report;
     r.started_ns = st.started_ns;
+    r.broker_cpu_s = static_cast<double>(st.cpu_ns) * 1e-9;
     r.ledger = st.ledger.totals();
     r.learners.clear();
     for (const auto& [who, totals] : st.ledger.per_learner()) st.records[who].ledger = totals;
@@ -134,6 +150,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
   self->send(self, tick_atom::value);
   return {
       [self, dispatch, report, clock](tick_atom) {
+        cpu_meter meter{self->state.cpu_ns};
         const nanos now = clock->now();
         self->state.core->tick(now);
         dispatch();
@@ -151,6 +168,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
       },
       [self, setup, dispatch, clock](const inbound_ptr& m) {
         auto& st = self->state;
+        cpu_meter meter{st.cpu_ns};
         const nanos now = clock->now();
         const auto& env = *m->envelope;
         const node_address from = env.sender();

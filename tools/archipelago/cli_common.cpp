@@ -41,8 +41,8 @@ void config_flags::add_shortcut(CLI::App& app, const std::string& flag, const st
   app.add_option(flag, *shortcut_values_.back(), help + " (knob " + key + ")")->type_name(value_name);
 }
 
-expected<config> config_flags::resolve() const {
-  config cfg;
+expected<config> config_flags::resolve(const config& defaults) const {
+  config cfg = defaults;
   if (!config_file.empty())
     if (auto ok = apply_toml_file(cfg, config_file); !ok) return ok.err();
   for (std::size_t i = 0; i < shortcut_keys_.size(); ++i) {

@@ -34,8 +34,8 @@ struct config_flags {
   /// Registers a flag `--name VALUE` that sets knob `key`.
   void add_shortcut(CLI::App& app, const std::string& flag, const std::string& key,
                     const std::string& value_name, const std::string& help);
-  /// Defaults, then the TOML file, then shortcut flags, then --set, then validation.
-  expected<config> resolve() const;
+  /// Defaults (the command's), then the TOML file, then shortcut flags, then --set, then validation.
+  expected<config> resolve(const config& defaults = config{}) const;
 
  private:
   std::vector<std::pair<std::string, std::string>> shortcut_keys_;  // flag storage → key

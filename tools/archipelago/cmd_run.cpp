@@ -6,6 +6,7 @@
 
 #include "cli_common.hpp"
 #include "commands.hpp"
+#include "learner/model/checkpoint.hpp"
 #include "node/local_mesh.hpp"
 
 namespace archipelago::cli {
@@ -13,11 +14,20 @@ namespace {
 
 struct run_options {
   config_flags flags;
+  std::string out = "archipelago-run.ckpt";
   bool json = false;
 };
 
+/// The embedded default: M = 4 learners of the nano model on the synthetic
+/// corpus, about two minutes on 2 cores.
+config run_defaults() {
+  config cfg;
+  cfg.train.steps = 1500;
+  return cfg;
+}
+
 int run_mesh_command(const run_options& o) {
-  auto cfg = o.flags.resolve();
+  auto cfg = o.flags.resolve(run_defaults());
   if (!cfg) return report(cfg.err());
   if (auto ok = validate_mesh(*cfg); !ok) return report(ok.err());
   install_stop_handlers();
@@ -40,11 +50,25 @@ int run_mesh_command(const run_options& o) {
               static_cast<unsigned long long>(l.merged), static_cast<unsigned long long>(l.late),
               static_cast<unsigned long long>(l.lost), static_cast<unsigned long long>(l.rejected),
               static_cast<unsigned long long>(l.processed), s.ledger_exact ? "exact" : "NOT EXACT");
-  std::printf("goodput %.1f %%, uptime %.1f %%, waiting %.1f %%; %.1f MB on the wire\n", 100 * s.goodput,
-              100 * s.broker.uptime, 100 * s.wait_share, static_cast<double>(s.bytes_on_wire) / 1e6);
+  std::printf("goodput %.1f %%, uptime %.1f %%, waiting %.1f %%; %.1f MB on the wire; broker CPU %.3f ms/round\n",
+              100 * s.goodput, 100 * s.broker.uptime, 100 * s.wait_share, static_cast<double>(s.bytes_on_wire) / 1e6,
+              s.rounds ? 1e3 * s.broker.broker_cpu_s / static_cast<double>(s.rounds) : 0.0);
   std::printf("global model: eval loss %.4f nats/byte = %.4f bits/byte", s.eval_loss, s.eval_bpb);
   if (!std::isnan(s.entropy_floor_bpb)) std::printf(" (entropy floor %.4f)", s.entropy_floor_bpb);
   std::printf("\n");
+  if (!o.out.empty()) {
+    checkpoint ckpt;
+    ckpt.shape = *resolve_model(cfg->model);
+    ckpt.params = s.global_params;
+    ckpt.steps = s.steps;
+    ckpt.tokens = s.tokens;
+    ckpt.train_loss = std::nan("");
+    ckpt.eval_loss = s.eval_loss;
+    ckpt.corpus = cfg->data.corpus.empty() ? "synthetic" : cfg->data.corpus;
+    ckpt.seed = cfg->train.seed;
+    if (auto ok = save_checkpoint(o.out, ckpt); !ok) return report(ok.err());
+    std::printf("global model written to %s (archipelago sample --checkpoint %s)\n", o.out.c_str(), o.out.c_str());
+  }
   if (o.json) {
     json_line ledger;
     ledger.add("merged", static_cast<std::int64_t>(l.merged))
@@ -76,7 +100,9 @@ int run_mesh_command(const run_options& o) {
         .add("closed_all_eligible", static_cast<std::int64_t>(s.broker.closed_all_eligible))
         .add("closed_timeout", static_cast<std::int64_t>(s.broker.closed_timeout))
         .add("refetches", static_cast<std::int64_t>(s.refetches))
-        .add("bytes_on_wire", static_cast<std::int64_t>(s.bytes_on_wire));
+        .add("broker_cpu_ms_per_round", s.rounds ? 1e3 * s.broker.broker_cpu_s / static_cast<double>(s.rounds) : 0.0)
+        .add("bytes_on_wire", static_cast<std::int64_t>(s.bytes_on_wire))
+        .add("checkpoint", o.out);
     std::printf("%s\n", j.str().c_str());
   }
   return exit_ok;
@@ -92,8 +118,9 @@ runner add_run_command(CLI::App& app) {
   o->flags.add_shortcut(*cmd, "--shards", "mesh.shards", "S", "Parameter shards");
   o->flags.add_shortcut(*cmd, "--model", "model.size", "SIZE", "Model size: nano, micro or mini");
   o->flags.add_shortcut(*cmd, "--corpus", "data.corpus", "FILE", "Text file (default: the synthetic corpus)");
-  o->flags.add_shortcut(*cmd, "--steps", "train.steps", "N", "Inner steps per learner");
+  o->flags.add_shortcut(*cmd, "--steps", "train.steps", "N", "Inner steps per learner (default 1500)");
   o->flags.add_to(*cmd);
+  cmd->add_option("--out", o->out, "Write the global model to this checkpoint file (\"\" to skip)")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print a one-line JSON summary last");
   return [o] { return run_mesh_command(*o); };
 }
