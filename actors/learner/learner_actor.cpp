@@ -197,7 +197,8 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
               self->send(self, step_atom::value);
             }
           } else {
-            st.core->on_fragment_update(p, u.getVersion(), value, st.eng->model().params());
+            st.core->on_fragment_update(p, u.getVersion(), value, st.eng->model().params(),
+                                        round_number{env.header().getRound()});
             resume_if_ready();
           }
         }

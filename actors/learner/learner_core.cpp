@@ -96,7 +96,7 @@ bool learner_core::must_wait() const {
 }
 
 bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, std::span<const float> global,
-                                      float* params) {
+                                      float* params, round_number from_round) {
   if (p.value >= state_.size()) return false;
   fragment_state& s = state_[p.value];
   if (global.size() != s.anchor.size() || (s.installed && version <= s.version)) return false;
@@ -114,6 +114,7 @@ bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, s
   s.version = version;
   s.steps = s.tokens = s.contributed_steps = 0;
   s.installed = true;
+  std::erase_if(pending_, [&](const pending_round& r) { return r.fragment == p && r.round <= from_round; });
   return true;
 }
 

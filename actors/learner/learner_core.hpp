@@ -79,9 +79,12 @@ class learner_core {
   /// its next step (never for decoupled).
   bool must_wait() const;
 
-  /// A new global Θ_p arrived. Stale or duplicate versions are ignored (false).
+  /// A new global Θ_p arrived, published by round `from_round`. Stale or
+  /// duplicate versions are ignored (false). Pending rounds of p numbered at or
+  /// below from_round are closed already and are dropped: work done since this
+  /// anchor must go to a round still open.
   bool on_fragment_update(fragment_index p, std::uint64_t version, std::span<const float> global,
-                          float* params);
+                          float* params, round_number from_round = round_number{0});
 
   std::uint64_t version(fragment_index p) const { return state_.at(p.value).version; }
   std::uint64_t steps_since_anchor(fragment_index p) const { return state_.at(p.value).steps; }

@@ -71,6 +71,8 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   mesh_stats stats;
   steady_clock_source clock;
   mesh_summary out;
+  nanos stopped_ns = 0;
+  bool all_done = false;
   {
     caf::actor_system_config sys_cfg;
     sys_cfg.set("scheduler.max-threads", 2);
@@ -116,6 +118,8 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
       }
     }
     out.wall_s = elapsed();
+    stopped_ns = clock.now();
+    all_done = stats.learners_done.load() == m;
 
     // Learners still running (a stop or time limit) are ended first, so the
     // broker's last report covers every step they reported.
@@ -155,8 +159,11 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   out.mean_members = out.rounds ? static_cast<double>(stats.members.load()) / static_cast<double>(out.rounds) : 0;
   out.entropy_floor_bpb = data->entropy_floor_bpb;
   const ledger_totals& l = out.broker.ledger;
-  const double span_s = out.broker.first_join_ns >= 0 && out.broker.last_leave_ns > out.broker.first_join_ns
-                            ? static_cast<double>(out.broker.last_leave_ns - out.broker.first_join_ns) * 1e-9
+  // The learners' span: from the first Join to the last Leave, or to the stop
+  // when a time limit or a signal ended the run.
+  const nanos end_ns = all_done && out.broker.last_leave_ns > 0 ? out.broker.last_leave_ns : stopped_ns;
+  const double span_s = out.broker.first_join_ns >= 0 && end_ns > out.broker.first_join_ns
+                            ? static_cast<double>(end_ns - out.broker.first_join_ns) * 1e-9
                             : out.wall_s;
   out.goodput = l.merged_step_time_s / (m * span_s);
   out.wait_share = static_cast<double>(stats.wait_ns.load()) * 1e-9 / (m * span_s);

@@ -158,8 +158,13 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
         self->delayed_send(self, std::chrono::milliseconds(2), tick_atom::value);
       },
       [self, dispatch, clock](peer_atom, std::uint8_t kind, std::uint32_t index, bool alive) {
-        if (alive || kind != static_cast<std::uint8_t>(role::learner)) return;
-        self->state.core->on_peer_lost({index}, clock->now());
+        if (kind != static_cast<std::uint8_t>(role::learner)) return;
+        if (alive) {
+          self->state.core->on_peer_alive({index}, clock->now());
+        } else {
+          std::fprintf(stderr, "archipelago broker: learner/%u fell silent (no message or heartbeat): dead\n", index);
+          self->state.core->on_peer_lost({index}, clock->now());
+        }
         dispatch();
       },
       [self, report, clock](report_atom) {

@@ -337,6 +337,12 @@ void broker_core::on_peer_lost(learner_index learner, nanos now) {
   check_closes(now);
 }
 
+void broker_core::on_peer_alive(learner_index learner, nanos now) {
+  auto it = learners_.find(learner);
+  if (it == learners_.end() || it->second.departed) return;
+  admit(learner, it->second.inc, now);
+}
+
 void broker_core::tick(nanos now) {
   for (auto& [index, st] : learners_) {
     if (st.live && !st.departed && now - st.last_heard_ns >= cfg_.liveness_timeout_ns) mark_dead(index, st);

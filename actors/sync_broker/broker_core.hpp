@@ -139,6 +139,10 @@ class broker_core {
   /// The transport found the learner silent (no message, not even a heartbeat,
   /// for its liveness timeout): it is dead now. Its next message revives it.
   void on_peer_lost(learner_index learner, nanos now);
+  /// The transport heard from the learner again (a heartbeat counts): its
+  /// current incarnation is live again, even if it has nothing to say yet
+  /// (a learner waiting for parameters sends no Progress).
+  void on_peer_alive(learner_index learner, nanos now);
   /// Liveness, grace and timeout deadlines, and opening of paced rounds.
   void tick(nanos now);
 

@@ -13,7 +13,7 @@ struct msg_round_open { round_number round; fragment_index fragment; };
 struct msg_contribution { learner_ref from; contribution_plan plan; };
 struct msg_arrival { round_number round; learner_ref from; std::uint64_t tokens, steps, step; contribution_verdict verdict; };
 struct msg_close { round_number round; fragment_index fragment; std::vector<learner_ref> members; bool merge; };
-struct msg_update { fragment_index fragment; std::uint64_t version; std::vector<float> value; bool fetch_reply; };
+struct msg_update { fragment_index fragment; std::uint64_t version; std::vector<float> value; bool fetch_reply; round_number round; };
 struct msg_published { round_number round; fragment_index fragment; std::uint64_t version; };
 struct msg_fetch { learner_ref from; fragment_index fragment; };
 using message = std::variant<msg_progress, msg_join, msg_round_open, msg_contribution, msg_arrival, msg_close,
@@ -219,7 +219,7 @@ class mesh {
         l.core->install(u->fragment, u->version, u->value, l.params.data());
         if (--l.installing == 0) schedule_step(i);  // joined: start stepping
       } else if (l.core->installed(u->fragment)) {
-        l.core->on_fragment_update(u->fragment, u->version, u->value, l.params.data());
+        l.core->on_fragment_update(u->fragment, u->version, u->value, l.params.data(), u->round);
         if (l.waiting && !l.core->must_wait()) {
           l.waiting = false;
           result_.learner_wait_ns += now_ - l.wait_since;
@@ -289,12 +289,12 @@ class mesh {
       if (published && published->has_value()) {
         const published_fragment& pub = **published;
         ++result_.published;
-        for (int i = 0; i < cfg_.learners; ++i) send(self, i, msg_update{pub.fragment, pub.version, pub.value, false});
+        for (int i = 0; i < cfg_.learners; ++i) send(self, i, msg_update{pub.fragment, pub.version, pub.value, false, pub.round});
         send(self, broker_node(), msg_published{pub.round, pub.fragment, pub.version});
       }
     } else if (auto f = std::get_if<msg_fetch>(&m)) {
       send(self, static_cast<int>(f->from.learner.value),
-           msg_update{f->fragment, shard.version(f->fragment), shard.value(f->fragment), true});
+           msg_update{f->fragment, shard.version(f->fragment), shard.value(f->fragment), true, round_number{0}});
     }
   }
 

@@ -598,3 +598,30 @@ TEST_CASE("a seeded randomized scenario is deterministic") {
   }
   CHECK(run_scenario(1, nullptr) != run_scenario(42, nullptr));  // the seed matters
 }
+
+TEST_CASE("the transport's liveness: a silent learner is dead at once, a heartbeat revives it") {
+  auto cfg = make_config(3, 1, 1);
+  cfg.wait_for_all = true;
+  auto h = two_learners(cfg);
+  REQUIRE(h.closes_of(0).empty());  // round 0 waits for learner 1
+  h.at(20 * ms);
+  h.core.on_peer_lost(L(1), h.now());  // no message and no heartbeat for the transport's timeout
+  h.drain();
+  CHECK_FALSE(h.core.is_live(L(1)));
+  REQUIRE(h.all<learner_dead>().size() == 1);
+  h.contribute(0, 0);  // round 0 no longer waits for it
+  REQUIRE(h.closes_of(0).size() == 1);
+  CHECK(h.closes_of(0)[0].reason == close_reason::all_eligible);
+  // A learner waiting for parameters sends nothing but heartbeats; they keep it a member.
+  h.at(30 * ms);
+  h.core.on_peer_alive(L(1), h.now());
+  h.drain();
+  CHECK(h.core.is_live(L(1)));
+  CHECK(h.core.is_eligible(L(1)));
+  h.core.on_peer_lost(L(1), h.now());  // reported once per death
+  h.core.on_peer_lost(L(1), h.now());
+  h.drain();
+  CHECK(h.all<learner_dead>().size() == 2);
+  h.core.on_peer_alive(L(7), h.now());  // never joined: nothing to revive
+  CHECK_FALSE(h.core.is_live(L(7)));
+}

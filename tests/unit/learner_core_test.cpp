@@ -208,3 +208,19 @@ TEST_CASE("learner core: gather and scatter cover exactly the fragment's tensors
   }
   CHECK(total == f.layout.param_count);
 }
+
+TEST_CASE("learner core: a fragment update drops that fragment's rounds it proves closed") {
+  fixture f;
+  f.install_all(0.0f);
+  f.core.on_round_open(round_number{4}, {1});
+  f.core.on_round_open(round_number{8}, {1});
+  f.core.on_round_open(round_number{5}, {2});
+  // Round 4 of fragment 1 published version 2 before this learner answered it.
+  REQUIRE(f.core.on_fragment_update({1}, 2, f.global({1}, 1.0f), f.params.data(), round_number{4}));
+  CHECK(f.core.pending_rounds() == 2);  // rounds 8 (fragment 1) and 5 (fragment 2) stay
+  f.core.on_step(16);
+  auto c = f.core.next_contribution(f.params.data());
+  REQUIRE(c);
+  CHECK(c->round == round_number{8});  // the work since the new anchor goes to a round still open
+  CHECK(c->anchor_version == 2);
+}

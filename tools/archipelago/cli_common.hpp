@@ -13,6 +13,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "sync_broker/token_ledger.hpp"
 
 namespace archipelago::cli {
 
@@ -80,6 +81,8 @@ class json_line {
 };
 
 std::string json_escape(const std::string& s);
+/// {"merged":…,"late":…,"lost":…,"rejected":…,"processed":…} in tokens.
+std::string ledger_json(const ledger_totals& l);
 std::string format_duration(double seconds);
 
 }  // namespace archipelago::cli

@@ -67,10 +67,6 @@ int run_node_command(node_cli& n) {
       j.add("steps", static_cast<std::int64_t>(r.steps)).add("tokens", static_cast<std::int64_t>(r.tokens))
           .add("wait_s", r.wait_s);
     } else if (o.kind == role::sync_broker) {
-      json_line ledger;
-      ledger.add("merged", static_cast<std::int64_t>(l.merged)).add("late", static_cast<std::int64_t>(l.late))
-          .add("lost", static_cast<std::int64_t>(l.lost)).add("rejected", static_cast<std::int64_t>(l.rejected))
-          .add("processed", static_cast<std::int64_t>(l.processed));
       // Times in seconds since the broker started (-1: never).
       auto since_start = [&](nanos t) { return t < 0 ? -1.0 : static_cast<double>(t - r.broker.started_ns) * 1e-9; };
       std::string learners = "[";
@@ -87,7 +83,7 @@ int run_node_command(node_cli& n) {
         learners += (learners.size() > 1 ? "," : "") + e.str();
       }
       j.add("started_unix_ms", static_cast<std::int64_t>(r.started_unix_s * 1000)).add("rounds", static_cast<std::int64_t>(r.rounds)).add("uptime", r.broker.uptime)
-          .add_raw("ledger", ledger.str()).add("ledger_balanced", l.balanced()).add_raw("learners", learners + "]");
+          .add_raw("ledger", ledger_json(l)).add("ledger_balanced", l.balanced()).add_raw("learners", learners + "]");
     } else {
       j.add("published", static_cast<std::int64_t>(r.published)).add("rejected", static_cast<std::int64_t>(r.rejected));
     }

@@ -70,12 +70,6 @@ int run_mesh_command(const run_options& o) {
     std::printf("global model written to %s (archipelago sample --checkpoint %s)\n", o.out.c_str(), o.out.c_str());
   }
   if (o.json) {
-    json_line ledger;
-    ledger.add("merged", static_cast<std::int64_t>(l.merged))
-        .add("late", static_cast<std::int64_t>(l.late))
-        .add("lost", static_cast<std::int64_t>(l.lost))
-        .add("rejected", static_cast<std::int64_t>(l.rejected))
-        .add("processed", static_cast<std::int64_t>(l.processed));
     json_line j;
     j.add("command", "run")
         .add("mode", s.mode)
@@ -94,7 +88,7 @@ int run_mesh_command(const run_options& o) {
         .add("rounds", static_cast<std::int64_t>(s.rounds))
         .add("published", static_cast<std::int64_t>(s.published))
         .add("mean_members", s.mean_members)
-        .add_raw("ledger", ledger.str())
+        .add_raw("ledger", ledger_json(l))
         .add("ledger_exact", s.ledger_exact)
         .add("closed_grace_expired", static_cast<std::int64_t>(s.broker.closed_grace_expired))
         .add("closed_all_eligible", static_cast<std::int64_t>(s.broker.closed_all_eligible))
