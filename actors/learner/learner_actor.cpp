@@ -62,6 +62,16 @@ void send_contributions(learner_self* self, const mesh_setup& setup, mesh_stats&
   }
 }
 
+/// Tells the broker this incarnation is finished; the actor stays until ended.
+void leave(learner_self* self, mesh_stats& stats, const char* reason) {
+  auto& st = self->state;
+  st.done = true;
+  auto b = st.wire->make_envelope();
+  b.body().initLeave().setReason(reason);
+  (void)st.wire->send(broker_address, b.finish());
+  ++stats.learners_done;
+}
+
 caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::uint32_t index, const dataset* data,
                             mesh_stats* stats, const clock_source* clock, incarnation inc) {
   auto& st = self->state;
@@ -124,14 +134,7 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
           self->delayed_send(self, wait_bound, wake_atom::value, ++st.wake_generation);
           return;
         }
-        if (st.eng->steps_done() >= setup->cfg.train.steps) {
-          st.done = true;
-          auto b = st.wire->make_envelope();
-          b.body().initLeave().setReason("steps done");
-          (void)st.wire->send(broker_address, b.finish());
-          ++stats->learners_done;
-          return;
-        }
+        if (st.eng->steps_done() >= setup->cfg.train.steps) return leave(self, *stats, "steps done");
         const nanos t0 = clock->now();
         if (setup->policy.send_gradients) st.eng->compute_gradient();
         else st.eng->step();
@@ -153,6 +156,9 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
         (void)st.wire->send(broker_address, b.finish());
         send_contributions(self, *setup, *stats);
         self->send(self, step_atom::value);
+      },
+      [self, stats](stop_atom) {
+        if (!self->state.done) leave(self, *stats, "stopped");
       },
       [self, setup, stats, wait_bound, fetch_retry](wake_atom, std::uint64_t generation) {
         auto& st = self->state;

@@ -121,14 +121,17 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
     stopped_ns = clock.now();
     all_done = stats.learners_done.load() == m;
 
-    // Learners still running (a stop or time limit) are ended first, so the
-    // broker's last report covers every step they reported.
+    // Learners still running (a stop or time limit) leave after their current
+    // step, so the broker's last report covers every step they took.
+    for (auto& a : actors) self->send(a, stop_atom::value);
+    for (int waited_ms = 0; stats.learners_done.load() < m && waited_ms < 10'000; waited_ms += 20)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // their Leave and last Progress reach the broker
     for (auto& a : actors) self->send_exit(a, caf::exit_reason::user_shutdown);
     for (auto& a : actors) {
       self->monitor(a);
       self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(30)) >> [] {});
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // in-flight notices reach the broker
     self->request(broker, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
     const std::vector<float> theta = gather_global(self, shards, setup);
     self->send_exit(broker, caf::exit_reason::user_shutdown);

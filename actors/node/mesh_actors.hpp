@@ -19,6 +19,7 @@ using step_atom = caf::atom_constant<caf::atom("step")>;
 using values_atom = caf::atom_constant<caf::atom("values")>;
 using report_atom = caf::atom_constant<caf::atom("report")>;
 using wake_atom = caf::atom_constant<caf::atom("wake")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
 
 /// Starts the node transport of `self` at `address`, listening on `endpoint`,
 /// its inbound messages and peer events delivered to `self`. On failure it reports the error,
@@ -50,7 +51,8 @@ caf::actor spawn_shard(caf::actor_system& sys, const mesh_setup& setup, std::uin
                        const std::vector<float>& initial_params, mesh_stats& stats, const clock_source& clock);
 /// Learner `index` (detached: its compute has a thread of its own). It trains
 /// `steps` inner steps, then leaves; `data` outlives it. A restarted learner
-/// has a higher incarnation.
+/// has a higher incarnation. stop_atom makes it leave after its current step
+/// (its last Progress and contributions go out first).
 caf::actor spawn_learner(caf::actor_system& sys, const mesh_setup& setup, std::uint32_t index,
                          const dataset& data, mesh_stats& stats, const clock_source& clock,
                          incarnation inc = incarnation{1});

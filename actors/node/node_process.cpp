@@ -106,8 +106,14 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
     out.wall_s = elapsed();
     if (o.kind == role::sync_broker)
       self->request(actor, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
-    // A learner that finished has sent Leave; give the I/O thread a moment to deliver it.
-    if (o.kind == role::learner) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // A learner stopped by a signal leaves after its current step; then its
+    // Leave gets a moment to go out.
+    if (o.kind == role::learner) {
+      self->send(actor, stop_atom::value);
+      for (int waited_ms = 0; stats.learners_done.load() == 0 && waited_ms < 10'000; waited_ms += 20)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
     self->send_exit(actor, caf::exit_reason::user_shutdown);
   }
   out.steps = stats.steps;
