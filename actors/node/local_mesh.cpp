@@ -105,12 +105,14 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
         }
         const double rounds = static_cast<double>(stats.rounds_closed.load());
         const double span_s = r.first_join_ns < 0 ? 0 : static_cast<double>(clock.now() - r.first_join_ns) * 1e-9;
+        char eval[32] = "-";  // until the first evaluation, every 20 s
+        if (!std::isnan(last_loss)) std::snprintf(eval, sizeof eval, "%.3f", last_loss);
         char line[320];
         std::snprintf(line, sizeof line,
-                      "%.0fs  round %.0f  version %llu  tokens %llu  eval %.3f  goodput %.1f%%  uptime %.1f%%  "
+                      "%.0fs  round %.0f  version %llu  tokens %llu  eval %s  goodput %.1f%%  uptime %.1f%%  "
                       "members %.2f  quorum %.0fms  grace %.0fms  late %llu",
                       elapsed(), rounds, static_cast<unsigned long long>(stats.published.load()),
-                      static_cast<unsigned long long>(stats.tokens.load()), last_loss,
+                      static_cast<unsigned long long>(stats.tokens.load()), eval,
                       span_s > 0 ? 100 * r.ledger.merged_step_time_s / (m * span_s) : 0.0, 100 * r.uptime,
                       rounds > 0 ? static_cast<double>(stats.members.load()) / rounds : 0.0, r.xi_quorum_ms,
                       r.last_grace_ms, static_cast<unsigned long long>(r.ledger.late));
