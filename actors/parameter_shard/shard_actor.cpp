@@ -120,7 +120,7 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
             }
             if (!published->has_value()) break;
             ++stats->published;
-            stats->bytes_sent += (*published)->value.size() * 4 * st.learners.size();
+            stats->bytes_sent += st.core->value(p).size() * 4 * st.learners.size();
             (void)st.wire->broadcast(st.learners, fragment_message(p, r.value));
             auto b = st.wire->make_envelope(r.value);
             auto u = b.body().initFragmentUpdate();

@@ -126,7 +126,7 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
   ++f.version;
   ledger_.merged += views.size();
   ledger_.merged_tokens += merged_tokens;
-  return std::optional<published_fragment>(published_fragment{p, f.version, r, f.theta, merged_tokens, views.size()});
+  return std::optional<published_fragment>(published_fragment{p, f.version, r, merged_tokens, views.size()});
 }
 
 }  // namespace archipelago

@@ -46,12 +46,11 @@ struct shard_ledger {
   std::uint64_t merged = 0, late = 0, rejected = 0, duplicates = 0, unmerged = 0;
 };
 
-/// A new global value, to broadcast to the learners.
+/// A new global value (read it with value(fragment)), to broadcast to the learners.
 struct published_fragment {
   fragment_index fragment;
   std::uint64_t version = 0;
   round_number round;
-  std::vector<float> value;  // Θ_p, the fragment's flat vector
   std::uint64_t merged_tokens = 0;
   std::size_t members = 0;
 };

@@ -289,7 +289,7 @@ class mesh {
       if (published && published->has_value()) {
         const published_fragment& pub = **published;
         ++result_.published;
-        for (int i = 0; i < cfg_.learners; ++i) send(self, i, msg_update{pub.fragment, pub.version, pub.value, false, pub.round});
+        for (int i = 0; i < cfg_.learners; ++i) send(self, i, msg_update{pub.fragment, pub.version, shard.value(pub.fragment), false, pub.round});
         send(self, broker_node(), msg_published{pub.round, pub.fragment, pub.version});
       }
     } else if (auto f = std::get_if<msg_fetch>(&m)) {
