@@ -87,9 +87,10 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
     broker_report& r = stats->report;
     r.started_ns = st.started_ns;
     r.broker_cpu_s = static_cast<double>(st.cpu_ns) * 1e-9;
-    r.ledger = st.ledger.totals();
+    const auto per_learner = st.ledger.per_learner();
+    r.ledger = token_ledger::sum(per_learner);
     r.learners.clear();
-    for (const auto& [who, totals] : st.ledger.per_learner()) st.records[who].ledger = totals;
+    for (const auto& [who, totals] : per_learner) st.records[who].ledger = totals;
     for (auto& [who, rec] : st.records) {
       rec.who = who;
       r.learners.push_back(rec);

@@ -83,9 +83,9 @@ std::map<learner_ref, ledger_totals> token_ledger::per_learner() const {
   return out;
 }
 
-ledger_totals token_ledger::totals() const {
+ledger_totals token_ledger::sum(const std::map<learner_ref, ledger_totals>& per_learner) {
   ledger_totals t;
-  for (const auto& [who, l] : per_learner()) {
+  for (const auto& [who, l] : per_learner) {
     t.processed += l.processed;
     t.merged += l.merged;
     t.late += l.late;

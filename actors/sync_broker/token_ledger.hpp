@@ -47,9 +47,10 @@ class token_ledger {
   /// still hold that work, and a later contribution covers it again).
   void on_round_closed(round_number round, const std::vector<learner_ref>& members, bool merged);
 
-  ledger_totals totals() const;
+  ledger_totals totals() const { return sum(per_learner()); }
   /// The same, per learner incarnation.
   std::map<learner_ref, ledger_totals> per_learner() const;
+  static ledger_totals sum(const std::map<learner_ref, ledger_totals>& per_learner);
   std::uint64_t overflowed_steps() const { return overflowed_steps_; }
 
  private:
