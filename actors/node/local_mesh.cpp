@@ -8,7 +8,6 @@
 
 #include "learner/learner_core.hpp"
 #include "node/mesh_actors.hpp"
-#include "sync_broker/broker_core.hpp"
 #include "transport/caf_bridge.hpp"
 
 namespace archipelago {
@@ -37,16 +36,8 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
                                       const std::function<bool()>& stop_requested) {
   auto policy = resolve_policy(base);
   if (!policy) return policy.err();
-  mesh_setup setup;
-  setup.cfg = base;
-  setup.policy = *policy;
+  mesh_setup setup = make_mesh_setup(base, *policy);
   const int m = base.mesh.learners, s = policy->shards;
-  setup.shape = *resolve_model(base.model);
-  setup.layout = make_layout(setup.shape);
-  setup.plan = *make_fragment_plan(setup.layout, policy->fragments);
-  setup.shard_of_fragment =
-      round_robin_shards(static_cast<int>(setup.plan.fragments.size()), static_cast<std::uint32_t>(s));
-  setup.io_context = transport::make_io_context();
   setup.broker_endpoint = "inproc://broker";
   for (int i = 0; i < s; ++i) setup.shard_endpoints.push_back("inproc://shard-" + std::to_string(i));
   for (int i = 0; i < m; ++i) setup.learner_endpoints.push_back("inproc://learner-" + std::to_string(i));
@@ -54,12 +45,7 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   auto data = load_dataset(base.data, m, setup.shape.context, base.train.seed);
   if (!data) return data.err();
 
-  // The initial global model: one seeded initialisation, owned by the shards.
-  std::vector<float> initial;
-  {
-    engine init(setup.cfg, setup.shape, *data, 0);
-    initial.assign(init.model().params(), init.model().params() + init.model().buffer_size());
-  }
+  const std::vector<float> initial = initial_global_params(setup, *data);
   // Evaluations of Θ run on this thread, with one compute thread.
   engine evaluator(setup.cfg, setup.shape, *data, 0);
   set_compute_threads(1);
@@ -125,10 +111,7 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
 
     // Learners still running (a stop or time limit) leave after their current
     // step, so the broker's last report covers every step they took.
-    for (auto& a : actors) self->send(a, stop_atom::value);
-    for (int waited_ms = 0; stats.learners_done.load() < m && waited_ms < 10'000; waited_ms += 20)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // their Leave and last Progress reach the broker
+    stop_learners(self, actors, stats);
     for (auto& a : actors) self->send_exit(a, caf::exit_reason::user_shutdown);
     for (auto& a : actors) {
       self->monitor(a);

@@ -4,8 +4,11 @@
 
 #include <caf/all.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "core/clock.hpp"
 #include "learner/model/trainer.hpp"
@@ -56,5 +59,16 @@ caf::actor spawn_shard(caf::actor_system& sys, const mesh_setup& setup, std::uin
 caf::actor spawn_learner(caf::actor_system& sys, const mesh_setup& setup, std::uint32_t index,
                          const dataset& data, mesh_stats& stats, const clock_source& clock,
                          incarnation inc = incarnation{1});
+
+/// Asks running learners to leave after their current step (stop_atom) and
+/// waits, bounded, until all of `learners` are done; then gives their Leave
+/// and last Progress a moment to reach the broker.
+inline void stop_learners(caf::scoped_actor& self, const std::vector<caf::actor>& learners, mesh_stats& stats) {
+  for (const auto& a : learners) self->send(a, stop_atom::value);
+  const auto total = static_cast<int>(learners.size());
+  for (int waited_ms = 0; stats.learners_done.load() < total && waited_ms < 10'000; waited_ms += 20)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+}
 
 }  // namespace archipelago

@@ -46,6 +46,15 @@ struct learner_record {
   nanos left_ns = -1;          // Leave, or declared dead
 };
 
+struct dataset;
+
+/// Everything a mesh agrees on but the endpoints, from the configuration and
+/// its resolved policy (resolve_policy(cfg)), with a fresh I/O context.
+mesh_setup make_mesh_setup(const config& cfg, const sync_policy& policy);
+
+/// The initial global model: the seeded initialisation every shard derives alike.
+std::vector<float> initial_global_params(const mesh_setup& setup, const dataset& data);
+
 /// The broker's accounting, as of its last report.
 struct broker_report {
   nanos started_ns = 0;  // the broker's start; the times below are on the same clock

@@ -5,7 +5,6 @@
 #include <thread>
 
 #include "node/mesh_actors.hpp"
-#include "sync_broker/broker_core.hpp"
 #include "transport/caf_bridge.hpp"
 
 namespace archipelago {
@@ -27,15 +26,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
     return make_error(errc::invalid_input, "--index " + std::to_string(o.index) + ": mesh.learners is " +
                                                std::to_string(cfg.mesh.learners));
 
-  mesh_setup setup;
-  setup.cfg = cfg;
-  setup.policy = *policy;
-  setup.shape = *resolve_model(cfg.model);
-  setup.layout = make_layout(setup.shape);
-  setup.plan = *make_fragment_plan(setup.layout, policy->fragments);
-  setup.shard_of_fragment =
-      round_robin_shards(static_cast<int>(setup.plan.fragments.size()), static_cast<std::uint32_t>(policy->shards));
-  setup.io_context = transport::make_io_context();
+  mesh_setup setup = make_mesh_setup(cfg, *policy);
   setup.broker_endpoint = o.broker_endpoint;
   setup.shard_endpoints = o.shard_endpoints;
   setup.learner_endpoints.assign(o.index + 1, o.listen.empty() ? "tcp://127.0.0.1:0" : o.listen);
@@ -72,9 +63,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
       case role::parameter_shard: {
         out.address = {role::parameter_shard, o.index};
         // Every shard derives the same seeded initialisation and keeps its fragments of it.
-        engine init(setup.cfg, setup.shape, *data, 0);
-        const std::vector<float> initial(init.model().params(), init.model().params() + init.model().buffer_size());
-        actor = spawn_shard(sys, setup, o.index, initial, stats, clock);
+        actor = spawn_shard(sys, setup, o.index, initial_global_params(setup, *data), stats, clock);
         break;
       }
       default:
@@ -106,14 +95,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
     out.wall_s = elapsed();
     if (o.kind == role::sync_broker)
       self->request(actor, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
-    // A learner stopped by a signal leaves after its current step; then its
-    // Leave gets a moment to go out.
-    if (o.kind == role::learner) {
-      self->send(actor, stop_atom::value);
-      for (int waited_ms = 0; stats.learners_done.load() == 0 && waited_ms < 10'000; waited_ms += 20)
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
+    if (o.kind == role::learner) stop_learners(self, {actor}, stats);  // a signal: leave after this step
     self->send_exit(actor, caf::exit_reason::user_shutdown);
   }
   out.steps = stats.steps;

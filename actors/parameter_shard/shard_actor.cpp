@@ -84,10 +84,13 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
                                                    c.getSteps(), c.getTokens(), std::move(delta), &why);
             }
             if (verdict == contribution_verdict::rejected) {
-              ++stats->rejected;
-              std::fprintf(stderr, "archipelago shard %u: rejected round %llu from %s: %s\n", self->state.index,
-                           static_cast<unsigned long long>(env.header().getRound()), from.to_string().c_str(),
-                           why.empty() ? "undecodable tensor" : why.c_str());
+              // Logged with a budget (the first 10, then every 1000th): a bad learner cannot flood stderr.
+              const std::uint64_t n = ++stats->rejected;
+              if (n <= 10 || n % 1000 == 0)
+                std::fprintf(stderr, "archipelago shard %u: rejected round %llu from %s: %s (%llu rejected so far)\n",
+                             self->state.index, static_cast<unsigned long long>(env.header().getRound()),
+                             from.to_string().c_str(), why.empty() ? "undecodable tensor" : why.c_str(),
+                             static_cast<unsigned long long>(n));
             }
             if (verdict == contribution_verdict::duplicate) break;
             // Arrival notice: the broker admits buffered ones to the round; all go to the ledger.

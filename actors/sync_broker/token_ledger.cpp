@@ -18,6 +18,21 @@ bool token_ledger::extend(learner_steps& l, std::uint64_t step) {
   return true;
 }
 
+void token_ledger::count(ledger_totals& t, const step_entry& e, ledger_bucket bucket, int sign) {
+  // Token counts stay exact: a bucket only ever gains what another loses.
+  const std::uint64_t tokens = e.tokens;
+  auto move = [&](std::uint64_t& field) { field = sign > 0 ? field + tokens : field - tokens; };
+  switch (bucket) {
+    case ledger_bucket::merged:
+      move(t.merged);
+      t.merged_step_time_s += e.time_us * 1e-6;  // merged is the best bucket: never left again
+      break;
+    case ledger_bucket::late: move(t.late); break;
+    case ledger_bucket::rejected: move(t.rejected); break;
+    case ledger_bucket::lost: move(t.lost); break;
+  }
+}
+
 void token_ledger::on_progress(learner_ref who, std::uint64_t step, std::uint64_t tokens_total, nanos step_time) {
   learner_steps& l = of(who);
   if (step <= l.reported_step || tokens_total < l.reported_tokens || !extend(l, step)) return;  // stale or reordered
@@ -29,6 +44,11 @@ void token_ledger::on_progress(learner_ref who, std::uint64_t step, std::uint64_
     step_entry& e = l.steps[l.reported_step + k];
     e.tokens = static_cast<std::uint32_t>(tokens / gap + (k + 1 == gap ? tokens % gap : 0));
     e.time_us = time_us;
+    // Counted now, in the bucket an outcome may already have given it.
+    l.totals.processed += e.tokens;
+    l.totals.step_time_s += e.time_us * 1e-6;
+    ++l.totals.steps;
+    count(l.totals, e, e.bucket, +1);
   }
   l.reported_step = step;
   l.reported_tokens = tokens_total;
@@ -37,7 +57,15 @@ void token_ledger::on_progress(learner_ref who, std::uint64_t step, std::uint64_
 void token_ledger::on_outcome(learner_ref who, std::uint64_t step, std::uint64_t steps, ledger_bucket bucket) {
   learner_steps& l = of(who);
   if (steps > step || !extend(l, step)) return;
-  for (std::uint64_t s = step - steps; s < step; ++s) l.steps[s].bucket = std::max(l.steps[s].bucket, bucket);
+  for (std::uint64_t s = step - steps; s < step; ++s) {
+    step_entry& e = l.steps[s];
+    if (bucket <= e.bucket) continue;
+    if (s < l.reported_step) {  // already counted: move its tokens to the better bucket
+      count(l.totals, e, e.bucket, -1);
+      count(l.totals, e, bucket, +1);
+    }
+    e.bucket = bucket;
+  }
 }
 
 void token_ledger::on_arrival(round_number round, learner_ref who, std::uint64_t step, std::uint64_t steps) {
@@ -61,25 +89,7 @@ void token_ledger::on_round_closed(round_number round, const std::vector<learner
 
 std::map<learner_ref, ledger_totals> token_ledger::per_learner() const {
   std::map<learner_ref, ledger_totals> out;
-  for (const auto& [who, l] : learners_) {
-    ledger_totals& t = out[who];
-    for (std::uint64_t s = 0; s < l.reported_step; ++s) {
-      const step_entry& e = l.steps[s];
-      const double seconds = e.time_us * 1e-6;
-      t.processed += e.tokens;
-      t.step_time_s += seconds;
-      ++t.steps;
-      switch (e.bucket) {
-        case ledger_bucket::merged:
-          t.merged += e.tokens;
-          t.merged_step_time_s += seconds;
-          break;
-        case ledger_bucket::late: t.late += e.tokens; break;
-        case ledger_bucket::rejected: t.rejected += e.tokens; break;
-        case ledger_bucket::lost: t.lost += e.tokens; break;
-      }
-    }
-  }
+  for (const auto& [who, l] : learners_) out[who] = l.totals;
   return out;
 }
 

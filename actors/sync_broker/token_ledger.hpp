@@ -62,7 +62,9 @@ class token_ledger {
   struct learner_steps {
     std::vector<step_entry> steps;  // index = step − 1
     std::uint64_t reported_step = 0, reported_tokens = 0;
+    ledger_totals totals;  // over the reported steps, kept as buckets change (reports stay O(learners))
   };
+  static void count(ledger_totals& t, const step_entry& e, ledger_bucket bucket, int sign);
   struct arrival {
     learner_ref who;
     std::uint64_t step, steps;

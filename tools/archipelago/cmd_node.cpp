@@ -3,7 +3,6 @@
 
 #include <cstdio>
 #include <memory>
-#include <sstream>
 
 #include "cli_common.hpp"
 #include "commands.hpp"
@@ -17,17 +16,8 @@ struct node_cli {
   std::string role_name;
   std::uint32_t index = 0;
   node_options options;
-  std::string shards;
   bool json = false;
 };
-
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 int run_node_command(node_cli& n) {
   auto cfg = n.flags.resolve();
@@ -35,7 +25,6 @@ int run_node_command(node_cli& n) {
   node_options o = n.options;
   o.index = n.index;
   o.kind = n.role_name == "broker" ? role::sync_broker : n.role_name == "shard" ? role::parameter_shard : role::learner;
-  o.shard_endpoints = split_commas(n.shards);
   install_stop_handlers();
   progress_line progress(4);
   auto result = run_node(*cfg, o, [&](const std::string& line) { progress.update(line); },
@@ -102,7 +91,9 @@ runner add_node_command(CLI::App& app) {
       ->check(CLI::IsMember({"broker", "shard", "learner"}));
   cmd->add_option("--index", n->index, "Shard or learner index (from 0)");
   cmd->add_option("--broker", n->options.broker_endpoint, "The broker's endpoint, tcp://HOST:PORT")->required();
-  cmd->add_option("--shards", n->shards, "Every shard's endpoint, comma-separated, in index order")->required();
+  cmd->add_option("--shards", n->options.shard_endpoints, "Every shard's endpoint, comma-separated, in index order")
+      ->required()
+      ->delimiter(',');
   cmd->add_option("--listen", n->options.listen, "Learners: where to listen (default tcp://127.0.0.1:0)");
   n->flags.add_shortcut(*cmd, "--mode", "mesh.mode", "MODE", "dp, diloco, streaming or decoupled");
   n->flags.add_shortcut(*cmd, "--learners", "mesh.learners", "M", "Learners in the mesh");
