@@ -112,6 +112,9 @@ struct Progress {
 struct RoundOpen {
   fragment @0 :UInt32;     # fragment p of round header.round
   shard @1 :UInt32;        # the shard that collects contributions for it
+  shardIncarnation @2 :UInt64;  # that shard's incarnation as the broker last heard it; 0: unknown.
+                                # A learner that sees it grow re-fetches the shard's fragments
+                                # (the shard restarted from its snapshot and lost their endpoints).
 }
 
 struct Contribution {
@@ -156,6 +159,7 @@ struct FragmentUpdate {
   # A new global value of a fragment; tensors[0] is Θ_p (fp32).
   fragment @0 :UInt32;
   version @1 :UInt64;        # v_p after the outer step
+  committed @2 :Bool;        # shard → broker: that version is durable in the shard's snapshot store
 }
 
 struct FetchFragment {

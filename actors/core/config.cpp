@@ -145,6 +145,7 @@ std::vector<knob> make_knobs() {
   auto w = &config::wire;
   auto h = &config::mesh;
   auto l = &config::link;
+  auto st = &config::storage;
   std::string presets;
   for (const auto& name : model_preset_names()) presets += (presets.empty() ? "" : " | ") + name;
   return {
@@ -303,6 +304,16 @@ std::vector<knob> make_knobs() {
                   "Probability a message is held back and overtaken. Default: 0."),
       number_knob("link.corrupt", l, &link_config::corrupt, 0.0, 1.0,
                   "Probability a bit of a message is flipped (checksums catch it). Default: 0."),
+      // storage
+      number_knob("storage.keep_last", st, &storage_config::keep_last, I{1}, I{1} << 40,
+                  "Snapshots (mesh versions) kept, newest first. Default: 32."),
+      number_knob("storage.keep_every", st, &storage_config::keep_every, I{0}, I{1} << 40,
+                  "Also keep every mesh version divisible by this; 0: none. Default: 100."),
+      bool_knob("storage.sync", st, &storage_config::sync,
+                "fsync every snapshot commit (survives power loss, not only a process crash). Default: false."),
+      number_knob("storage.queue_mb", st, &storage_config::queue_mb, I{1}, I{1} << 20,
+                  "Snapshot bytes queued for the writer; beyond it a version is not snapshotted (never "
+                  "blocks a round). Default: 256."),
   };
 }
 

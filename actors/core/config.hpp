@@ -105,6 +105,14 @@ struct link_config {
   double corrupt = 0;
 };
 
+/// Snapshots in RocksDB (storage/FORMAT.md), when a run or node has --db.
+struct storage_config {
+  std::int64_t keep_last = 32;    // newest manifests kept
+  std::int64_t keep_every = 100;  // ... and every one whose mesh version is a multiple; 0: none
+  bool sync = false;              // fsync every commit: survives power loss, not just a crash
+  std::int64_t queue_mb = 256;    // snapshot bytes queued before new versions are skipped
+};
+
 struct config {
   model_config model;
   optimizer_config optimizer;
@@ -113,6 +121,7 @@ struct config {
   mesh_config mesh;
   wire_config wire;
   link_config link;
+  storage_config storage;
 };
 
 enum class knob_type : std::uint8_t { integer, real, boolean, text };

@@ -26,20 +26,36 @@ struct learner_state {
   nanos wait_since = 0;
   std::uint64_t wake_generation = 0;  // invalidates wake-ups of finished waits
   tensor_encoding encoding = tensor_encoding::fp32;
+  std::vector<std::uint64_t> shard_incarnations;  // as last seen; 0: not yet
   static inline const char* name = "learner";
 };
 
 using learner_self = caf::stateful_actor<learner_state, caf::event_based_actor>;
 
-/// Clone pattern: (re)subscribe with every shard and fetch every fragment.
-void fetch_all(learner_self* self, const mesh_setup& setup) {
+/// Clone pattern: (re)subscribe with every shard (or just `only_shard`) and fetch its fragments.
+void fetch_all(learner_self* self, const mesh_setup& setup, std::optional<std::uint32_t> only_shard = std::nullopt) {
   for (std::uint32_t p = 0; p < setup.plan.fragments.size(); ++p) {
+    if (only_shard && setup.shard_of_fragment[p] != *only_shard) continue;
     auto b = self->state.wire->make_envelope();
     auto f = b.body().initFetchFragment();
     f.setFragment(p);
     f.setReplyEndpoint(self->state.wire->endpoint());
     (void)self->state.wire->send({role::parameter_shard, setup.shard_of_fragment[p]}, b.finish());
   }
+}
+
+/// A shard restarted from its snapshot (a higher incarnation): its versions
+/// start again from the snapshot's, below the ones held here, and it lost our
+/// endpoint. Accept its versions from now on; fetch when asked to.
+bool shard_restarted(learner_self* self, const mesh_setup& setup, std::uint32_t shard, std::uint64_t inc) {
+  auto& known = self->state.shard_incarnations;
+  if (inc == 0 || shard >= known.size() || inc <= known[shard]) return false;
+  const bool restarted = known[shard] != 0;
+  known[shard] = inc;
+  if (!restarted) return false;
+  for (std::uint32_t p = 0; p < setup.plan.fragments.size(); ++p)
+    if (setup.shard_of_fragment[p] == shard) self->state.core->forget_version({p});
+  return true;
 }
 
 /// Answers every pending round that is ready (dp: with the gradient of the last step).
@@ -83,6 +99,7 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
   cfg.train.seed = derive_seed(derive_seed(setup->cfg.train.seed, 1000 + index), inc.value);
   cfg.data.batch = st.profile.batch;
   st.eng = std::make_unique<engine>(cfg, setup->shape, *data, static_cast<int>(index));
+  st.eng->start_at_step(setup->start_step);
   learner_sync_config sync;
   sync.mix = setup->policy.mix;
   sync.contribute_after = static_cast<std::uint64_t>(setup->policy.contribute_after);
@@ -96,6 +113,7 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
     (void)st.wire->add_peer({role::parameter_shard, s}, setup->shard_endpoints[s]);
 
   st.to_install = setup->plan.fragments.size();
+  st.shard_incarnations.assign(setup->shard_endpoints.size(), 0);
   fetch_all(self, *setup);
   {
     auto b = st.wire->make_envelope();
@@ -150,7 +168,7 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
         stats->tokens += tokens;
         auto b = st.wire->make_envelope();
         auto p = b.body().initProgress();
-        p.setStep(static_cast<std::uint64_t>(st.eng->steps_done()));
+        p.setStep(st.core->steps_done());  // this incarnation's steps (the ledger counts from 1)
         p.setStepTimeNs(static_cast<std::uint64_t>(step_ns));
         p.setTokens(st.core->steps_done() * tokens);
         (void)st.wire->send(broker_address, b.finish());
@@ -187,11 +205,16 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
           return;
         }
         if (env.body() == wire::Envelope::Body::ROUND_OPEN) {
-          st.core->on_round_open(round_number{env.header().getRound()}, {body.getRoundOpen().getFragment()});
+          auto open = body.getRoundOpen();
+          if (shard_restarted(self, *setup, open.getShard(), open.getShardIncarnation()))
+            fetch_all(self, *setup, open.getShard());
+          st.core->on_round_open(round_number{env.header().getRound()}, {open.getFragment()});
           send_contributions(self, *setup, *stats);
         } else if (env.body() == wire::Envelope::Body::FRAGMENT_UPDATE && env.tensor_count() == 1) {
           auto u = body.getFragmentUpdate();
           const fragment_index p{u.getFragment()};
+          if (env.sender().kind == role::parameter_shard)
+            (void)shard_restarted(self, *setup, env.sender().index, env.header().getIncarnation());
           if (p.value >= st.core->fragments() || env.tensor_info(0).getElementCount() != st.core->fragment_floats(p))
             return;
           std::vector<float> value(st.core->fragment_floats(p));

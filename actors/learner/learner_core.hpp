@@ -87,6 +87,9 @@ class learner_core {
                           float* params, round_number from_round = round_number{0});
 
   std::uint64_t version(fragment_index p) const { return state_.at(p.value).version; }
+  /// Its shard restarted from a snapshot with older versions: the next update
+  /// of p is accepted whatever its version.
+  void forget_version(fragment_index p) { state_.at(p.value).version = 0; }
   std::uint64_t steps_since_anchor(fragment_index p) const { return state_.at(p.value).steps; }
   std::uint64_t tokens_since_anchor(fragment_index p) const { return state_.at(p.value).tokens; }
   bool installed(fragment_index p) const { return state_.at(p.value).installed; }

@@ -8,6 +8,8 @@
 
 #include "learner/learner_core.hpp"
 #include "node/mesh_actors.hpp"
+#include "node/mesh_snapshots.hpp"
+#include "storage/snapshot_writer.hpp"
 #include "transport/caf_bridge.hpp"
 
 namespace archipelago {
@@ -30,10 +32,80 @@ std::vector<float> gather_global(caf::scoped_actor& self, const std::vector<caf:
   return theta;
 }
 
+/// Where a run's snapshots go and what its shards start from.
+struct snapshot_start {
+  std::shared_ptr<storage::snapshot_store> store, source;  // write here; read the starting point there
+  std::optional<storage::manifest> from;
+  std::int64_t start_step = 0;
+};
+
+expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_snapshots& o,
+                                           const std::vector<float>& initial) {
+  snapshot_start out;
+  std::optional<recovered_store> target;
+  if (!o.db.empty()) {
+    auto opened = open_mesh_store(o.db, setup);
+    if (!opened) return opened.err();
+    for (const auto& d : opened->dropped) std::fprintf(stderr, "archipelago run: recovery of %s: %s\n", o.db.c_str(), d.c_str());
+    target = std::move(*opened);
+    out.store = target->store;
+  }
+  if (!o.resume_db.empty()) {
+    if (o.resume_db == o.db) {  // continue the same lineage, from its recovered head
+      if (!target->head) return make_error(errc::not_found, o.db + ": the store holds no snapshot to resume from");
+      if (o.resume_version && *o.resume_version != target->head->mesh_version)
+        return make_error(errc::invalid_input, "resuming " + o.db + " from version " + std::to_string(*o.resume_version) +
+                                                   " (not its newest) would overwrite its later history: "
+                                                   "resume into another --db");
+      out.source = out.store;
+      out.from = target->head;
+    } else {
+      auto source = open_store_read_only(o.resume_db);
+      if (!source) return source.err();
+      if ((*source)->info().layout_fingerprint != setup.layout.fingerprint())
+        return make_error(errc::invalid_input, o.resume_db + " holds another model (model.* knobs differ)");
+      auto m = pick_manifest(**source, o.resume_version);
+      if (!m) return make_error(m.err().code, o.resume_db + ": " + m.err().message);
+      // The plan must match fragment by fragment: read_params checks counts and sizes.
+      if (auto params = (*source)->read_params(*m, setup.layout, setup.plan); !params)
+        return make_error(params.err().code, o.resume_db + ": " + params.err().message);
+      out.source = *source;
+      out.from = std::move(*m);
+    }
+    out.start_step = static_cast<std::int64_t>(out.from->learner_steps);
+  }
+  if (!out.store) return out;
+  if (target->head && out.source != out.store)
+    return make_error(errc::invalid_input, o.db + " already holds a run (mesh version " +
+                                               std::to_string(target->head->mesh_version) +
+                                               "): continue it with --resume " + o.db + " or pick a new --db");
+  if (!target->head || out.source != out.store) {
+    // A new store starts with every fragment's state: the initial model, or the copied starting point.
+    storage::commit_job first = initial_commit(setup, initial);
+    if (out.source) {
+      first.fragments.clear();
+      for (const auto& e : out.from->entries) {
+        auto f = out.source->read_fragment(e.fragment, e.version);
+        if (!f) return f.err();
+        first.fragments.push_back(std::move(*f));
+      }
+      first.learner_steps = out.from->learner_steps;
+      first.ledger = out.from->ledger;
+    }
+    auto v = out.store->commit(first);
+    if (!v) return make_error(v.err().code, o.db + ": " + v.err().message);
+    auto head = out.store->latest_manifest();
+    if (!head) return head.err();
+    out.from = std::move(**head);
+    out.source = out.store;
+  }
+  return out;
+}
+
 }  // namespace
 
 expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& progress,
-                                      const std::function<bool()>& stop_requested) {
+                                      const std::function<bool()>& stop_requested, const mesh_snapshots& snapshots) {
   auto policy = resolve_policy(base);
   if (!policy) return policy.err();
   mesh_setup setup = make_mesh_setup(base, *policy);
@@ -46,6 +118,9 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   if (!data) return data.err();
 
   const std::vector<float> initial = initial_global_params(setup, *data);
+  auto origin = prepare_snapshots(setup, snapshots, initial);
+  if (!origin) return origin.err();
+  setup.start_step = origin->start_step;
   // Evaluations of Θ run on this thread, with one compute thread.
   engine evaluator(setup.cfg, setup.shape, *data, 0);
   set_compute_threads(1);
@@ -57,16 +132,32 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   mesh_stats stats;
   steady_clock_source clock;
   mesh_summary out;
+  out.resumed_from = snapshots.resume_db.empty() ? 0 : origin->from->mesh_version;
+  out.start_step = origin->start_step;
   nanos stopped_ns = 0;
   bool all_done = false;
   {
     caf::actor_system_config sys_cfg;
     sys_cfg.set("scheduler.max-threads", 2);
     caf::actor_system sys{sys_cfg};
+    // Declared after the actor system: it is gone before the system, and the
+    // actors that use it are gone before it (see the end of this block).
+    std::unique_ptr<storage::snapshot_writer> writer;
+    if (origin->store)
+      writer = std::make_unique<storage::snapshot_writer>(
+          origin->store, storage::writer_options{static_cast<std::size_t>(base.storage.queue_mb) << 20});
+    snapshot_context snaps;
+    snaps.writer = writer.get();
+    snaps.record_contributions = snapshots.record_contributions;
+    snaps.restore_store = origin->source.get();
+    snaps.resume_from = origin->from;
+    snaps.learner_steps = [&stats, m, first = origin->start_step] {
+      return static_cast<std::uint64_t>(first) + stats.steps.load() / static_cast<std::uint64_t>(m);
+    };
     std::vector<caf::actor> shards, actors;
     for (int i = 0; i < s; ++i)
-      shards.push_back(spawn_shard(sys, setup, static_cast<std::uint32_t>(i), initial, stats, clock));
-    caf::actor broker = spawn_broker(sys, setup, stats, clock);
+      shards.push_back(spawn_shard(sys, setup, static_cast<std::uint32_t>(i), initial, stats, clock, &snaps));
+    caf::actor broker = spawn_broker(sys, setup, stats, clock, &snaps);
     for (int i = 0; i < m; ++i) actors.push_back(spawn_learner(sys, setup, static_cast<std::uint32_t>(i), *data, stats, clock));
     caf::scoped_actor self{sys};
 
@@ -80,8 +171,10 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
       if (elapsed() - last_eval_s >= eval_period_s) {
         last_eval_s = elapsed();
         const std::uint64_t tokens = stats.tokens.load();
+        const std::uint64_t version = origin->store ? origin->store->last_mesh_version() : 0;
         last_loss = evaluate(gather_global(self, shards, setup)).loss;
         out.eval_curve.emplace_back(tokens, last_loss);
+        if (writer) (void)writer->submit(storage::eval_record{version, wall_clock_ns(), last_loss, tokens});
       }
       if (progress) {
         broker_report r;
@@ -117,14 +210,30 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
       self->monitor(a);
       self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(30)) >> [] {});
     }
+    if (writer) {  // the last versions become durable, the broker hears of them and writes the tape
+      (void)writer->drain(std::chrono::seconds(30));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
     self->request(broker, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
     const std::vector<float> theta = gather_global(self, shards, setup);
+    for (auto& a : shards) self->monitor(a);
+    self->monitor(broker);
     self->send_exit(broker, caf::exit_reason::user_shutdown);
     for (auto& a : shards) self->send_exit(a, caf::exit_reason::user_shutdown);
+    for (std::size_t i = 0; i < shards.size() + 1; ++i)
+      self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(10)) >> [] {});
     actors.clear();
     shards.clear();
-
     const eval_result r = evaluate(theta);
+    if (writer) {
+      (void)writer->submit(storage::eval_record{origin->store->last_mesh_version(), wall_clock_ns(), r.loss,
+                                                stats.tokens.load()});
+      if (auto ok = writer->drain(std::chrono::seconds(60)); !ok)
+        std::fprintf(stderr, "archipelago run: %s\n", ok.err().message.c_str());
+      out.snapshot_errors = writer->stats().failed + writer->stats().refused;
+      writer.reset();
+      out.mesh_version = origin->store->last_mesh_version();
+    }
     out.global_params = theta;
     out.eval_loss = r.loss;
     out.eval_bpb = r.bits_per_byte;
@@ -144,6 +253,7 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   out.published = stats.published;
   out.bytes_on_wire = stats.bytes_sent;
   out.refetches = stats.refetches;
+  out.committed = stats.committed;
   out.mean_members = out.rounds ? static_cast<double>(stats.members.load()) / static_cast<double>(out.rounds) : 0;
   out.entropy_floor_bpb = data->entropy_floor_bpb;
   const ledger_totals& l = out.broker.ledger;

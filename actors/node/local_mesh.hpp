@@ -3,6 +3,7 @@
 // broker — as `archipelago run` starts it.
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,12 +29,26 @@ struct mesh_summary {
   std::vector<float> global_params;  // Θ at the end, laid out like a learner's buffer
   /// The global model's eval loss during the run: (tokens, nats/byte).
   std::vector<std::pair<std::uint64_t, double>> eval_curve;
+  // snapshots
+  std::uint64_t resumed_from = 0;   // mesh version the run started from; 0: a fresh model
+  std::int64_t start_step = 0;      // the learners' schedule started there
+  std::uint64_t mesh_version = 0;   // the last snapshot committed
+  std::uint64_t committed = 0, snapshot_errors = 0;
+};
+
+/// Snapshots of a run (storage/): where they go and where the run starts from.
+struct mesh_snapshots {
+  std::string db;                   // keep snapshots in this directory; empty: none
+  bool record_contributions = false;  // also record what every merge merged (replay verify)
+  std::string resume_db;            // start from a snapshot of this store (may equal db)
+  std::optional<std::uint64_t> resume_version;  // that mesh version; nullopt: the newest valid one
 };
 
 /// Called about twice a second with a one-line status.
 using mesh_progress = std::function<void(const std::string&)>;
 
 expected<mesh_summary> run_local_mesh(const config& cfg, const mesh_progress& progress,
-                                      const std::function<bool()>& stop_requested);
+                                      const std::function<bool()>& stop_requested,
+                                      const mesh_snapshots& snapshots = {});
 
 }  // namespace archipelago

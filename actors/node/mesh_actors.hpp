@@ -6,16 +6,22 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "core/clock.hpp"
 #include "learner/model/trainer.hpp"
 #include "node/mesh_setup.hpp"
+#include "storage/snapshot_store.hpp"
 #include "transport/caf_bridge.hpp"
 
 namespace archipelago {
+namespace storage {
+class snapshot_writer;
+}
 
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
@@ -23,6 +29,16 @@ using values_atom = caf::atom_constant<caf::atom("values")>;
 using report_atom = caf::atom_constant<caf::atom("report")>;
 using wake_atom = caf::atom_constant<caf::atom("wake")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using committed_atom = caf::atom_constant<caf::atom("committed")>;
+
+/// Snapshots for the shards and the broker of this process (storage/).
+struct snapshot_context {
+  storage::snapshot_writer* writer = nullptr;  // null: no snapshots
+  bool record_contributions = false;           // record what every merge merged (replay verify)
+  const storage::snapshot_store* restore_store = nullptr;  // shards restore the fragments
+  std::optional<storage::manifest> resume_from;            // this manifest of it names
+  std::function<std::uint64_t()> learner_steps;  // mean inner steps per learner, for manifests; may be empty
+};
 
 /// Starts the node transport of `self` at `address`, listening on `endpoint`,
 /// its inbound messages and peer events delivered to `self`. On failure it reports the error,
@@ -47,11 +63,16 @@ inline std::unique_ptr<transport::node_transport> start_mesh_wire(caf::scheduled
 
 /// The sync broker (event-based). `setup`, `stats` and `clock` outlive it. It
 /// writes its accounting to stats.report every 250 ms and when asked (report_atom → true).
+/// With snapshots, it writes each round the shards committed to the tape, and the ledger.
 caf::actor spawn_broker(caf::actor_system& sys, const mesh_setup& setup, mesh_stats& stats,
-                        const clock_source& clock);
+                        const clock_source& clock, const snapshot_context* snapshots = nullptr);
 /// Parameter shard `index` (event-based); answers values_atom with its fragments' Θ.
+/// With snapshots, it resumes its fragments from snapshots->resume_from (or commits
+/// the initial ones) and commits every new version off the round's path; the
+/// broker hears of a version once it is durable.
 caf::actor spawn_shard(caf::actor_system& sys, const mesh_setup& setup, std::uint32_t index,
-                       const std::vector<float>& initial_params, mesh_stats& stats, const clock_source& clock);
+                       const std::vector<float>& initial_params, mesh_stats& stats, const clock_source& clock,
+                       const snapshot_context* snapshots = nullptr);
 /// Learner `index` (detached: its compute has a thread of its own). It trains
 /// `steps` inner steps, then leaves; `data` outlives it. A restarted learner
 /// has a higher incarnation. stop_atom makes it leave after its current step

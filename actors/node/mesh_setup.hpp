@@ -35,6 +35,7 @@ struct mesh_setup {
   std::string broker_endpoint;
   std::vector<std::string> shard_endpoints;
   std::vector<std::string> learner_endpoints;
+  std::int64_t start_step = 0;  // a resumed run: where the learners' schedule starts
 };
 
 /// One learner incarnation as the broker saw it.
@@ -75,6 +76,8 @@ struct mesh_stats {
   std::atomic<std::uint64_t> bytes_sent{0};   // contributions and fragment broadcasts
   std::atomic<std::uint64_t> wait_ns{0};      // learners' time waiting for fragments (synchronous modes)
   std::atomic<std::uint64_t> refetches{0};    // waits that ran into mesh.round_timeout_s
+  std::atomic<std::uint64_t> committed{0};    // fragment versions made durable (snapshots)
+  std::atomic<std::uint64_t> snapshot_errors{0};  // versions whose snapshot was refused or failed
   std::atomic<int> learners_done{0};
 
   std::mutex report_mutex;

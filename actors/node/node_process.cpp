@@ -5,6 +5,8 @@
 #include <thread>
 
 #include "node/mesh_actors.hpp"
+#include "node/mesh_snapshots.hpp"
+#include "storage/snapshot_writer.hpp"
 #include "transport/caf_bridge.hpp"
 
 namespace archipelago {
@@ -43,9 +45,19 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
     data = std::move(*loaded);
   }
 
+  std::optional<recovered_store> store;
+  if (!o.db.empty()) {
+    if (o.kind == role::learner) return make_error(errc::invalid_input, "--db: learners keep no snapshots");
+    auto opened = open_mesh_store(o.db, setup);
+    if (!opened) return opened.err();
+    for (const auto& d : opened->dropped) std::fprintf(stderr, "archipelago node: recovery of %s: %s\n", o.db.c_str(), d.c_str());
+    store = std::move(*opened);
+  }
+
   mesh_stats stats;
   steady_clock_source clock;
   node_result out;
+  if (store && store->head) out.resumed_version = store->head->mesh_version;
   out.inc = inc;
   out.started_unix_s =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -53,17 +65,29 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
     caf::actor_system_config sys_cfg;
     sys_cfg.set("scheduler.max-threads", 2);
     caf::actor_system sys{sys_cfg};
+    // After the system, so it is gone first; its actor is gone before it (below).
+    std::unique_ptr<storage::snapshot_writer> writer;
+    snapshot_context snaps;
+    if (store) {
+      writer = std::make_unique<storage::snapshot_writer>(
+          store->store, storage::writer_options{static_cast<std::size_t>(cfg.storage.queue_mb) << 20});
+      snaps.writer = writer.get();
+      snaps.record_contributions = o.record_contributions;
+      snaps.restore_store = store->store.get();
+      snaps.resume_from = store->head;
+    }
     caf::scoped_actor self{sys};
     caf::actor actor;
     switch (o.kind) {
       case role::sync_broker:
         out.address = broker_address;
-        actor = spawn_broker(sys, setup, stats, clock);
+        actor = spawn_broker(sys, setup, stats, clock, store ? &snaps : nullptr);
         break;
       case role::parameter_shard: {
         out.address = {role::parameter_shard, o.index};
         // Every shard derives the same seeded initialisation and keeps its fragments of it.
-        actor = spawn_shard(sys, setup, o.index, initial_global_params(setup, *data), stats, clock);
+        actor = spawn_shard(sys, setup, o.index, initial_global_params(setup, *data), stats, clock,
+                            store ? &snaps : nullptr);
         break;
       }
       default:
@@ -96,7 +120,18 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
     if (o.kind == role::sync_broker)
       self->request(actor, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
     if (o.kind == role::learner) stop_learners(self, {actor}, stats);  // a signal: leave after this step
+    if (writer) {  // a shard's last versions become durable and the broker hears of them
+      (void)writer->drain(std::chrono::seconds(30));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
     self->send_exit(actor, caf::exit_reason::user_shutdown);
+    self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(10)) >> [] {});
+    if (writer) {
+      if (auto ok = writer->drain(std::chrono::seconds(60)); !ok)
+        std::fprintf(stderr, "archipelago node: %s\n", ok.err().message.c_str());
+      writer.reset();
+      out.mesh_version = store->store->last_mesh_version();
+    }
   }
   out.steps = stats.steps;
   out.tokens = stats.tokens;
@@ -104,6 +139,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
   out.rounds = stats.rounds_closed;
   out.published = stats.published;
   out.rejected = stats.rejected;
+  out.committed = stats.committed;
   std::lock_guard lock(stats.report_mutex);
   out.broker = stats.report;
   return out;

@@ -22,6 +22,8 @@ struct node_options {
   std::string broker_endpoint;               // tcp://HOST:PORT, where the broker listens
   std::vector<std::string> shard_endpoints;  // where shard i listens
   std::string listen;                        // learners: where to listen (default: a free loopback port)
+  std::string db;                            // broker, shard: keep snapshots (shard) or the tape (broker) here
+  bool record_contributions = false;         // shard: record merged contributions (replay verify)
 };
 
 struct node_result {
@@ -37,6 +39,9 @@ struct node_result {
   std::uint64_t rounds = 0;
   // shard
   std::uint64_t published = 0, rejected = 0;
+  std::uint64_t resumed_version = 0;  // the fragment versions' manifest it restarted from; 0: fresh
+  std::uint64_t mesh_version = 0;     // the last snapshot committed
+  std::uint64_t committed = 0;        // broker: fragment versions the shards reported durable
 };
 
 /// Runs the role until it is done (a learner: its steps) or `stop_requested`.

@@ -6,7 +6,9 @@
 #include <map>
 
 #include "node/mesh_actors.hpp"
+#include "node/mesh_snapshots.hpp"
 #include "parameter_shard/shard_core.hpp"
+#include "storage/snapshot_writer.hpp"
 #include "transport/caf_bridge.hpp"
 
 namespace archipelago {
@@ -24,8 +26,37 @@ struct shard_state {
   static inline const char* name = "parameter_shard";
 };
 
+storage::stored_ledger stored(const shard_ledger& l) {
+  return {l.merged_tokens, l.late_tokens, l.rejected_tokens, l.unmerged_tokens, 0};
+}
+
+/// Resumes the owned fragments the manifest names; with a writer, commits the
+/// initial state when it names none.
+status start_snapshots(shard_core& core, const std::vector<fragment_index>& owned, const snapshot_context& snaps) {
+  std::size_t restored = 0;
+  if (snaps.restore_store && snaps.resume_from)
+    for (fragment_index p : owned) {
+      const storage::manifest_entry* e = snaps.resume_from->find(p.value);
+      if (!e) continue;
+      auto f = snaps.restore_store->read_fragment(p.value, e->version);
+      if (!f) return f.err();
+      if (auto ok = core.restore(p, {f->version, round_number{f->round}, std::move(f->theta), std::move(f->momentum),
+                                     std::move(f->adam_m), std::move(f->adam_v), f->adam_steps});
+          !ok)
+        return ok;
+      ++restored;
+    }
+  if (restored == owned.size() || !snaps.writer) return {};
+  if (restored > 0) return make_error(errc::corrupt_data, "the snapshot names only some of this shard's fragments");
+  storage::commit_job initial;
+  initial.time_ns = wall_clock_ns();
+  for (fragment_index p : owned) initial.fragments.push_back(stored_state(p, core.outer_state(p), initial.time_ns));
+  return snaps.writer->submit(std::move(initial));
+}
+
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_setup* setup, std::uint32_t index,
-                          std::vector<float> initial, mesh_stats* stats, const clock_source* clock) {
+                          std::vector<float> initial, mesh_stats* stats, const clock_source* clock,
+                          const snapshot_context* snaps) {
   auto& st = self->state;
   st.index = index;
   for (std::uint32_t p = 0; p < setup->shard_of_fragment.size(); ++p)
@@ -35,7 +66,14 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
   sc.gradient_mode = setup->policy.send_gradients;
   sc.adamw_outer = setup->cfg.optimizer;
   sc.schedule_steps = setup->cfg.train.steps;
+  sc.record_merges = snaps && snaps->writer && snaps->record_contributions;
   st.core = std::make_unique<shard_core>(setup->layout, setup->plan, st.owned, sc, initial.data());
+  if (snaps)
+    if (auto ok = start_snapshots(*st.core, st.owned, *snaps); !ok) {
+      std::fprintf(stderr, "archipelago shard %u: snapshots: %s\n", index, ok.err().to_string().c_str());
+      self->quit(caf::exit_reason::user_shutdown);
+      return {};
+    }
   st.wire = start_mesh_wire(self, *setup, {role::parameter_shard, index}, setup->shard_endpoints[index], *clock);
   if (!st.wire) return {};
   (void)st.wire->add_peer(broker_address, setup->broker_endpoint);
@@ -52,8 +90,43 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
     return b.finish();
   };
 
+  // Commits a new version off the round's path; the broker hears of it once durable.
+  auto commit = [self, stats, snaps](published_fragment&& published) {
+    auto& st = self->state;
+    storage::commit_job job;
+    job.time_ns = wall_clock_ns();
+    job.fragments.push_back(stored_state(published.fragment, st.core->outer_state(published.fragment), job.time_ns));
+    if (!published.merged.empty()) {
+      storage::merge_record m{published.fragment.value, published.version, published.round.value, {}};
+      for (auto& c : published.merged)
+        m.contributions.push_back({c.from.learner.value, c.from.inc.value, c.steps, c.tokens, std::move(c.delta)});
+      job.merges.push_back(std::move(m));
+    }
+    job.ledger = stored(st.core->ledger());
+    job.learner_steps = snaps->learner_steps ? snaps->learner_steps() : 0;
+    auto done = [shard = caf::actor_cast<caf::actor>(self), p = published.fragment.value, v = published.version,
+                 r = published.round.value](const expected<std::uint64_t>& mesh_version) {
+      if (mesh_version) caf::anon_send(shard, committed_atom::value, p, v, r);
+    };
+    if (auto ok = snaps->writer->submit(std::move(job), std::move(done)); !ok) {
+      const std::uint64_t n = ++stats->snapshot_errors;
+      if (n <= 10 || n % 1000 == 0)
+        std::fprintf(stderr, "archipelago shard %u: version %llu of fragment %u not snapshotted: %s\n", st.index,
+                     static_cast<unsigned long long>(published.version), published.fragment.value,
+                     ok.err().message.c_str());
+    }
+  };
+
   return {
       [](peer_atom, std::uint8_t, std::uint32_t, bool) {},  // liveness matters to the broker only
+      [self](committed_atom, std::uint32_t p, std::uint64_t version, std::uint64_t round) {
+        auto b = self->state.wire->make_envelope(round);
+        auto u = b.body().initFragmentUpdate();
+        u.setFragment(p);
+        u.setVersion(version);
+        u.setCommitted(true);
+        (void)self->state.wire->send(broker_address, b.finish());
+      },
       [self](values_atom) {
         std::vector<std::uint32_t> fragments;
         std::vector<std::vector<float>> values;
@@ -63,7 +136,7 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
         }
         return caf::make_message(fragments, values);
       },
-      [self, stats, fragment_message](const inbound_ptr& m) {
+      [self, stats, snaps, commit, fragment_message](const inbound_ptr& m) {
         auto& st = self->state;
         const auto& env = *m->envelope;
         const node_address from = env.sender();
@@ -130,6 +203,7 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
             u.setFragment(p.value);
             u.setVersion((*published)->version);
             (void)st.wire->send(broker_address, b.finish());
+            if (snaps && snaps->writer) commit(std::move(**published));
             break;
           }
           case wire::Envelope::Body::FETCH_FRAGMENT: {
@@ -153,8 +227,9 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
 }  // namespace
 
 caf::actor spawn_shard(caf::actor_system& sys, const mesh_setup& setup, std::uint32_t index,
-                       const std::vector<float>& initial_params, mesh_stats& stats, const clock_source& clock) {
-  return sys.spawn(shard_actor, &setup, index, initial_params, &stats, &clock);
+                       const std::vector<float>& initial_params, mesh_stats& stats, const clock_source& clock,
+                       const snapshot_context* snapshots) {
+  return sys.spawn(shard_actor, &setup, index, initial_params, &stats, &clock, snapshots);
 }
 
 }  // namespace archipelago

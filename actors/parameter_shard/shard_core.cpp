@@ -67,7 +67,7 @@ contribution_verdict shard_core::on_contribution(round_number r, fragment_index 
   }
   auto round = f.open.find(r.value);
   if (round == f.open.end()) {
-    if (open_rounds_ >= config_.max_open_rounds) return reject("too many open rounds buffered");
+    if (open_rounds_ >= config_.max_open_rounds) drop_oldest_round();
     round = f.open.emplace(r.value, std::vector<buffered_contribution>{}).first;
     ++open_rounds_;
   }
@@ -98,8 +98,9 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
   f.closed_through = std::max(f.closed_through, r.value + 1);
 
   std::vector<contribution_view> views;
+  std::vector<buffered_contribution*> merged;
   std::uint64_t merged_tokens = 0;
-  for (const auto& c : buffered) {
+  for (auto& c : buffered) {
     bool member = false;
     for (const auto& m : members) member |= m.learner == c.from.learner && m.inc == c.from.inc;
     if (!member) {
@@ -110,6 +111,7 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
     // Gradients are averaged per token: steps = tokens makes the weight tokens²/steps = tokens.
     const auto tokens = static_cast<double>(c.tokens);
     views.push_back({c.delta.data(), tokens, config_.gradient_mode ? std::max(1.0, tokens) : static_cast<double>(c.steps)});
+    merged.push_back(&c);
     merged_tokens += c.tokens;
   }
   if (views.empty()) return std::optional<published_fragment>{};
@@ -124,9 +126,66 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
   else
     outer_.step(f.theta.data(), f.momentum.data(), outer_gradient.data(), f.theta.size());
   ++f.version;
+  f.round = r.value;
   ledger_.merged += views.size();
   ledger_.merged_tokens += merged_tokens;
-  return std::optional<published_fragment>(published_fragment{p, f.version, r, merged_tokens, views.size()});
+  published_fragment out{p, f.version, r, merged_tokens, views.size(), {}};
+  if (config_.record_merges)
+    for (buffered_contribution* c : merged) out.merged.push_back({c->from, c->steps, c->tokens, std::move(c->delta)});
+  return std::optional<published_fragment>(std::move(out));
+}
+
+void shard_core::drop_oldest_round() {
+  fragment_state* oldest = nullptr;
+  for (auto& [p, f] : fragments_)
+    if (!f.open.empty() && (!oldest || f.open.begin()->first < oldest->open.begin()->first)) oldest = &f;
+  if (!oldest) return;
+  for (const auto& c : oldest->open.begin()->second) {
+    ++ledger_.unmerged;
+    ledger_.unmerged_tokens += c.tokens;
+  }
+  oldest->open.erase(oldest->open.begin());
+  --open_rounds_;
+}
+
+fragment_outer_state shard_core::outer_state(fragment_index p) const {
+  const fragment_state& f = fragments_.at(p.value);
+  fragment_outer_state s{f.version, round_number{f.round}, f.theta, {}, {}, {}, 0};
+  if (f.gradient_optimizer) {
+    auto& opt = *f.gradient_optimizer;
+    s.adam_m.assign(opt.first_moment(), opt.first_moment() + f.theta.size());
+    s.adam_v.assign(opt.second_moment(), opt.second_moment() + f.theta.size());
+    s.adam_steps = opt.steps_taken();
+  } else {
+    s.momentum = f.momentum;
+  }
+  return s;
+}
+
+status shard_core::restore(fragment_index p, fragment_outer_state state) {
+  auto it = fragments_.find(p.value);
+  if (it == fragments_.end())
+    return make_error(errc::invalid_input, "fragment " + std::to_string(p.value) + " is not owned by this shard");
+  fragment_state& f = it->second;
+  const std::size_t n = f.theta.size();
+  auto sized = [n](const std::vector<float>& v) { return v.size() == n; };
+  const bool gradient = f.gradient_optimizer != nullptr;
+  if (!sized(state.theta) || (gradient ? !sized(state.adam_m) || !sized(state.adam_v) : !sized(state.momentum)))
+    return make_error(errc::invalid_input, "snapshot of fragment " + std::to_string(p.value) +
+                                               " does not fit this model or mode (" + std::to_string(state.theta.size()) +
+                                               " values, the fragment has " + std::to_string(n) + ")");
+  f.theta = std::move(state.theta);
+  if (gradient) {
+    std::copy(state.adam_m.begin(), state.adam_m.end(), f.gradient_optimizer->first_moment());
+    std::copy(state.adam_v.begin(), state.adam_v.end(), f.gradient_optimizer->second_moment());
+    f.gradient_optimizer->set_steps_taken(state.adam_steps);
+  } else {
+    f.momentum = std::move(state.momentum);
+  }
+  f.version = state.version;
+  f.round = state.round.value;
+  f.closed_through = std::max(f.closed_through, state.round.value + (state.version > 0 ? 1 : 0));
+  return {};
 }
 
 }  // namespace archipelago

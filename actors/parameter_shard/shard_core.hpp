@@ -30,6 +30,7 @@ struct shard_config {
   std::int64_t schedule_steps = 1;
   std::size_t max_open_rounds = 16;           // rounds with buffered contributions
   std::size_t max_contributions_per_round = 256;
+  bool record_merges = false;  // hand every merged contribution back in published_fragment
 };
 
 /// Which bucket a contribution's tokens end in (ALGORITHM.md §9).
@@ -46,6 +47,13 @@ struct shard_ledger {
   std::uint64_t merged = 0, late = 0, rejected = 0, duplicates = 0, unmerged = 0;
 };
 
+/// One contribution as merged, in merge order (recorded for `replay verify`).
+struct merged_contribution {
+  learner_ref from;
+  std::uint64_t steps = 0, tokens = 0;
+  std::vector<float> delta;
+};
+
 /// A new global value (read it with value(fragment)), to broadcast to the learners.
 struct published_fragment {
   fragment_index fragment;
@@ -53,6 +61,16 @@ struct published_fragment {
   round_number round;
   std::uint64_t merged_tokens = 0;
   std::size_t members = 0;
+  std::vector<merged_contribution> merged;  // filled only when the core records merges
+};
+
+/// A fragment's whole outer state, as a snapshot holds it.
+struct fragment_outer_state {
+  std::uint64_t version = 0;
+  round_number round;  // the round that produced it
+  std::vector<float> theta, momentum;
+  std::vector<float> adam_m, adam_v;  // gradient mode
+  std::int64_t adam_steps = 0;
 };
 
 class shard_core {
@@ -65,8 +83,14 @@ class shard_core {
   std::uint64_t version(fragment_index p) const { return fragments_.at(p.value).version; }
   const std::vector<float>& value(fragment_index p) const { return fragments_.at(p.value).theta; }
   const std::vector<float>& momentum(fragment_index p) const { return fragments_.at(p.value).momentum; }
+  /// The fragment's whole outer state (copied: the caller hands it to the snapshot writer).
+  fragment_outer_state outer_state(fragment_index p) const;
+  /// Resumes fragment p from a snapshot: rounds up to the one that produced it count as closed.
+  status restore(fragment_index p, fragment_outer_state state);
 
   /// A learner's delta for round r. `reason` (optional) receives why it was rejected.
+  /// When max_open_rounds rounds are buffered, the oldest is dropped (unmerged) to
+  /// make room: a round that old was closed while this shard was away, or never will be.
   contribution_verdict on_contribution(round_number r, fragment_index p, learner_ref from,
                                        std::uint64_t steps, std::uint64_t tokens, std::vector<float> delta,
                                        std::string* reason = nullptr);
@@ -93,8 +117,11 @@ class shard_core {
     std::unique_ptr<adamw> gradient_optimizer;  // gradient_mode only
     std::uint64_t version = 0;
     std::map<std::uint64_t, std::vector<buffered_contribution>> open;  // round → contributions
-    std::uint64_t closed_through = 0;  // rounds at or below this are closed (+1 offset: 0 = none)
+    std::uint64_t closed_through = 0;  // rounds below this are closed
+    std::uint64_t round = 0;           // the round that produced the current version
   };
+
+  void drop_oldest_round();
 
   std::map<std::uint32_t, fragment_state> fragments_;
   shard_config config_;

@@ -8,6 +8,8 @@
 #include <set>
 
 #include "node/mesh_actors.hpp"
+#include "node/mesh_snapshots.hpp"
+#include "storage/snapshot_writer.hpp"
 #include "sync_broker/broker_core.hpp"
 #include "sync_broker/token_ledger.hpp"
 #include "transport/caf_bridge.hpp"
@@ -42,6 +44,8 @@ struct broker_state {
   std::set<learner_ref> refused;  // joined with a different layout or policy  // the pace survives the learners' departure at the end
   std::unique_ptr<node_transport> wire;
   std::vector<node_address> learners;
+  std::vector<std::uint64_t> shard_incarnations;  // as last heard; 0: not yet
+  nanos last_ledger_write_ns = 0;
   static inline const char* name = "sync_broker";
 };
 
@@ -66,9 +70,31 @@ broker_config broker_settings(const mesh_setup& s) {
   return b;
 }
 
+storage::stored_ledger stored(const ledger_totals& l) {
+  return {l.merged, l.late, l.rejected, l.lost, l.processed};
+}
+
+/// The tape's record of a round whose fragment version a shard committed.
+storage::tape_record tape_entry(const round_record& r, std::uint64_t version) {
+  storage::tape_record t;
+  t.round = r.round.value;
+  t.fragment = r.fragment.value;
+  t.opened_ns = r.opened_ns;
+  t.quorum_ns = r.quorum_ns;
+  t.grace_ns = r.grace_ns;
+  t.closed_ns = r.closed_ns;
+  t.reason = to_string(r.reason);
+  for (const auto& m : r.members) t.members.push_back({m.learner.value, m.inc.value, m.weight, m.tokens, m.steps});
+  for (const auto& l : r.late) t.late.push_back({l.learner.value, l.inc.value, 0, 0, 0});
+  t.version = version;
+  t.committed_ns = wall_clock_ns();
+  return t;
+}
+
 caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_setup* setup, mesh_stats* stats,
-                           const clock_source* clock) {
+                           const clock_source* clock, const snapshot_context* snaps) {
   auto& st = self->state;
+  st.shard_incarnations.assign(setup->shard_endpoints.size(), 0);
   st.started_ns = clock->now();
   st.core = std::make_unique<broker_core>(broker_settings(*setup));
   st.wire = start_mesh_wire(self, *setup, broker_address, setup->broker_endpoint, *clock);
@@ -77,7 +103,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
     (void)st.wire->add_peer({role::parameter_shard, s}, setup->shard_endpoints[s]);
 
   // A gap between publications longer than a few planned round intervals is down time.
-  auto report = [self, stats, setup](nanos now) {
+  auto report = [self, stats, setup, snaps](nanos now) {
     auto& st = self->state;
     st.last_report_ns = now;
     st.last_xi_step_ns = st.core->xi_step_ns().value_or(st.last_xi_step_ns);
@@ -105,6 +131,12 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
     r.closed_all_eligible = st.core->counters().closed_all_eligible;
     r.closed_grace_expired = st.core->counters().closed_grace_expired;
     r.closed_timeout = st.core->counters().closed_timeout;
+    if (snaps && snaps->writer && now - st.last_ledger_write_ns >= 5'000'000'000) {
+      st.last_ledger_write_ns = now;
+      std::vector<storage::learner_ledger> ledgers;
+      for (const auto& [who, totals] : per_learner) ledgers.push_back({who.learner.value, who.inc.value, stored(totals)});
+      (void)snaps->writer->submit(std::move(ledgers));  // a full queue skips one ledger write; the next one catches up
+    }
   };
 
   auto dispatch = [self, stats, clock] {
@@ -116,6 +148,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
         auto body = b.body().initRoundOpen();
         body.setFragment(o->fragment.value);
         body.setShard(o->shard);
+        if (o->shard < st.shard_incarnations.size()) body.setShardIncarnation(st.shard_incarnations[o->shard]);
         (void)st.wire->broadcast(st.learners, b.finish());
       } else if (auto* c = std::get_if<close_round>(&effect)) {
         auto b = st.wire->make_envelope(c->round.value);
@@ -172,13 +205,15 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
         report(clock->now());
         return true;
       },
-      [self, setup, dispatch, clock](const inbound_ptr& m) {
+      [self, setup, dispatch, clock, snaps, stats](const inbound_ptr& m) {
         auto& st = self->state;
         cpu_meter meter{st.cpu_ns};
         const nanos now = clock->now();
         const auto& env = *m->envelope;
         const node_address from = env.sender();
         auto body = env.root().getBody();
+        if (from.kind == role::parameter_shard && from.index < st.shard_incarnations.size())
+          st.shard_incarnations[from.index] = env.header().getIncarnation();
         if (from.kind == role::learner && st.refused.count({{from.index}, incarnation{env.header().getIncarnation()}}))
           return;  // a refused incarnation is not a member
         switch (env.body()) {
@@ -243,6 +278,12 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
           }
           case wire::Envelope::Body::FRAGMENT_UPDATE: {  // a shard published
             auto u = body.getFragmentUpdate();
+            if (u.getCommitted()) {  // ... and later made it durable: the tape records the round
+              ++stats->committed;
+              const round_record* r = st.core->find_record(round_number{env.header().getRound()});
+              if (snaps && snaps->writer && r) (void)snaps->writer->submit(tape_entry(*r, u.getVersion()));
+              break;
+            }
             st.core->on_published(round_number{env.header().getRound()}, {u.getFragment()}, u.getVersion(), now);
             if (st.published_at.size() < (std::size_t{1} << 24)) st.published_at.push_back(now);
             break;
@@ -257,8 +298,8 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
 }  // namespace
 
 caf::actor spawn_broker(caf::actor_system& sys, const mesh_setup& setup, mesh_stats& stats,
-                        const clock_source& clock) {
-  return sys.spawn(broker_actor, &setup, &stats, &clock);
+                        const clock_source& clock, const snapshot_context* snapshots) {
+  return sys.spawn(broker_actor, &setup, &stats, &clock, snapshots);
 }
 
 }  // namespace archipelago

@@ -72,9 +72,11 @@ int run_node_command(node_cli& n) {
         learners += (learners.size() > 1 ? "," : "") + e.str();
       }
       j.add("started_unix_ms", static_cast<std::int64_t>(r.started_unix_s * 1000)).add("rounds", static_cast<std::int64_t>(r.rounds)).add("uptime", r.broker.uptime)
-          .add_raw("ledger", ledger_json(l)).add("ledger_balanced", l.balanced()).add_raw("learners", learners + "]");
+          .add_raw("ledger", ledger_json(l)).add("ledger_balanced", l.balanced()).add_raw("learners", learners + "]")
+          .add("committed", r.committed);
     } else {
-      j.add("published", static_cast<std::int64_t>(r.published)).add("rejected", static_cast<std::int64_t>(r.rejected));
+      j.add("published", static_cast<std::int64_t>(r.published)).add("rejected", static_cast<std::int64_t>(r.rejected))
+          .add("resumed_version", r.resumed_version).add("mesh_version", r.mesh_version);
     }
     std::printf("%s\n", j.str().c_str());
   }
@@ -95,6 +97,11 @@ runner add_node_command(CLI::App& app) {
       ->required()
       ->delimiter(',');
   cmd->add_option("--listen", n->options.listen, "Learners: where to listen (default tcp://127.0.0.1:0)");
+  cmd->add_option("--db", n->options.db,
+                  "Shard: keep versioned snapshots in this RocksDB directory and resume from it after a crash; "
+                  "broker: keep the round tape and the ledger there");
+  cmd->add_flag("--record-contributions", n->options.record_contributions,
+                "Shard with --db: also record every merged contribution (replay verify)");
   n->flags.add_shortcut(*cmd, "--mode", "mesh.mode", "MODE", "dp, diloco, streaming or decoupled");
   n->flags.add_shortcut(*cmd, "--learners", "mesh.learners", "M", "Learners in the mesh");
   n->flags.add_shortcut(*cmd, "--steps", "train.steps", "N", "Inner steps per learner");

@@ -4,19 +4,13 @@
 #include <cstdio>
 #include <memory>
 
-#include "cli_common.hpp"
+#include "cmd_run.hpp"
 #include "commands.hpp"
 #include "learner/model/checkpoint.hpp"
-#include "node/local_mesh.hpp"
+#include "node/mesh_snapshots.hpp"
 
 namespace archipelago::cli {
 namespace {
-
-struct run_options {
-  config_flags flags;
-  std::string out = "archipelago-run.ckpt";
-  bool json = false;
-};
 
 /// The embedded default: M = 4 learners of the nano model on the synthetic
 /// corpus, about two minutes on 2 cores.
@@ -26,8 +20,18 @@ config run_defaults() {
   return cfg;
 }
 
+}  // namespace
+
 int run_mesh_command(const run_options& o) {
-  auto cfg = o.flags.resolve(run_defaults());
+  config defaults = run_defaults();
+  if (!o.snapshots.resume_db.empty()) {  // the stored run's configuration, unless flags override it
+    auto store = open_store_read_only(o.snapshots.resume_db);
+    if (!store) return report(store.err());
+    auto stored = config_of((*store)->info());
+    if (!stored) return report(stored.err());
+    defaults = *stored;
+  }
+  auto cfg = o.flags.resolve(defaults);
   if (!cfg) return report(cfg.err());
   if (auto ok = validate_mesh(*cfg); !ok) return report(ok.err());
   install_stop_handlers();
@@ -37,10 +41,14 @@ int run_mesh_command(const run_options& o) {
               cfg->data.corpus.empty() ? "synthetic" : cfg->data.corpus.c_str());
   std::fflush(stdout);
   auto summary = run_local_mesh(*cfg, [&](const std::string& line) { progress.update(line); },
-                                [] { return stop_requested.load(); });
+                                [] { return stop_requested.load(); }, o.snapshots);
   progress.finish();
   if (!summary) return report(summary.err());
   const mesh_summary& s = *summary;
+  if (s.resumed_from)
+    std::printf("resumed from version %llu of %s (learners' schedule at step %lld)\n",
+                static_cast<unsigned long long>(s.resumed_from), o.snapshots.resume_db.c_str(),
+                static_cast<long long>(s.start_step));
   const ledger_totals& l = s.broker.ledger;
   std::printf("ran %.1f s: %llu steps, %llu tokens; %llu rounds (%.2f members each), %llu versions published\n",
               s.wall_s, static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(s.tokens),
@@ -56,6 +64,11 @@ int run_mesh_command(const run_options& o) {
   std::printf("global model: eval loss %.4f nats/byte = %.4f bits/byte", s.eval_loss, s.eval_bpb);
   if (!std::isnan(s.entropy_floor_bpb)) std::printf(" (entropy floor %.4f)", s.entropy_floor_bpb);
   std::printf("\n");
+  if (!o.snapshots.db.empty())
+    std::printf("snapshots in %s: last version %llu, %llu fragment versions committed%s%s\n", o.snapshots.db.c_str(),
+                static_cast<unsigned long long>(s.mesh_version), static_cast<unsigned long long>(s.committed),
+                s.snapshot_errors ? ", NOT ALL: " : "",
+                s.snapshot_errors ? (std::to_string(s.snapshot_errors) + " failed or skipped").c_str() : "");
   if (!o.out.empty()) {
     checkpoint ckpt;
     ckpt.shape = *resolve_model(cfg->model);
@@ -96,27 +109,45 @@ int run_mesh_command(const run_options& o) {
         .add("refetches", static_cast<std::int64_t>(s.refetches))
         .add("broker_cpu_ms_per_round", s.rounds ? 1e3 * s.broker.broker_cpu_s / static_cast<double>(s.rounds) : 0.0)
         .add("bytes_on_wire", static_cast<std::int64_t>(s.bytes_on_wire))
-        .add("checkpoint", o.out);
+        .add("checkpoint", o.out)
+        .add("db", o.snapshots.db)
+        .add("mesh_version", s.mesh_version)
+        .add("resumed_from", s.resumed_from)
+        .add("start_step", static_cast<std::int64_t>(s.start_step))
+        .add("committed", s.committed)
+        .add("snapshot_errors", s.snapshot_errors);
     std::printf("%s\n", j.str().c_str());
   }
-  return exit_ok;
+  return s.snapshot_errors ? exit_failure : exit_ok;
 }
 
-}  // namespace
+void add_run_flags(CLI::App& cmd, run_options& o) {
+  o.flags.add_shortcut(cmd, "--mode", "mesh.mode", "MODE", "dp, diloco, streaming or decoupled");
+  o.flags.add_shortcut(cmd, "--learners", "mesh.learners", "M", "Learners");
+  o.flags.add_shortcut(cmd, "--shards", "mesh.shards", "S", "Parameter shards");
+  o.flags.add_shortcut(cmd, "--model", "model.size", "SIZE", "Model size: nano, micro or mini");
+  o.flags.add_shortcut(cmd, "--corpus", "data.corpus", "FILE", "Text file (default: the synthetic corpus)");
+  o.flags.add_shortcut(cmd, "--steps", "train.steps", "N", "Inner steps per learner (default 1500)");
+  o.flags.add_to(cmd);
+  cmd.add_option("--out", o.out, "Write the global model to this checkpoint file (\"\" to skip)")->capture_default_str();
+  cmd.add_flag("--json", o.json, "Print a one-line JSON summary last");
+  cmd.add_option("--db", o.snapshots.db, "Keep versioned snapshots in this RocksDB directory (replay them later)");
+  cmd.add_flag("--record-contributions", o.snapshots.record_contributions,
+               "With --db: also record every merged contribution, for `replay verify`");
+}
 
 runner add_run_command(CLI::App& app) {
   auto o = std::make_shared<run_options>();
   CLI::App* cmd = app.add_subcommand("run", "Run a whole mesh in one process (learners, shards, broker)");
-  o->flags.add_shortcut(*cmd, "--mode", "mesh.mode", "MODE", "dp, diloco, streaming or decoupled");
-  o->flags.add_shortcut(*cmd, "--learners", "mesh.learners", "M", "Learners");
-  o->flags.add_shortcut(*cmd, "--shards", "mesh.shards", "S", "Parameter shards");
-  o->flags.add_shortcut(*cmd, "--model", "model.size", "SIZE", "Model size: nano, micro or mini");
-  o->flags.add_shortcut(*cmd, "--corpus", "data.corpus", "FILE", "Text file (default: the synthetic corpus)");
-  o->flags.add_shortcut(*cmd, "--steps", "train.steps", "N", "Inner steps per learner (default 1500)");
-  o->flags.add_to(*cmd);
-  cmd->add_option("--out", o->out, "Write the global model to this checkpoint file (\"\" to skip)")->capture_default_str();
-  cmd->add_flag("--json", o->json, "Print a one-line JSON summary last");
-  return [o] { return run_mesh_command(*o); };
+  add_run_flags(*cmd, *o);
+  auto* resume = cmd->add_option("--resume", o->snapshots.resume_db,
+                                 "Continue the run whose snapshots are in DIR from its newest one (and keep "
+                                 "snapshotting there)");
+  cmd->get_option("--db")->excludes(resume);
+  return [o] {
+    if (!o->snapshots.resume_db.empty()) o->snapshots.db = o->snapshots.resume_db;
+    return run_mesh_command(*o);
+  };
 }
 
 }  // namespace archipelago::cli

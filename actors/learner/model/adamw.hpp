@@ -28,6 +28,7 @@ class adamw {
   double step(float* params, const float* grads, double lr);
 
   std::int64_t steps_taken() const { return t_; }
+  void set_steps_taken(std::int64_t t) { t_ = t; }  // resuming from a snapshot
   float* first_moment() { return m_.data(); }
   float* second_moment() { return v_.data(); }
 

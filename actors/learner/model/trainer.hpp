@@ -53,6 +53,8 @@ class engine {
   gpt<float>& model() { return model_; }
   adamw& optimizer() { return optimizer_; }
   std::int64_t steps_done() const { return steps_; }
+  /// Resuming a run: the schedule (and the step budget) continue from `step`.
+  void start_at_step(std::int64_t step) { steps_ = step; }
   std::int64_t tokens_per_step() const { return static_cast<std::int64_t>(batch_) * model_.shape().context; }
   double last_lr() const { return last_lr_; }
 

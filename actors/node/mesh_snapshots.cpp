@@ -1,0 +1,82 @@
+#include "node/mesh_snapshots.hpp"
+
+#include <chrono>
+
+#include "parameter_shard/shard_core.hpp"
+
+namespace archipelago {
+
+std::int64_t wall_clock_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+storage::store_info store_info_of(const mesh_setup& setup) {
+  storage::store_info info;
+  info.created_ns = wall_clock_ns();
+  info.config_toml = to_toml(setup.cfg);
+  info.layout_fingerprint = setup.layout.fingerprint();
+  info.mesh_hash = mesh_agreement_hash(setup.cfg);
+  info.param_floats = setup.layout.total_floats;
+  return info;
+}
+
+storage::retention retention_of(const config& cfg) {
+  return {static_cast<std::uint64_t>(cfg.storage.keep_last), static_cast<std::uint64_t>(cfg.storage.keep_every)};
+}
+
+expected<recovered_store> open_mesh_store(const std::string& dir, const mesh_setup& setup) {
+  auto kv = storage::open_rocksdb(dir, {storage::open_mode::create, setup.cfg.storage.sync});
+  if (!kv) return kv.err();
+  auto store = storage::snapshot_store::create(std::shared_ptr<storage::kv_store>(std::move(*kv)),
+                                               store_info_of(setup), retention_of(setup.cfg));
+  if (!store) return make_error(store.err().code, dir + ": " + store.err().message);
+  recovered_store out;
+  out.store = *store;
+  auto head = out.store->recover(&out.dropped);
+  if (!head) return make_error(head.err().code, dir + ": " + head.err().message);
+  out.head = std::move(*head);
+  return out;
+}
+
+expected<std::shared_ptr<storage::snapshot_store>> open_store_read_only(const std::string& dir) {
+  auto kv = storage::open_rocksdb(dir, {storage::open_mode::read_only, false});
+  if (!kv) return kv.err();
+  auto store = storage::snapshot_store::open(std::shared_ptr<storage::kv_store>(std::move(*kv)));
+  if (!store) return make_error(store.err().code, dir + ": " + store.err().message);
+  return store;
+}
+
+expected<config> config_of(const storage::store_info& info) {
+  config cfg;
+  if (auto ok = apply_toml(cfg, info.config_toml, "the store's configuration"); !ok) return ok.err();
+  return cfg;
+}
+
+expected<storage::manifest> pick_manifest(const storage::snapshot_store& store, std::optional<std::uint64_t> version) {
+  if (version) return store.read_manifest(*version);
+  auto latest = store.latest_valid_manifest();
+  if (!latest) return latest.err();
+  if (!*latest) return make_error(errc::not_found, "the store holds no complete snapshot");
+  return std::move(**latest);
+}
+
+storage::fragment_state stored_state(fragment_index p, fragment_outer_state&& s, std::int64_t time_ns) {
+  return {p.value, s.version, s.round.value, time_ns, std::move(s.theta), std::move(s.momentum),
+          std::move(s.adam_m), std::move(s.adam_v), s.adam_steps};
+}
+
+storage::commit_job initial_commit(const mesh_setup& setup, const std::vector<float>& params) {
+  std::vector<fragment_index> all;
+  for (std::uint32_t p = 0; p < setup.plan.fragments.size(); ++p) all.push_back({p});
+  shard_config sc;
+  sc.gradient_mode = setup.policy.send_gradients;
+  sc.adamw_outer = setup.cfg.optimizer;
+  const shard_core core(setup.layout, setup.plan, all, sc, params.data());
+  storage::commit_job job;
+  job.time_ns = wall_clock_ns();
+  for (fragment_index p : all) job.fragments.push_back(stored_state(p, core.outer_state(p), job.time_ns));
+  return job;
+}
+
+}  // namespace archipelago

@@ -1,0 +1,52 @@
+#pragma once
+// Snapshot stores as a mesh uses them: opening (and recovering) the store of a
+// run or a shard, the starting point of a resumed run, reading a store back.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/ids.hpp"
+#include "node/mesh_setup.hpp"
+#include "storage/snapshot_store.hpp"
+
+namespace archipelago {
+
+/// What identifies a mesh's store: its configuration, layout and policy hash.
+storage::store_info store_info_of(const mesh_setup& setup);
+storage::retention retention_of(const config& cfg);
+
+struct recovered_store {
+  std::shared_ptr<storage::snapshot_store> store;
+  std::optional<storage::manifest> head;  // nullopt: a new store
+  std::vector<std::string> dropped;       // torn or corrupt tail removed by recovery
+};
+
+/// Opens (creating it when missing) the RocksDB store in `dir` for this mesh and
+/// recovers it: the newest fully valid manifest becomes the head.
+expected<recovered_store> open_mesh_store(const std::string& dir, const mesh_setup& setup);
+
+/// Opens the store in `dir` read-only (replay); a missing, foreign or corrupt
+/// directory is an error naming it. Nothing on disk changes.
+expected<std::shared_ptr<storage::snapshot_store>> open_store_read_only(const std::string& dir);
+
+/// The configuration the store's run used.
+expected<config> config_of(const storage::store_info& info);
+
+/// A manifest of the store: `version`, or the newest valid one.
+expected<storage::manifest> pick_manifest(const storage::snapshot_store& store, std::optional<std::uint64_t> version);
+
+struct fragment_outer_state;
+
+/// A shard core's fragment state as the store keeps it.
+storage::fragment_state stored_state(fragment_index p, fragment_outer_state&& s, std::int64_t time_ns);
+
+/// The initial outer state of every fragment (version 0), as the shards start it.
+storage::commit_job initial_commit(const mesh_setup& setup, const std::vector<float>& params);
+
+std::int64_t wall_clock_ns();
+
+}  // namespace archipelago

@@ -1,0 +1,254 @@
+// The only file that sees RocksDB's headers (STACK.md §6 has the notes this follows).
+#include <rocksdb/cache.h>
+#include <rocksdb/db.h>
+#include <rocksdb/iterator.h>
+#include <rocksdb/options.h>
+#include <rocksdb/table.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "storage/kv_store.hpp"
+
+namespace archipelago::storage {
+namespace {
+
+namespace fs = std::filesystem;
+
+// RocksDB's family name for each column; meta is the family every database has.
+std::string family_name(column c) {
+  return c == column::meta ? rocksdb::kDefaultColumnFamilyName : std::string(to_string(c));
+}
+
+std::vector<std::string> our_family_names() {
+  std::vector<std::string> names;
+  for (int i = 0; i < column_count; ++i) names.push_back(family_name(static_cast<column>(i)));
+  return names;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+error from_status(const rocksdb::Status& s, const std::string& path, std::string_view what,
+                  errc fallback = errc::io_error) {
+  errc code = fallback;
+  if (s.IsCorruption()) code = errc::corrupt_data;
+  else if (s.IsIOError()) code = errc::io_error;
+  else if (s.IsInvalidArgument()) code = errc::invalid_input;
+  else if (s.IsNotSupported()) code = errc::unsupported;
+  return make_error(code, "rocksdb at " + path + ": " + std::string(what) + ": " + s.ToString());
+}
+
+std::string_view view(const rocksdb::Slice& s) { return {s.data(), s.size()}; }
+rocksdb::Slice slice(std::string_view s) { return {s.data(), s.size()}; }
+
+// Modest on a 2-core machine: two background jobs, small memtables, bounded
+// total memtable memory, one shared block cache. Parameters are floats, which
+// barely compress, so compression would cost CPU for nothing.
+rocksdb::DBOptions db_options(open_mode mode) {
+  rocksdb::DBOptions o;
+  o.create_if_missing = mode == open_mode::create;
+  o.create_missing_column_families = mode == open_mode::create;
+  o.paranoid_checks = true;
+  o.max_background_jobs = 2;
+  o.db_write_buffer_size = 64 << 20;
+  o.keep_log_file_num = 4;
+  // A read-only instance opens every table file up front, so files that a
+  // read-write process (another one) compacts away stay readable through the
+  // open descriptors.
+  if (mode == open_mode::read_only) o.max_open_files = -1;
+  return o;
+}
+
+rocksdb::ColumnFamilyOptions family_options() {
+  static const std::shared_ptr<rocksdb::Cache> block_cache = rocksdb::NewLRUCache(32 << 20);
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = block_cache;
+  rocksdb::ColumnFamilyOptions o;
+  o.write_buffer_size = 16 << 20;
+  o.compression = rocksdb::kNoCompression;
+  o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  return o;
+}
+
+/// An open database and its family handles, torn down handles first, then the db.
+struct open_db {
+  rocksdb::DB* db = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+
+  open_db() = default;
+  open_db(const open_db&) = delete;
+  open_db& operator=(const open_db&) = delete;
+  ~open_db() {
+    for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
+    delete db;
+  }
+};
+
+expected<std::unique_ptr<open_db>> open_families(const std::string& path, open_mode mode,
+                                                 const std::vector<std::string>& names) {
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  for (const auto& n : names) families.emplace_back(n, family_options());
+  auto out = std::make_unique<open_db>();
+  const rocksdb::Status s =
+      mode == open_mode::read_only
+          ? rocksdb::DB::OpenForReadOnly(db_options(mode), path, families, &out->handles, &out->db)
+          : rocksdb::DB::Open(db_options(mode), path, families, &out->handles, &out->db);
+  if (!s.ok()) return from_status(s, path, "open");
+  return out;
+}
+
+class rocksdb_kv final : public kv_store {
+ public:
+  rocksdb_kv(std::string path, rocksdb_options options, std::unique_ptr<open_db> db)
+      : path_(std::move(path)), options_(options), db_(std::move(db)) {}
+
+  status write(const write_batch& batch) override {
+    if (options_.mode == open_mode::read_only)
+      return make_error(errc::unsupported, "rocksdb at " + path_ + ": opened read-only, write refused");
+    rocksdb::WriteBatch wb;
+    for (const auto& o : batch.ops) {
+      const rocksdb::Status s = o.value ? wb.Put(handle(o.col), o.key, *o.value) : wb.Delete(handle(o.col), o.key);
+      if (!s.ok()) return from_status(s, path_, "batch");
+    }
+    rocksdb::WriteOptions wo;
+    wo.sync = options_.sync_writes;
+    if (const rocksdb::Status s = db_->db->Write(wo, &wb); !s.ok()) return from_status(s, path_, "write");
+    return status::ok();
+  }
+
+  expected<std::optional<std::string>> get(column c, std::string_view key) const override {
+    rocksdb::PinnableSlice value;
+    const rocksdb::Status s = db_->db->Get(read_options(), handle(c), slice(key), &value);
+    if (s.IsNotFound()) return std::optional<std::string>{};
+    if (!s.ok()) return from_status(s, path_, std::string("get in ") + to_string(c));
+    return std::optional<std::string>{value.ToString()};
+  }
+
+  // The iterator reads from the implicit snapshot taken when it is created.
+  status scan(column c, std::string_view from, std::string_view to,
+              const std::function<bool(std::string_view, std::string_view)>& visit) const override {
+    if (!to.empty() && from >= to) return status::ok();
+    rocksdb::ReadOptions ro = read_options();
+    const rocksdb::Slice upper = slice(to);  // must outlive the iterator
+    if (!to.empty()) ro.iterate_upper_bound = &upper;
+    std::unique_ptr<rocksdb::Iterator> it(db_->db->NewIterator(ro, handle(c)));
+    for (it->Seek(slice(from)); it->Valid(); it->Next())
+      if (!visit(view(it->key()), view(it->value()))) break;
+    if (!it->status().ok()) return from_status(it->status(), path_, std::string("scan of ") + to_string(c));
+    return status::ok();
+  }
+
+  expected<std::optional<std::pair<std::string, std::string>>> last(column c) const override {
+    std::unique_ptr<rocksdb::Iterator> it(db_->db->NewIterator(read_options(), handle(c)));
+    it->SeekToLast();
+    if (it->Valid())
+      return std::optional<std::pair<std::string, std::string>>{std::pair{it->key().ToString(), it->value().ToString()}};
+    if (!it->status().ok()) return from_status(it->status(), path_, std::string("last of ") + to_string(c));
+    return std::optional<std::pair<std::string, std::string>>{};
+  }
+
+  status flush() override {
+    if (options_.mode == open_mode::read_only) return status::ok();  // nothing was written
+    if (const rocksdb::Status s = db_->db->FlushWAL(true); !s.ok()) return from_status(s, path_, "flush");
+    return status::ok();
+  }
+
+ private:
+  static rocksdb::ReadOptions read_options() {
+    rocksdb::ReadOptions ro;
+    ro.verify_checksums = true;
+    return ro;
+  }
+  // Handles were opened in the order of our_family_names(), which is column order.
+  rocksdb::ColumnFamilyHandle* handle(column c) const { return db_->handles[static_cast<std::size_t>(c)]; }
+
+  std::string path_;
+  rocksdb_options options_;
+  std::unique_ptr<open_db> db_;
+};
+
+// Whether every family of a database is empty: a store whose creation was
+// interrupted (a crash between creating the families) has nothing in any of them.
+expected<bool> all_families_empty(const std::string& path, const std::vector<std::string>& names) {
+  auto db = open_families(path, open_mode::read_only, names);
+  if (!db) return db.err();
+  for (auto* h : (*db)->handles) {
+    std::unique_ptr<rocksdb::Iterator> it((*db)->db->NewIterator(rocksdb::ReadOptions(), h));
+    it->SeekToFirst();
+    if (!it->status().ok()) return from_status(it->status(), path, "scan");
+    if (it->Valid()) return false;
+  }
+  return true;
+}
+
+expected<std::unique_ptr<kv_store>> try_open(const std::string& path, rocksdb_options options) {
+  std::error_code ec;
+  const bool has_database = fs::exists(fs::path(path) / "CURRENT", ec);
+  if (ec) return make_error(errc::io_error, "rocksdb at " + path + ": " + ec.message());
+  if (!has_database && options.mode != open_mode::create)
+    return make_error(errc::not_found, "no archipelago store at " + path + " (no RocksDB CURRENT file)");
+
+  std::vector<std::string> ours = our_family_names();
+  if (has_database) {
+    // Every existing family must be opened (RocksDB refuses otherwise), and a
+    // foreign database must not be adopted, so compare the sets first.
+    std::vector<std::string> found;
+    const rocksdb::Status s = rocksdb::DB::ListColumnFamilies(db_options(options.mode), path, &found);
+    if (!s.ok()) return from_status(s, path, "list column families");
+    std::sort(found.begin(), found.end());
+    std::vector<std::string> ours_sorted = ours;
+    std::sort(ours_sorted.begin(), ours_sorted.end());
+    if (found != ours_sorted) {
+      const bool subset = std::includes(ours_sorted.begin(), ours_sorted.end(), found.begin(), found.end());
+      bool complete_it = false;
+      if (subset && options.mode == open_mode::create) {
+        auto empty = all_families_empty(path, found);
+        if (!empty) return empty.err();
+        complete_it = *empty;
+      }
+      if (!complete_it)
+        return make_error(errc::invalid_input, path + " is not an archipelago store: its column families are {" +
+                                                   join(found) + "}, expected {" + join(ours) + "}");
+    }
+  }
+  auto db = open_families(path, options.mode, ours);
+  if (!db) return db.err();
+  return std::unique_ptr<kv_store>(std::make_unique<rocksdb_kv>(path, options, std::move(*db)));
+}
+
+}  // namespace
+
+expected<std::unique_ptr<kv_store>> open_rocksdb(const std::string& path, rocksdb_options options) {
+  std::error_code ec;
+  const auto type = fs::status(path, ec).type();
+  if (type == fs::file_type::not_found) {
+    if (options.mode != open_mode::create)
+      return make_error(errc::not_found, "no archipelago store at " + path + " (no such directory)");
+    if (fs::create_directories(path, ec); ec)
+      return make_error(errc::io_error, "cannot create " + path + ": " + ec.message());
+  } else if (ec) {
+    return make_error(errc::io_error, "rocksdb at " + path + ": " + ec.message());
+  } else if (type != fs::file_type::directory) {
+    return make_error(errc::invalid_input, path + " is not a directory");
+  }
+
+  // A read-write process may be rotating the manifest or removing a log while a
+  // reader opens; such a race fails the open with an I/O or corruption error
+  // that a second attempt does not see. A real fault fails every attempt.
+  constexpr int attempts = 3;
+  for (int attempt = 1;; ++attempt) {
+    auto kv = try_open(path, options);
+    const bool transient = !kv && (kv.err().code == errc::io_error || kv.err().code == errc::corrupt_data);
+    if (kv || !transient || options.mode != open_mode::read_only || attempt == attempts) return kv;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 * attempt));
+  }
+}
+
+}  // namespace archipelago::storage

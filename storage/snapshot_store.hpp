@@ -1,0 +1,196 @@
+#pragma once
+// The snapshot store: versioned outer parameters over a kv_store
+// (storage/FORMAT.md). A commit writes new fragment states, their merge
+// records and a manifest — a consistent cut naming one version per fragment —
+// in one atomic batch, then applies retention. Every read checks the record's
+// checksum; a record that fails is errc::corrupt_data and is never returned.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/layout.hpp"
+#include "storage/kv_store.hpp"
+
+namespace archipelago::storage {
+
+inline constexpr std::uint32_t format_version = 1;
+
+struct store_info {
+  std::uint32_t format = format_version;
+  std::int64_t created_ns = 0;
+  std::string config_toml;
+  std::uint64_t layout_fingerprint = 0;
+  std::uint64_t mesh_hash = 0;
+  std::uint64_t param_floats = 0;
+};
+
+/// One fragment's full outer state at one version: enough to resume it exactly.
+struct fragment_state {
+  std::uint32_t fragment = 0;
+  std::uint64_t version = 0;
+  std::uint64_t round = 0;  // the round that produced it; 0 for the initial value
+  std::int64_t time_ns = 0;
+  std::vector<float> theta, momentum;  // momentum: the Nesterov buffer (empty in gradient mode)
+  std::vector<float> adam_m, adam_v;   // gradient mode: the shard's AdamW moments
+  std::int64_t adam_steps = 0;
+};
+
+struct manifest_entry {
+  std::uint32_t fragment = 0;
+  std::uint64_t version = 0, round = 0, theta_checksum = 0;
+};
+
+struct stored_ledger {
+  std::uint64_t merged = 0, late = 0, rejected = 0, lost = 0, processed = 0;  // tokens
+};
+
+struct manifest {
+  std::uint64_t mesh_version = 0;
+  std::int64_t time_ns = 0;
+  std::uint64_t mesh_hash = 0;
+  std::vector<manifest_entry> entries;  // ascending fragment
+  stored_ledger ledger;
+  std::uint64_t learner_steps = 0;
+  const manifest_entry* find(std::uint32_t fragment) const;
+};
+
+struct recorded_contribution {
+  std::uint32_t learner = 0;
+  std::uint64_t incarnation = 0, steps = 0, tokens = 0;
+  std::vector<float> delta;
+};
+
+/// The contributions merged into one fragment version, in merge order.
+struct merge_record {
+  std::uint32_t fragment = 0;
+  std::uint64_t version = 0, round = 0;
+  std::vector<recorded_contribution> contributions;
+};
+
+struct tape_member {
+  std::uint32_t learner = 0;
+  std::uint64_t incarnation = 0;
+  double weight = 0;
+  std::uint64_t tokens = 0, steps = 0;
+};
+
+struct tape_record {
+  std::uint64_t sequence = 0;  // assigned by the store
+  std::uint64_t round = 0;
+  std::uint32_t fragment = 0;
+  std::int64_t opened_ns = 0, quorum_ns = -1, grace_ns = 0, closed_ns = 0;
+  std::string reason;
+  std::vector<tape_member> members, late;
+  std::uint64_t version = 0;
+  std::int64_t committed_ns = 0;
+};
+
+struct learner_ledger {
+  std::uint32_t learner = 0;
+  std::uint64_t incarnation = 0;
+  stored_ledger totals;
+};
+
+struct eval_record {
+  std::uint64_t mesh_version = 0;
+  std::int64_t time_ns = 0;
+  double eval_loss = 0;
+  std::uint64_t tokens = 0;
+};
+
+/// Which manifests survive: the newest keep_last and every keep_every-th
+/// (mesh version divisible by it); fragment states no surviving manifest names
+/// are deleted. Merge records are kept while recording (replay verify needs them).
+struct retention {
+  std::uint64_t keep_last = 32;
+  std::uint64_t keep_every = 100;  // 0: none beyond keep_last
+};
+
+/// A commit: the new fragment states (and, when recording, what was merged into
+/// them). Fragments not named keep their version in the new manifest.
+struct commit_job {
+  std::vector<fragment_state> fragments;
+  std::vector<merge_record> merges;
+  stored_ledger ledger;
+  std::uint64_t learner_steps = 0;
+  std::int64_t time_ns = 0;
+};
+
+class snapshot_store {
+ public:
+  /// A new store on an empty kv, or an existing one whose layout and mesh hash match
+  /// `info` (invalid_input naming what differs). Rewrites nothing that exists.
+  static expected<std::shared_ptr<snapshot_store>> create(std::shared_ptr<kv_store> kv, store_info info,
+                                                          retention keep = {});
+  /// An existing store; corrupt_data when the kv holds no archipelago store.
+  static expected<std::shared_ptr<snapshot_store>> open(std::shared_ptr<kv_store> kv, retention keep = {});
+
+  const store_info& info() const { return info_; }
+  /// The newest mesh version committed through this handle (or found at open).
+  std::uint64_t last_mesh_version() const;
+  kv_store& kv() { return *kv_; }
+
+  // ---- writes (thread-safe; each one atomic) ----
+  /// Writes the job and a new manifest; returns the new mesh version. On error
+  /// nothing of the job counts as committed (the next commit reuses the version).
+  expected<std::uint64_t> commit(const commit_job& job);
+  status put_tape(tape_record record);
+  status put_ledger(const std::vector<learner_ledger>& ledgers);
+  status put_eval(const eval_record& record);
+  /// Crash recovery: the newest manifest whose fragments all read back valid
+  /// becomes the head. Newer manifests (torn or corrupt) and fragment states no
+  /// manifest names (debris of a failed write) are deleted. nullopt: no manifest.
+  /// What was dropped and why goes to `dropped`.
+  expected<std::optional<manifest>> recover(std::vector<std::string>* dropped = nullptr);
+
+  // ---- reads (checksums verified) ----
+  expected<std::optional<manifest>> latest_manifest() const;
+  expected<manifest> read_manifest(std::uint64_t mesh_version) const;
+  /// The newest manifest whose fragment states all read back valid; the versions
+  /// skipped on the way and why go to `skipped`.
+  expected<std::optional<manifest>> latest_valid_manifest(std::vector<std::string>* skipped = nullptr) const;
+  status for_each_manifest(const std::function<bool(const manifest&)>& visit) const;
+  expected<fragment_state> read_fragment(std::uint32_t fragment, std::uint64_t version) const;
+  /// not_found when that version was not recorded.
+  expected<merge_record> read_merge(std::uint32_t fragment, std::uint64_t version) const;
+  /// Versions of `fragment` that have a merge record, ascending.
+  expected<std::vector<std::uint64_t>> merge_versions(std::uint32_t fragment) const;
+  status for_each_tape(const std::function<bool(const tape_record&)>& visit) const;
+  status for_each_eval(const std::function<bool(const eval_record&)>& visit) const;
+  expected<std::vector<learner_ledger>> ledgers() const;
+  /// Every fragment version stored (keys only), ascending.
+  expected<std::vector<std::pair<std::uint32_t, std::uint64_t>>> fragment_versions() const;
+
+  /// The full parameter buffer (laid out by `layout`) of manifest `m`.
+  expected<std::vector<float>> read_params(const manifest& m, const param_layout& layout,
+                                           const fragment_plan& plan) const;
+
+ private:
+  snapshot_store(std::shared_ptr<kv_store> kv, store_info info, retention keep);
+  status load_manifests();
+
+  std::shared_ptr<kv_store> kv_;
+  store_info info_;
+  retention keep_;
+  mutable std::mutex write_mutex_;
+  // Writer state, guarded by write_mutex_: the cut so far, the retained
+  // manifests' fragment versions with their reference counts, the next sequence numbers.
+  std::map<std::uint32_t, manifest_entry> cut_;
+  std::uint64_t last_mesh_version_ = 0;
+  std::map<std::uint64_t, std::vector<std::pair<std::uint32_t, std::uint64_t>>> retained_;
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint32_t> references_;
+  std::uint64_t next_tape_ = 1;
+};
+
+/// Fragment p's values from / into a full parameter buffer (the plan's tensor order).
+void gather_fragment(const param_layout& layout, const fragment_spec& spec, const float* params, float* out);
+void scatter_fragment(const param_layout& layout, const fragment_spec& spec, const float* in, float* params);
+
+}  // namespace archipelago::storage

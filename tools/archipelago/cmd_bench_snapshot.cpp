@@ -1,0 +1,1 @@
+// archipelago bench snapshot (see cmd_bench_snapshot.hpp).

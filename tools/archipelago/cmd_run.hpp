@@ -1,0 +1,25 @@
+#pragma once
+// archipelago run, shared with `replay resume` (a run started from a snapshot).
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "cli_common.hpp"
+#include "node/local_mesh.hpp"
+
+namespace archipelago::cli {
+
+struct run_options {
+  config_flags flags;
+  std::string out = "archipelago-run.ckpt";
+  bool json = false;
+  mesh_snapshots snapshots;
+};
+
+/// The training flags of `run` (mode, learners, steps, config, --out, --json, --db, ...).
+void add_run_flags(CLI::App& cmd, run_options& o);
+/// Runs the mesh; with snapshots.resume_db set, the store's configuration is the default.
+int run_mesh_command(const run_options& o);
+
+}  // namespace archipelago::cli
