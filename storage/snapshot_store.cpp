@@ -570,6 +570,15 @@ status snapshot_store::for_each_tape(const std::function<bool(const tape_record&
   return {};
 }
 
+expected<std::optional<tape_record>> snapshot_store::last_tape() const {
+  auto last = kv_->last(column::tape);
+  if (!last) return last.err();
+  if (!last->has_value()) return std::optional<tape_record>{};
+  auto t = decode_tape((*last)->second, read_be64((*last)->first));
+  if (!t) return t.err();
+  return std::optional<tape_record>(std::move(*t));
+}
+
 status snapshot_store::for_each_eval(const std::function<bool(const eval_record&)>& visit) const {
   std::optional<error> failure;
   auto scanned = kv_->scan(column::evals, {}, {}, [&](std::string_view key, std::string_view value) {

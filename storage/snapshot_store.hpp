@@ -163,6 +163,8 @@ class snapshot_store {
   /// Versions of `fragment` that have a merge record, ascending.
   expected<std::vector<std::uint64_t>> merge_versions(std::uint32_t fragment) const;
   status for_each_tape(const std::function<bool(const tape_record&)>& visit) const;
+  /// The newest tape record; nullopt when the tape is empty.
+  expected<std::optional<tape_record>> last_tape() const;
   status for_each_eval(const std::function<bool(const eval_record&)>& visit) const;
   expected<std::vector<learner_ledger>> ledgers() const;
   /// Every fragment version stored (keys only), ascending.

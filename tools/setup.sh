@@ -19,7 +19,7 @@ ACTION=${1:-build}
 
 # Build and test dependencies, all from Debian 12.
 packages=(
-  g++ cmake ninja-build pkg-config python3
+  g++ cmake ninja-build pkg-config python3 python3-numpy
   libcaf-dev libzmq3-dev cppzmq-dev capnproto libcapnp-dev librocksdb-dev
   libeigen3-dev doctest-dev libcli11-dev libtomlplusplus-dev libxxhash-dev
 )

@@ -36,6 +36,7 @@ std::vector<float> gather_global(caf::scoped_actor& self, const std::vector<caf:
 struct snapshot_start {
   std::shared_ptr<storage::snapshot_store> store, source;  // write here; read the starting point there
   std::optional<storage::manifest> from;
+  std::uint64_t resumed_version = 0;  // the version resumed, as the resumed store numbers it
   std::int64_t start_step = 0;
 };
 
@@ -73,6 +74,7 @@ expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_s
       out.from = std::move(*m);
     }
     out.start_step = static_cast<std::int64_t>(out.from->learner_steps);
+    out.resumed_version = out.from->mesh_version;
   }
   if (!out.store) return out;
   if (target->head && out.source != out.store)
@@ -132,7 +134,13 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   mesh_stats stats;
   steady_clock_source clock;
   mesh_summary out;
-  out.resumed_from = snapshots.resume_db.empty() ? 0 : origin->from->mesh_version;
+  if (!snapshots.resume_db.empty()) {  // the curve of a resumed run starts at its snapshot's loss
+    auto params = origin->source->read_params(*origin->from, setup.layout, setup.plan);
+    if (!params) return params.err();
+    out.start_eval_loss = evaluate(*params).loss;
+    out.eval_curve.emplace_back(0, out.start_eval_loss);
+  }
+  out.resumed_from = origin->resumed_version;
   out.start_step = origin->start_step;
   nanos stopped_ns = 0;
   bool all_done = false;
@@ -153,6 +161,9 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
     snaps.resume_from = origin->from;
     snaps.learner_steps = [&stats, m, first = origin->start_step] {
       return static_cast<std::uint64_t>(first) + stats.steps.load() / static_cast<std::uint64_t>(m);
+    };
+    snaps.tokens = [&stats, first = origin->from ? origin->from->ledger.processed : 0] {
+      return first + stats.tokens.load();
     };
     std::vector<caf::actor> shards, actors;
     for (int i = 0; i < s; ++i)

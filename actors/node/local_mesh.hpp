@@ -32,6 +32,7 @@ struct mesh_summary {
   // snapshots
   std::uint64_t resumed_from = 0;   // mesh version the run started from; 0: a fresh model
   std::int64_t start_step = 0;      // the learners' schedule started there
+  double start_eval_loss = 0;       // the eval loss of that snapshot
   std::uint64_t mesh_version = 0;   // the last snapshot committed
   std::uint64_t committed = 0, snapshot_errors = 0;
 };

@@ -38,6 +38,7 @@ struct snapshot_context {
   const storage::snapshot_store* restore_store = nullptr;  // shards restore the fragments
   std::optional<storage::manifest> resume_from;            // this manifest of it names
   std::function<std::uint64_t()> learner_steps;  // mean inner steps per learner, for manifests; may be empty
+  std::function<std::uint64_t()> tokens;         // tokens the learners processed, for manifests; may be empty
 };
 
 /// Starts the node transport of `self` at `address`, listening on `endpoint`,

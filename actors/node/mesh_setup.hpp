@@ -66,6 +66,11 @@ struct broker_report {
   nanos first_join_ns = -1, last_leave_ns = -1;  // the learners' span, for goodput
   double xi_step_ms = 0, xi_quorum_ms = 0, last_grace_ms = 0;
   std::uint64_t closed_grace_expired = 0, closed_all_eligible = 0, closed_timeout = 0;
+  /// Per published round among the broker's last broker_core::history_capacity
+  /// closed ones, in closing order: close → new version published back at the
+  /// broker, and open → published. Filled only by the report a report_atom asks
+  /// for (the end of a run), not by the periodic ones.
+  std::vector<double> round_latency_ms, round_open_to_published_ms;
 };
 
 /// Live figures the actors update and the progress line reads.

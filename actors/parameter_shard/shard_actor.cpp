@@ -104,6 +104,7 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
     }
     job.ledger = stored(st.core->ledger());
     job.learner_steps = snaps->learner_steps ? snaps->learner_steps() : 0;
+    job.ledger.processed = snaps->tokens ? snaps->tokens() : 0;
     auto done = [shard = caf::actor_cast<caf::actor>(self), p = published.fragment.value, v = published.version,
                  r = published.round.value](const expected<std::uint64_t>& mesh_version) {
       if (mesh_version) caf::anon_send(shard, committed_atom::value, p, v, r);

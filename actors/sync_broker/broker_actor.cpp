@@ -91,19 +91,40 @@ storage::tape_record tape_entry(const round_record& r, std::uint64_t version) {
   return t;
 }
 
+/// Rounds continue after every round the snapshot (or the broker's own tape) has
+/// seen: a resumed shard counts rounds up to its snapshot's as closed.
+std::uint64_t first_round_after(const snapshot_context& snaps) {
+  std::uint64_t last = 0;
+  bool any = false;
+  if (snaps.resume_from)
+    for (const auto& e : snaps.resume_from->entries) {
+      last = std::max(last, e.round);
+      any = true;
+    }
+  if (snaps.writer)
+    if (auto tape = snaps.writer->store().last_tape(); tape && *tape) {
+      last = std::max(last, (*tape)->round);
+      any = true;
+    }
+  return any ? last + 1 : 0;
+}
+
 caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_setup* setup, mesh_stats* stats,
                            const clock_source* clock, const snapshot_context* snaps) {
   auto& st = self->state;
   st.shard_incarnations.assign(setup->shard_endpoints.size(), 0);
   st.started_ns = clock->now();
-  st.core = std::make_unique<broker_core>(broker_settings(*setup));
+  broker_config settings = broker_settings(*setup);
+  if (snaps) settings.first_round = first_round_after(*snaps);
+  st.core = std::make_unique<broker_core>(settings);
   st.wire = start_mesh_wire(self, *setup, broker_address, setup->broker_endpoint, *clock);
   if (!st.wire) return {};
   for (std::uint32_t s = 0; s < setup->shard_endpoints.size(); ++s)
     (void)st.wire->add_peer({role::parameter_shard, s}, setup->shard_endpoints[s]);
 
   // A gap between publications longer than a few planned round intervals is down time.
-  auto report = [self, stats, setup, snaps](nanos now) {
+  // `final`: asked for with report_atom (the end of a run); also adds the rounds' latencies.
+  auto report = [self, stats, setup, snaps](nanos now, bool final) {
     auto& st = self->state;
     st.last_report_ns = now;
     st.last_xi_step_ns = st.core->xi_step_ns().value_or(st.last_xi_step_ns);
@@ -131,6 +152,15 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
     r.closed_all_eligible = st.core->counters().closed_all_eligible;
     r.closed_grace_expired = st.core->counters().closed_grace_expired;
     r.closed_timeout = st.core->counters().closed_timeout;
+    if (final) {  // at most history_capacity rounds, once per run
+      r.round_latency_ms.clear();
+      r.round_open_to_published_ms.clear();
+      for (const round_record& rec : st.core->history()) {
+        if (rec.published_ns < 0) continue;
+        r.round_latency_ms.push_back(static_cast<double>(rec.published_ns - rec.closed_ns) * 1e-6);
+        r.round_open_to_published_ms.push_back(static_cast<double>(rec.published_ns - rec.opened_ns) * 1e-6);
+      }
+    }
     if (snaps && snaps->writer && now - st.last_ledger_write_ns >= 5'000'000'000) {
       st.last_ledger_write_ns = now;
       std::vector<storage::learner_ledger> ledgers;
@@ -188,7 +218,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
         const nanos now = clock->now();
         self->state.core->tick(now);
         dispatch();
-        if (now - self->state.last_report_ns >= 250'000'000) report(now);
+        if (now - self->state.last_report_ns >= 250'000'000) report(now, false);
         self->delayed_send(self, std::chrono::milliseconds(2), tick_atom::value);
       },
       [self, dispatch, clock](peer_atom, std::uint8_t kind, std::uint32_t index, bool alive) {
@@ -202,7 +232,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
         dispatch();
       },
       [self, report, clock](report_atom) {
-        report(clock->now());
+        report(clock->now(), true);
         return true;
       },
       [self, setup, dispatch, clock, snaps, stats](const inbound_ptr& m) {

@@ -65,7 +65,7 @@ const char* to_string(close_reason reason) {
   return "unknown";
 }
 
-broker_core::broker_core(broker_config cfg) : cfg_(std::move(cfg)) {
+broker_core::broker_core(broker_config cfg) : cfg_(std::move(cfg)), next_round_(cfg_.first_round) {
   assert(validate(cfg_).has_value());
 }
 

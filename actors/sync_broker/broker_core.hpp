@@ -31,6 +31,7 @@ struct broker_config {
   nanos liveness_timeout_ns = 3'000'000'000;
   nanos round_timeout_ns = 60'000'000'000;  // bound on any open round
   std::vector<std::uint32_t> shard_of_fragment;  // fragment → shard index, size P
+  std::uint64_t first_round = 0;  // a resumed mesh numbers its rounds on from its snapshot's
 };
 
 /// Checks every field; the error names the offending one.

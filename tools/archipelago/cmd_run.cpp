@@ -46,8 +46,8 @@ int run_mesh_command(const run_options& o) {
   if (!summary) return report(summary.err());
   const mesh_summary& s = *summary;
   if (s.resumed_from)
-    std::printf("resumed from version %llu of %s (learners' schedule at step %lld)\n",
-                static_cast<unsigned long long>(s.resumed_from), o.snapshots.resume_db.c_str(),
+    std::printf("resumed from version %llu of %s (eval loss there %.4f; learners' schedule at step %lld)\n",
+                static_cast<unsigned long long>(s.resumed_from), o.snapshots.resume_db.c_str(), s.start_eval_loss,
                 static_cast<long long>(s.start_step));
   const ledger_totals& l = s.broker.ledger;
   std::printf("ran %.1f s: %llu steps, %llu tokens; %llu rounds (%.2f members each), %llu versions published\n",
@@ -114,6 +114,7 @@ int run_mesh_command(const run_options& o) {
         .add("mesh_version", s.mesh_version)
         .add("resumed_from", s.resumed_from)
         .add("start_step", static_cast<std::int64_t>(s.start_step))
+        .add("start_eval_loss", s.resumed_from ? s.start_eval_loss : std::nan(""))
         .add("committed", s.committed)
         .add("snapshot_errors", s.snapshot_errors);
     std::printf("%s\n", j.str().c_str());

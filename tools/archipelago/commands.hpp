@@ -16,5 +16,6 @@ runner add_bench_command(CLI::App& app);
 runner add_config_command(CLI::App& app);
 runner add_run_command(CLI::App& app);
 runner add_node_command(CLI::App& app);
+runner add_replay_command(CLI::App& app);
 
 }  // namespace archipelago::cli
