@@ -451,12 +451,21 @@ expected<std::optional<manifest>> snapshot_store::recover(std::vector<std::strin
     return true;
   });
   if (!fragments) return fragments.err();
+  auto merges = kv_->scan(column::contributions, {}, {}, [&](std::string_view key, std::string_view) {
+    auto it = cut.find(read_be32(key));
+    if (it == cut.end() || read_be64(key, 4) > it->second.version) {
+      batch.del(column::contributions, std::string(key));
+      ++debris;
+    }
+    return true;
+  });
+  if (!merges) return merges.err();
   if (!batch.ops.empty()) {
     if (auto ok = kv_->write(batch); !ok) return ok.err();
   }
   if (dropped) {
     *dropped = std::move(skipped);
-    if (debris) dropped->push_back(std::to_string(debris) + " uncommitted fragment state(s) removed");
+    if (debris) dropped->push_back(std::to_string(debris) + " uncommitted record(s) removed");
   }
   // The writer continues from the head.
   for (auto it = retained_.upper_bound(head_version); it != retained_.end(); it = retained_.erase(it))

@@ -53,6 +53,9 @@ bool shard_restarted(learner_self* self, const mesh_setup& setup, std::uint32_t 
   const bool restarted = known[shard] != 0;
   known[shard] = inc;
   if (!restarted) return false;
+  // Reconnect now: the link may sit in a long back-off after the shard's crash,
+  // and the new shard cannot call first (it lost our endpoint).
+  (void)self->state.wire->add_peer({role::parameter_shard, shard}, setup.shard_endpoints[shard]);
   for (std::uint32_t p = 0; p < setup.plan.fragments.size(); ++p)
     if (setup.shard_of_fragment[p] == shard) self->state.core->forget_version({p});
   return true;

@@ -66,14 +66,15 @@ inline std::unique_ptr<transport::node_transport> start_mesh_wire(caf::scheduled
 /// writes its accounting to stats.report every 250 ms and when asked (report_atom → true).
 /// With snapshots, it writes each round the shards committed to the tape, and the ledger.
 caf::actor spawn_broker(caf::actor_system& sys, const mesh_setup& setup, mesh_stats& stats,
-                        const clock_source& clock, const snapshot_context* snapshots = nullptr);
+                        const clock_source& clock, const snapshot_context* snapshots = nullptr,
+                        incarnation inc = incarnation{1});
 /// Parameter shard `index` (event-based); answers values_atom with its fragments' Θ.
 /// With snapshots, it resumes its fragments from snapshots->resume_from (or commits
 /// the initial ones) and commits every new version off the round's path; the
 /// broker hears of a version once it is durable.
 caf::actor spawn_shard(caf::actor_system& sys, const mesh_setup& setup, std::uint32_t index,
                        const std::vector<float>& initial_params, mesh_stats& stats, const clock_source& clock,
-                       const snapshot_context* snapshots = nullptr);
+                       const snapshot_context* snapshots = nullptr, incarnation inc = incarnation{1});
 /// Learner `index` (detached: its compute has a thread of its own). It trains
 /// `steps` inner steps, then leaves; `data` outlives it. A restarted learner
 /// has a higher incarnation. stop_atom makes it leave after its current step

@@ -81,13 +81,13 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
     switch (o.kind) {
       case role::sync_broker:
         out.address = broker_address;
-        actor = spawn_broker(sys, setup, stats, clock, store ? &snaps : nullptr);
+        actor = spawn_broker(sys, setup, stats, clock, store ? &snaps : nullptr, inc);
         break;
       case role::parameter_shard: {
         out.address = {role::parameter_shard, o.index};
         // Every shard derives the same seeded initialisation and keeps its fragments of it.
         actor = spawn_shard(sys, setup, o.index, initial_global_params(setup, *data), stats, clock,
-                            store ? &snaps : nullptr);
+                            store ? &snaps : nullptr, inc);
         break;
       }
       default:

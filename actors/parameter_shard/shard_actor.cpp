@@ -56,7 +56,7 @@ status start_snapshots(shard_core& core, const std::vector<fragment_index>& owne
 
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_setup* setup, std::uint32_t index,
                           std::vector<float> initial, mesh_stats* stats, const clock_source* clock,
-                          const snapshot_context* snaps) {
+                          const snapshot_context* snaps, incarnation inc) {
   auto& st = self->state;
   st.index = index;
   for (std::uint32_t p = 0; p < setup->shard_of_fragment.size(); ++p)
@@ -74,9 +74,16 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
       self->quit(caf::exit_reason::user_shutdown);
       return {};
     }
-  st.wire = start_mesh_wire(self, *setup, {role::parameter_shard, index}, setup->shard_endpoints[index], *clock);
+  st.wire = start_mesh_wire(self, *setup, {role::parameter_shard, index}, setup->shard_endpoints[index], *clock, inc);
   if (!st.wire) return {};
   (void)st.wire->add_peer(broker_address, setup->broker_endpoint);
+  {  // Announce this incarnation: after a restart the broker drops the rounds the last one held.
+    auto b = st.wire->make_envelope();
+    auto join = b.body().initJoin();
+    join.setLayoutFingerprint(setup->layout.fingerprint());
+    join.setConfigHash(mesh_agreement_hash(setup->cfg));
+    (void)st.wire->send(broker_address, b.finish());
+  }
 
   auto fragment_message = [self](fragment_index p, std::uint64_t round) {
     auto& st = self->state;
@@ -229,8 +236,8 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
 
 caf::actor spawn_shard(caf::actor_system& sys, const mesh_setup& setup, std::uint32_t index,
                        const std::vector<float>& initial_params, mesh_stats& stats, const clock_source& clock,
-                       const snapshot_context* snapshots) {
-  return sys.spawn(shard_actor, &setup, index, initial_params, &stats, &clock, snapshots);
+                       const snapshot_context* snapshots, incarnation inc) {
+  return sys.spawn(shard_actor, &setup, index, initial_params, &stats, &clock, snapshots, inc);
 }
 
 }  // namespace archipelago

@@ -110,14 +110,14 @@ std::uint64_t first_round_after(const snapshot_context& snaps) {
 }
 
 caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_setup* setup, mesh_stats* stats,
-                           const clock_source* clock, const snapshot_context* snaps) {
+                           const clock_source* clock, const snapshot_context* snaps, incarnation inc) {
   auto& st = self->state;
   st.shard_incarnations.assign(setup->shard_endpoints.size(), 0);
   st.started_ns = clock->now();
   broker_config settings = broker_settings(*setup);
   if (snaps) settings.first_round = first_round_after(*snaps);
   st.core = std::make_unique<broker_core>(settings);
-  st.wire = start_mesh_wire(self, *setup, broker_address, setup->broker_endpoint, *clock);
+  st.wire = start_mesh_wire(self, *setup, broker_address, setup->broker_endpoint, *clock, inc);
   if (!st.wire) return {};
   for (std::uint32_t s = 0; s < setup->shard_endpoints.size(); ++s)
     (void)st.wire->add_peer({role::parameter_shard, s}, setup->shard_endpoints[s]);
@@ -242,13 +242,24 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
         const auto& env = *m->envelope;
         const node_address from = env.sender();
         auto body = env.root().getBody();
-        if (from.kind == role::parameter_shard && from.index < st.shard_incarnations.size())
-          st.shard_incarnations[from.index] = env.header().getIncarnation();
+        if (from.kind == role::parameter_shard && from.index < st.shard_incarnations.size()) {
+          std::uint64_t& known = st.shard_incarnations[from.index];
+          const std::uint64_t inc = env.header().getIncarnation();
+          if (inc > known) {
+            if (known != 0) {  // restarted from its snapshot: its open rounds' contributions are gone
+              std::fprintf(stderr, "archipelago broker: shard/%u restarted (incarnation %llu)\n", from.index,
+                           static_cast<unsigned long long>(inc));
+              st.core->on_shard_restarted(from.index, now);
+            }
+            known = inc;
+          }
+        }
         if (from.kind == role::learner && st.refused.count({{from.index}, incarnation{env.header().getIncarnation()}}))
           return;  // a refused incarnation is not a member
         switch (env.body()) {
           case wire::Envelope::Body::JOIN: {
             auto join = body.getJoin();
+            if (from.kind != role::learner) break;  // a shard announcing its (new) incarnation: seen above
             (void)st.wire->add_peer(from, join.getEndpoint().cStr());
             if (join.getLayoutFingerprint() != setup->layout.fingerprint() ||
                 join.getConfigHash() != mesh_agreement_hash(setup->cfg)) {
@@ -328,8 +339,8 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
 }  // namespace
 
 caf::actor spawn_broker(caf::actor_system& sys, const mesh_setup& setup, mesh_stats& stats,
-                        const clock_source& clock, const snapshot_context* snapshots) {
-  return sys.spawn(broker_actor, &setup, &stats, &clock, snapshots);
+                        const clock_source& clock, const snapshot_context* snapshots, incarnation inc) {
+  return sys.spawn(broker_actor, &setup, &stats, &clock, snapshots, inc);
 }
 
 }  // namespace archipelago

@@ -330,6 +330,19 @@ void broker_core::mark_dead(learner_index index, learner_state& st) {
   effects_.push_back(learner_dead{index, st.inc});
 }
 
+void broker_core::on_shard_restarted(std::uint32_t shard, nanos now) {
+  for (auto it = open_.begin(); it != open_.end();) {
+    if (it->second.shard != shard) {
+      ++it;
+      continue;
+    }
+    it->second.quorum_ns = -1;  // merge() is false: the shard merges nothing
+    ++counters_.rounds_aborted;
+    it = close(it, close_reason::timeout, now);
+  }
+  open_due_rounds(now);
+}
+
 void broker_core::on_peer_lost(learner_index learner, nanos now) {
   auto it = learners_.find(learner);
   if (it == learners_.end() || !it->second.live || it->second.departed) return;

@@ -116,6 +116,7 @@ struct broker_counters {
   std::uint64_t rejected = 0;       // contributions with zero steps (no defined weight)
   std::uint64_t unknown_round = 0;  // contributions or publications for rounds never opened
   std::uint64_t learners_dead = 0;
+  std::uint64_t rounds_aborted = 0;  // closed without a merge because their shard restarted
   std::uint64_t rounds_closed() const {
     return closed_all_eligible + closed_grace_expired + closed_timeout;
   }
@@ -144,6 +145,10 @@ class broker_core {
   /// current incarnation is live again, even if it has nothing to say yet
   /// (a learner waiting for parameters sends no Progress).
   void on_peer_alive(learner_index learner, nanos now);
+  /// Shard `shard` restarted from its snapshot: the contributions it held for
+  /// its open rounds are gone. Those rounds close now without a merge (the
+  /// learners' next contributions carry the same work, with its steps).
+  void on_shard_restarted(std::uint32_t shard, nanos now);
   /// Liveness, grace and timeout deadlines, and opening of paced rounds.
   void tick(nanos now);
 

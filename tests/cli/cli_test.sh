@@ -59,7 +59,7 @@ expect_error 2 "already exists" -- "$A" keygen --name node0 --dir "$work/keys"
 expect_error 2 "wire.encoding" -- "$A" train --set wire.encoding=fp8
 
 # --help works on every command and exits 0.
-for cmd in "" run train sample config bench "bench compute" "bench wire" keygen; do
+for cmd in "" run train sample config bench "bench compute" "bench wire" "bench snapshot" keygen; do
   # shellcheck disable=SC2086
   if timeout 20 "$A" $cmd --help >"$work/help" 2>&1 && grep -q "Usage" "$work/help"; then pass
   else fail "archipelago $cmd --help"; fi
@@ -109,6 +109,29 @@ expect_error 2 "mesh.shards \\(30\\) must not exceed mesh.fragments \\(24\\)" --
 expect_error 2 "mesh.learner_slowdown has 1 values for 4 learners" -- "$A" run --set mesh.learner_slowdown=2
 expect_error 2 "shards lists 1 endpoints; the configuration has 2" -- \
   "$A" node --role broker --broker tcp://127.0.0.1:1 --shards tcp://127.0.0.1:2
+
+# bench snapshot, shrunk to seconds: every figure and its baseline from one run, JSON last,
+# and its temporary stores removed.
+mkdir -p "$work/bench"
+if timeout 120 "$A" bench snapshot --steps 20 --learners 2 --pairs 1 --write-model nano --commits 24 --rounds 1 \
+    --restore-model nano --dir "$work/bench" --json >"$work/bench.out" 2>"$work/bench.err"; then
+  if tail -n 1 "$work/bench.out" | python3 -c '
+import json, sys
+s = json.loads(sys.stdin.read())
+assert s["command"] == "bench snapshot" and s["pairs"] == 1, s
+for k in ["latency_p50_ms_off", "latency_p50_ms_on", "latency_p50_ratio", "latency_p99_ms_off", "latency_p99_ms_on",
+          "latency_p99_ratio", "tokens_per_s_off", "tokens_per_s_on", "tokens_per_s_ratio", "write_store_mbps",
+          "write_plain_mbps", "write_ratio", "restore_s", "restore_plain_s", "restore_ratio", "restore_flushed_ratio"]:
+    assert isinstance(s[k], (int, float)) and s[k] > 0, (k, s)
+assert s["latency_rounds_off"] > 0 and s["latency_rounds_on"] > 0 and s["mesh_versions_per_run"] > 1, s
+assert s["snapshot_errors"] == 0 and s["restore_params"] == 120576 and s["restore_mb"] > 0.4, s
+' && [[ -z $(ls -A "$work/bench") ]]; then pass
+  else fail "bench snapshot --json: $(tail -n 1 "$work/bench.out"); left behind: $(ls -A "$work/bench")"; fi
+else
+  fail "bench snapshot failed: $(tail -5 "$work/bench.err")"
+fi
+expect_error 2 "unknown model size 'huge'" -- "$A" bench snapshot --write-model huge
+expect_error 2 "is not a directory" -- "$A" bench snapshot --dir "$work/none"
 
 # The checkpoint is read back by sample; --json again last.
 if timeout 60 "$A" sample --checkpoint "$work/model.ckpt" --bytes 64 --prompt "The " --json >"$work/sample.out" 2>&1; then

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli_common.hpp"
+#include "cmd_bench_snapshot.hpp"
 #include "cmd_bench_wire.hpp"
 #include "commands.hpp"
 #include "core/prng.hpp"
@@ -301,6 +302,7 @@ runner add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks, each a ratio against a baseline measured in the same run");
   bench->require_subcommand(1);
   add_bench_wire(*bench);
+  add_bench_snapshot(*bench);
   CLI::App* compute = bench->add_subcommand("compute", "Learner engine throughput vs a matched GEMM (and PyTorch)");
   compute->add_option("--model", o->model, "nano, micro or mini")->required();
   compute->add_option("--threads", o->threads, "Compute threads (default 2)");
@@ -314,8 +316,9 @@ runner add_bench_command(CLI::App& app) {
   compute->add_option("--python", o->python, "Python interpreter with torch (default /usr/bin/python3)");
   compute->add_option("--torch-script", o->torch_script, "Path of torch_reference.py");
   compute->add_flag("--json", o->json, "Print a one-line JSON summary last");
-  return [o, compute] {
+  return [o, compute, bench] {
     if (compute->parsed()) return run_compute(*o);
+    if (bench->get_subcommand("snapshot")->parsed()) return run_bench_snapshot();
     return run_bench_wire();
   };
 }
