@@ -44,6 +44,13 @@ expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_s
                                            const std::vector<float>& initial) {
   snapshot_start out;
   std::optional<recovered_store> target;
+  if (!o.db.empty() && o.db != o.resume_db) {
+    // A store that already holds a run is refused before it is opened for writing.
+    if (auto existing = open_store_read_only(o.db); existing)
+      if (auto head = (*existing)->latest_manifest(); !head || *head)
+        return make_error(errc::invalid_input, o.db + " already holds a run: continue it with --resume " + o.db +
+                                                   " or pick a new --db");
+  }
   if (!o.db.empty()) {
     auto opened = open_mesh_store(o.db, setup);
     if (!opened) return opened.err();
@@ -77,10 +84,6 @@ expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_s
     out.resumed_version = out.from->mesh_version;
   }
   if (!out.store) return out;
-  if (target->head && out.source != out.store)
-    return make_error(errc::invalid_input, o.db + " already holds a run (mesh version " +
-                                               std::to_string(target->head->mesh_version) +
-                                               "): continue it with --resume " + o.db + " or pick a new --db");
   if (!target->head || out.source != out.store) {
     // A new store starts with every fragment's state: the initial model, or the copied starting point.
     storage::commit_job first = initial_commit(setup, initial);

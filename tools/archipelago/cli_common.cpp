@@ -29,6 +29,11 @@ int report(const error& err) {
   return err.how() == reaction::fix_input ? exit_bad_input : exit_failure;
 }
 
+int report_input(const error& err) {
+  report(err);
+  return err.code == errc::internal ? exit_failure : exit_bad_input;
+}
+
 void config_flags::add_to(CLI::App& app) {
   app.add_option("--config", config_file, "TOML configuration file (knobs: archipelago config --knobs)");
   app.add_option("--set", assignments, "Override one knob: --set section.key=value (repeatable)");

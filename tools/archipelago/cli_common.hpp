@@ -24,6 +24,9 @@ inline constexpr int exit_bad_input = 2;
 
 /// Prints "archipelago: <message>" on stderr and returns the exit code for it.
 int report(const error& err);
+/// The same, for errors in a file or store the user named as input: a missing,
+/// foreign, unreadable or corrupt one is bad input (exit 2), like a bad flag.
+int report_input(const error& err);
 
 /// --config FILE, --set key=value and the shortcut flags every training command takes.
 struct config_flags {

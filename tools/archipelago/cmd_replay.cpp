@@ -102,7 +102,7 @@ int run_list(const replay_cli& c, const opened_store& s) {
     ++count;
     return true;
   });
-  if (!ok) return report(ok.err());
+  if (!ok) return report_input(ok.err());
   if (count == 0) std::printf("(no versions)\n");
   if (!c.json) return exit_ok;
   json_line j;
@@ -113,7 +113,7 @@ int run_list(const replay_cli& c, const opened_store& s) {
 
 int run_show(const replay_cli& c, const opened_store& s) {
   auto m = s.store->read_manifest(c.version);
-  if (!m) return report(m.err());
+  if (!m) return report_input(m.err());
   const auto evals = evals_of(*s.store);
   const auto e = evals.find(m->mesh_version);
   std::printf("version %llu, %s UTC, learners at step %llu, %llu tokens processed\n",
@@ -156,7 +156,7 @@ int run_check(const replay_cli& c, const opened_store& s) {
         return true;
       });
       !ok)
-    return report(ok.err());
+    return report_input(ok.err());
   for (std::uint64_t key : keys) {
     auto m = s.store->read_manifest(key);
     if (!m) {
@@ -217,11 +217,11 @@ expected<std::vector<float>> params_of(const opened_store& s, std::uint64_t vers
 
 int run_eval(const replay_cli& c, const opened_store& s) {
   auto params = params_of(s, c.version);
-  if (!params) return report(params.err());
+  if (!params) return report_input(params.err());
   config cfg = s.cfg;
   if (!c.corpus.empty()) cfg.data.corpus = c.corpus;
   auto data = load_dataset(cfg.data, 1, s.setup.shape.context, cfg.train.seed);
-  if (!data) return report(data.err());
+  if (!data) return report_input(data.err());
   set_compute_threads(c.threads);
   engine eval(cfg, s.setup.shape, *data, 0);
   std::copy(params->begin(), params->end(), eval.model().params());
@@ -237,9 +237,9 @@ int run_eval(const replay_cli& c, const opened_store& s) {
 }
 
 int run_sample_version(const replay_cli& c, const opened_store& s) {
-  if (auto ok = validate(c.sample); !ok) return report(ok.err());
+  if (auto ok = validate(c.sample); !ok) return report_input(ok.err());
   auto params = params_of(s, c.version);
-  if (!params) return report(params.err());
+  if (!params) return report_input(params.err());
   set_compute_threads(c.threads);
   gpt<float> model(s.setup.layout);
   std::copy(params->begin(), params->end(), model.params());
@@ -253,9 +253,9 @@ int run_sample_version(const replay_cli& c, const opened_store& s) {
 
 int run_diff(const replay_cli& c, const opened_store& s) {
   auto a = s.store->read_manifest(c.version);
-  if (!a) return report(a.err());
+  if (!a) return report_input(a.err());
   auto b = s.store->read_manifest(c.other);
-  if (!b) return report(b.err());
+  if (!b) return report_input(b.err());
   std::printf("%8s  %9s  %9s  %12s  %12s  %12s\n", "fragment", "version A", "version B", "|B-A|", "|B-A|/|A|", "max |B-A|");
   std::string rows;
   double total_sq = 0, total_a_sq = 0;
@@ -263,9 +263,9 @@ int run_diff(const replay_cli& c, const opened_store& s) {
     const storage::manifest_entry* eb = b->find(ea.fragment);
     if (!eb) continue;
     auto fa = s.store->read_fragment(ea.fragment, ea.version);
-    if (!fa) return report(fa.err());
+    if (!fa) return report_input(fa.err());
     auto fb = s.store->read_fragment(eb->fragment, eb->version);
-    if (!fb) return report(fb.err());
+    if (!fb) return report_input(fb.err());
     double sq = 0, a_sq = 0, max_abs = 0;
     for (std::size_t i = 0; i < fa->theta.size() && i < fb->theta.size(); ++i) {
       const double d = static_cast<double>(fb->theta[i]) - fa->theta[i];
@@ -350,10 +350,10 @@ status export_safetensors(const param_layout& layout, const std::vector<float>& 
 
 int run_export(const replay_cli& c, const opened_store& s) {
   auto params = params_of(s, c.version);
-  if (!params) return report(params.err());
+  if (!params) return report_input(params.err());
   const status ok = c.format == "npy" ? export_npy(s.setup.layout, *params, c.out)
                                       : export_safetensors(s.setup.layout, *params, c.out, c.version);
-  if (!ok) return report(ok.err());
+  if (!ok) return report_input(ok.err());
   std::printf("version %llu: %zu tensors, %zu parameters written to %s (%s)\n",
               static_cast<unsigned long long>(c.version), s.setup.layout.tensors.size(), s.setup.layout.param_count,
               c.out.c_str(), c.format.c_str());
@@ -407,7 +407,7 @@ int run_tape(const replay_cli& c, const opened_store& s) {
     ++count;
     return true;
   });
-  if (!ok) return report(ok.err());
+  if (!ok) return report_input(ok.err());
   std::printf("%zu rounds\n", count);
   if (!c.json) return exit_ok;
   json_line j;
@@ -425,9 +425,9 @@ int run_verify(const replay_cli& c, const opened_store& s) {
         return true;
       });
       !ok)
-    return report(ok.err());
+    return report_input(ok.err());
   auto stored = s.store->fragment_versions();
-  if (!stored) return report(stored.err());
+  if (!stored) return report_input(stored.err());
   std::map<std::uint32_t, std::vector<std::uint64_t>> states;
   for (const auto& [p, v] : *stored) states[p].push_back(v);
 
@@ -443,7 +443,7 @@ int run_verify(const replay_cli& c, const opened_store& s) {
   std::vector<std::string> failures;
   for (const auto& [p, versions] : states) {
     auto recorded = s.store->merge_versions(p);
-    if (!recorded) return report(recorded.err());
+    if (!recorded) return report_input(recorded.err());
     if (recorded->empty()) continue;
     // Start from the newest stored state at or before the first recorded merge.
     const std::uint64_t first = recorded->front();
@@ -456,13 +456,13 @@ int run_verify(const replay_cli& c, const opened_store& s) {
       continue;
     }
     auto base = s.store->read_fragment(p, *start);
-    if (!base) return report(base.err());
+    if (!base) return report_input(base.err());
     shard_core core(s.setup.layout, s.setup.plan, {{p}}, sc, zeros.data());
     if (auto ok = core.restore({p}, {base->version, round_number{base->round}, std::move(base->theta),
                                      std::move(base->momentum), std::move(base->adam_m), std::move(base->adam_v),
                                      base->adam_steps});
         !ok)
-      return report(ok.err());
+      return report_input(ok.err());
     ++fragments;
     const std::uint64_t last = recorded->back();
     for (std::uint64_t v = *start + 1; v <= last; ++v) {
@@ -493,7 +493,7 @@ int run_verify(const replay_cli& c, const opened_store& s) {
       }
       if (ok && std::binary_search(versions.begin(), versions.end(), v)) {
         auto f = s.store->read_fragment(p, v);
-        if (!f) return report(f.err());
+        if (!f) return report_input(f.err());
         ++compared;
         const auto state = core.outer_state({p});
         ok = f->theta == state.theta && f->momentum == state.momentum && f->adam_m == state.adam_m &&
@@ -507,7 +507,7 @@ int run_verify(const replay_cli& c, const opened_store& s) {
     }
   }
   if (fragments == 0 && failures.empty())
-    return report(make_error(errc::invalid_input, c.db + " has no recorded contributions: record a run with "
+    return report_input(make_error(errc::invalid_input, c.db + " has no recorded contributions: record a run with "
                                                          "`run --db DIR --record-contributions`"));
   for (const auto& f : failures) std::fprintf(stderr, "archipelago replay verify: %s\n", f.c_str());
   std::printf("replayed %zu merges over %zu fragments; %zu stored versions compared bit for bit: %s\n", merges,
@@ -593,13 +593,13 @@ runner add_replay_command(CLI::App& app) {
     if (resume->parsed()) {
       run_options& o = c->resume;
       if (o.snapshots.db == c->db)
-        return report(make_error(errc::invalid_input, "--db of the new run must differ from the replayed store"));
+        return report_input(make_error(errc::invalid_input, "--db of the new run must differ from the replayed store"));
       o.snapshots.resume_db = c->db;
       o.snapshots.resume_version = c->version;
       return run_mesh_command(o);
     }
     auto s = open_replay(c->db);
-    if (!s) return report(s.err());
+    if (!s) return report_input(s.err());
     for (const auto& [name, fn] : subs)
       if (cmd->get_subcommand(name)->parsed()) return fn(*c, *s);
     return exit_bad_input;

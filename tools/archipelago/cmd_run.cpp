@@ -26,9 +26,9 @@ int run_mesh_command(const run_options& o) {
   config defaults = run_defaults();
   if (!o.snapshots.resume_db.empty()) {  // the stored run's configuration, unless flags override it
     auto store = open_store_read_only(o.snapshots.resume_db);
-    if (!store) return report(store.err());
+    if (!store) return report_input(store.err());
     auto stored = config_of((*store)->info());
-    if (!stored) return report(stored.err());
+    if (!stored) return report_input(stored.err());
     defaults = *stored;
   }
   auto cfg = o.flags.resolve(defaults);
