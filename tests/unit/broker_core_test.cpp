@@ -625,3 +625,26 @@ TEST_CASE("the transport's liveness: a silent learner is dead at once, a heartbe
   h.core.on_peer_alive(L(7), h.now());  // never joined: nothing to revive
   CHECK_FALSE(h.core.is_live(L(7)));
 }
+
+TEST_CASE("a restarted shard's open rounds close without a merge; rounds go on; a resumed broker numbers on") {
+  // Three fragments on two shards: rounds 0 and 1 are open (τ = 2), fragment 0 on shard 0, 1 on shard 1.
+  harness h = two_learners(make_config(3, 2, 1));
+  h.tick(20 * ms);
+  REQUIRE(h.core.rounds_open() == 2);
+  h.core.on_shard_restarted(0, h.now());  // shard 0 lost whatever round 0 held
+  h.drain();
+  const auto closed = h.closes_of(0);
+  REQUIRE(closed.size() == 1);
+  CHECK_FALSE(closed[0].merge());
+  CHECK(h.core.counters().rounds_aborted == 1);
+  CHECK(h.closes_of(1).empty());  // shard 1's round is untouched
+  h.tick(200 * ms);
+  CHECK(h.core.rounds_open() == 2);  // a new round took the aborted one's place
+  CHECK(h.all<open_round>().back().round.value == 2);
+
+  broker_config resumed = make_config();
+  resumed.first_round = 500;
+  harness r = two_learners(resumed);
+  REQUIRE(!r.all<open_round>().empty());
+  CHECK(r.all<open_round>().front().round.value == 500);
+}
