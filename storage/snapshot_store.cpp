@@ -378,7 +378,11 @@ expected<std::uint64_t> snapshot_store::commit(const commit_job& job) {
   }
   for (auto it = retained.begin(); it != retained.end();) {
     const std::uint64_t v = it->first;
-    const bool keep = v == 1 || v + keep_.keep_last > m.mesh_version || (keep_.keep_every && v % keep_.keep_every == 0);
+    bool keep = v == 1 || v + keep_.keep_last > m.mesh_version || (keep_.keep_every && v % keep_.keep_every == 0);
+    if (!keep) {  // a version with a measured eval loss stays (list shows the curve)
+      auto eval = kv_->get(column::evals, be64(v));
+      keep = eval && eval->has_value();
+    }
     if (keep) {
       ++it;
       continue;

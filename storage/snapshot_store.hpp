@@ -105,9 +105,10 @@ struct eval_record {
   std::uint64_t tokens = 0;
 };
 
-/// Which manifests survive: the newest keep_last and every keep_every-th
-/// (mesh version divisible by it); fragment states no surviving manifest names
-/// are deleted. Merge records are kept while recording (replay verify needs them).
+/// Which manifests survive: the newest keep_last, every keep_every-th (mesh
+/// version divisible by it), the first, and those with an eval record;
+/// fragment states no surviving manifest names are deleted. Merge records are
+/// kept (replay verify needs them).
 struct retention {
   std::uint64_t keep_last = 32;
   std::uint64_t keep_every = 100;  // 0: none beyond keep_last

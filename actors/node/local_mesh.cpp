@@ -185,10 +185,20 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
       if (elapsed() - last_eval_s >= eval_period_s) {
         last_eval_s = elapsed();
         const std::uint64_t tokens = stats.tokens.load();
-        const std::uint64_t version = origin->store ? origin->store->last_mesh_version() : 0;
-        last_loss = evaluate(gather_global(self, shards, setup)).loss;
-        out.eval_curve.emplace_back(tokens, last_loss);
-        if (writer) (void)writer->submit(storage::eval_record{version, wall_clock_ns(), last_loss, tokens});
+        // With snapshots, exactly the newest committed version is evaluated, so the loss
+        // recorded for it is that version's (replay list shows it).
+        std::optional<storage::manifest> head;
+        std::optional<std::vector<float>> theta;
+        if (origin->store)
+          if (auto m = origin->store->latest_manifest(); m && *m)
+            if (auto p = origin->store->read_params(**m, setup.layout, setup.plan); p) {
+              head = std::move(**m);
+              theta = std::move(*p);
+            }
+        last_loss = evaluate(theta ? *theta : gather_global(self, shards, setup)).loss;
+        const std::uint64_t at = head ? head->ledger.processed : tokens;
+        out.eval_curve.emplace_back(at, last_loss);
+        if (head) (void)writer->submit(storage::eval_record{head->mesh_version, wall_clock_ns(), last_loss, at});
       }
       if (progress) {
         broker_report r;
