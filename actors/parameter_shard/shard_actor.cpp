@@ -30,24 +30,25 @@ storage::stored_ledger stored(const shard_ledger& l) {
   return {l.merged_tokens, l.late_tokens, l.rejected_tokens, l.unmerged_tokens, 0};
 }
 
-/// Resumes the owned fragments the manifest names; with a writer, commits the
-/// initial state when it names none.
+/// Resumes every owned fragment from the manifest; with a writer and no
+/// manifest yet, commits the initial state instead.
 status start_snapshots(shard_core& core, const std::vector<fragment_index>& owned, const snapshot_context& snaps) {
-  std::size_t restored = 0;
-  if (snaps.restore_store && snaps.resume_from)
+  if (snaps.restore_store && snaps.resume_from && !snaps.resume_from->entries.empty()) {
     for (fragment_index p : owned) {
       const storage::manifest_entry* e = snaps.resume_from->find(p.value);
-      if (!e) continue;
+      if (!e)
+        return make_error(errc::invalid_input, "the snapshot has no fragment " + std::to_string(p.value) +
+                                                   ": it was written by another shard or mesh");
       auto f = snaps.restore_store->read_fragment(p.value, e->version);
       if (!f) return f.err();
       if (auto ok = core.restore(p, {f->version, round_number{f->round}, std::move(f->theta), std::move(f->momentum),
                                      std::move(f->adam_m), std::move(f->adam_v), f->adam_steps});
           !ok)
         return ok;
-      ++restored;
     }
-  if (restored == owned.size() || !snaps.writer) return {};
-  if (restored > 0) return make_error(errc::corrupt_data, "the snapshot names only some of this shard's fragments");
+    return {};
+  }
+  if (!snaps.writer) return {};
   storage::commit_job initial;
   initial.time_ns = wall_clock_ns();
   for (fragment_index p : owned) initial.fragments.push_back(stored_state(p, core.outer_state(p), initial.time_ns));
