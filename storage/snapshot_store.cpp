@@ -269,6 +269,23 @@ std::string fragment_name(std::uint32_t fragment, std::uint64_t version) {
   return "fragment " + std::to_string(fragment) + " version " + std::to_string(version);
 }
 
+/// Visits every record of a column, decoded; the first undecodable one ends the scan as its error.
+template <class Decode, class Visit>
+status scan_records(const kv_store& kv, column c, Decode&& decode, Visit&& visit) {
+  std::optional<error> failure;
+  auto scanned = kv.scan(c, {}, {}, [&](std::string_view key, std::string_view value) {
+    auto record = decode(key, value);
+    if (!record) {
+      failure = record.err();
+      return false;
+    }
+    return visit(std::move(*record));
+  });
+  if (!scanned) return scanned;
+  if (failure) return *failure;
+  return {};
+}
+
 }  // namespace
 
 const manifest_entry* manifest::find(std::uint32_t fragment) const {
@@ -524,18 +541,12 @@ expected<std::optional<manifest>> snapshot_store::latest_valid_manifest(std::vec
 }
 
 status snapshot_store::for_each_manifest(const std::function<bool(const manifest&)>& visit) const {
-  std::optional<error> failure;
-  auto scanned = kv_->scan(column::manifests, {}, {}, [&](std::string_view key, std::string_view value) {
-    auto m = decode_manifest(value, "manifest " + std::to_string(read_be64(key)));
-    if (!m) {
-      failure = m.err();
-      return false;
-    }
-    return visit(*m);
-  });
-  if (!scanned) return scanned;
-  if (failure) return *failure;
-  return {};
+  return scan_records(
+      *kv_, column::manifests,
+      [](std::string_view key, std::string_view value) {
+        return decode_manifest(value, "manifest " + std::to_string(read_be64(key)));
+      },
+      visit);
 }
 
 expected<fragment_state> snapshot_store::read_fragment(std::uint32_t fragment, std::uint64_t version) const {
@@ -569,18 +580,9 @@ expected<std::vector<std::uint64_t>> snapshot_store::merge_versions(std::uint32_
 }
 
 status snapshot_store::for_each_tape(const std::function<bool(const tape_record&)>& visit) const {
-  std::optional<error> failure;
-  auto scanned = kv_->scan(column::tape, {}, {}, [&](std::string_view key, std::string_view value) {
-    auto t = decode_tape(value, read_be64(key));
-    if (!t) {
-      failure = t.err();
-      return false;
-    }
-    return visit(*t);
-  });
-  if (!scanned) return scanned;
-  if (failure) return *failure;
-  return {};
+  return scan_records(
+      *kv_, column::tape,
+      [](std::string_view key, std::string_view value) { return decode_tape(value, read_be64(key)); }, visit);
 }
 
 expected<std::optional<tape_record>> snapshot_store::last_tape() const {
@@ -593,40 +595,32 @@ expected<std::optional<tape_record>> snapshot_store::last_tape() const {
 }
 
 status snapshot_store::for_each_eval(const std::function<bool(const eval_record&)>& visit) const {
-  std::optional<error> failure;
-  auto scanned = kv_->scan(column::evals, {}, {}, [&](std::string_view key, std::string_view value) {
-    auto e = unframe<wire_snapshot::EvalRecord>(value, "eval record " + std::to_string(read_be64(key)),
-                                                [](wire_snapshot::EvalRecord::Reader r) {
-                                                  return eval_record{r.getMeshVersion(), r.getTimeNs(),
-                                                                     r.getEvalLoss(), r.getTokens()};
-                                                });
-    if (!e) {
-      failure = e.err();
-      return false;
-    }
-    return visit(*e);
-  });
-  if (!scanned) return scanned;
-  if (failure) return *failure;
-  return {};
+  return scan_records(
+      *kv_, column::evals,
+      [](std::string_view key, std::string_view value) {
+        return unframe<wire_snapshot::EvalRecord>(value, "eval record " + std::to_string(read_be64(key)),
+                                                  [](wire_snapshot::EvalRecord::Reader r) {
+                                                    return eval_record{r.getMeshVersion(), r.getTimeNs(),
+                                                                       r.getEvalLoss(), r.getTokens()};
+                                                  });
+      },
+      visit);
 }
 
 expected<std::vector<learner_ledger>> snapshot_store::ledgers() const {
   std::vector<learner_ledger> out;
-  std::optional<error> failure;
-  auto scanned = kv_->scan(column::ledger, {}, {}, [&](std::string_view, std::string_view value) {
-    auto l = unframe<wire_snapshot::LearnerLedger>(value, "ledger record", [](wire_snapshot::LearnerLedger::Reader r) {
-      return learner_ledger{r.getLearner(), r.getIncarnation(), get_ledger(r.getTotals())};
-    });
-    if (!l) {
-      failure = l.err();
-      return false;
-    }
-    out.push_back(*l);
-    return true;
-  });
-  if (!scanned) return scanned.err();
-  if (failure) return *failure;
+  auto ok = scan_records(
+      *kv_, column::ledger,
+      [](std::string_view, std::string_view value) {
+        return unframe<wire_snapshot::LearnerLedger>(value, "ledger record", [](wire_snapshot::LearnerLedger::Reader r) {
+          return learner_ledger{r.getLearner(), r.getIncarnation(), get_ledger(r.getTotals())};
+        });
+      },
+      [&](learner_ledger l) {
+        out.push_back(std::move(l));
+        return true;
+      });
+  if (!ok) return ok.err();
   return out;
 }
 
