@@ -1,6 +1,7 @@
 #include "node/mesh_snapshots.hpp"
 
 #include <chrono>
+#include <filesystem>
 
 #include "parameter_shard/shard_core.hpp"
 
@@ -26,6 +27,11 @@ storage::retention retention_of(const config& cfg) {
 }
 
 expected<recovered_store> open_mesh_store(const std::string& dir, const mesh_setup& setup) {
+  // Never create a store among someone else's files.
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir, ec) && !std::filesystem::is_empty(dir, ec) &&
+      !std::filesystem::exists(std::filesystem::path(dir) / "CURRENT", ec))
+    return make_error(errc::invalid_input, dir + " is a directory with other files in it, not a snapshot store");
   auto kv = storage::open_rocksdb(dir, {storage::open_mode::create, setup.cfg.storage.sync});
   if (!kv) return kv.err();
   auto store = storage::snapshot_store::create(std::shared_ptr<storage::kv_store>(std::move(*kv)),

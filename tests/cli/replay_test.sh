@@ -110,7 +110,8 @@ expect_error 2 "$work/missing" -- "$A" replay --db "$work/missing" list
 mkdir -p "$work/foreign" && echo "not a database" >"$work/foreign/notes.txt"
 before=$(tree_digest "$work/foreign")
 expect_error 2 "$work/foreign" -- "$A" replay --db "$work/foreign" list
-[[ $(tree_digest "$work/foreign") == "$before" ]] && pass || fail "replay changed a foreign directory"
+expect_error 2 "not a snapshot store" -- "$A" run --learners 2 --steps 10 --db "$work/foreign"
+[[ $(tree_digest "$work/foreign") == "$before" ]] && pass || fail "replay or run changed a foreign directory"
 cp -r "$db" "$work/bad" && printf 'garbage' >"$work/bad/CURRENT"
 before=$(tree_digest "$work/bad")
 expect_error 2 "$work/bad" -- "$A" replay --db "$work/bad" check
