@@ -266,9 +266,16 @@ struct node_transport::impl {
     liveness.heard_from(sender, now);
     auto it = peers.find(sender);
     if (it != peers.end() && it->second.dead) {
-      it->second.dead = false;
-      it->second.reconnect_at = -1;
-      it->second.backoff.reset();
+      peer& p = it->second;
+      p.dead = false;
+      p.reconnect_at = -1;
+      p.backoff.reset();
+      // It called before our reconnect timer fired: its socket was dropped at
+      // death and must come back now, or nothing would reach it again.
+      if (!p.dealer) {
+        p.dealer = make_dealer(p.endpoint, p.server_key);
+        flush(p);
+      }
       if (on_peer) on_peer(sender, true);
     }
   }

@@ -109,6 +109,38 @@ TEST_CASE("transport: a silent peer is declared dead, and alive again after it r
   CHECK((*a)->counters().reconnects >= 1);
 }
 
+TEST_CASE("transport: a dead peer that calls before our reconnect timer can be sent to at once") {
+  // Regression: the socket to a dead peer is dropped; hearing from the peer again
+  // before the reconnect timer fired left no socket, and nothing reached it again.
+  steady_clock_source clock;
+  inbox at_a, at_b;
+  auto slow_reconnect = fast_config(broker, "tcp://127.0.0.1:0");
+  slow_reconnect.backoff.initial_ns = slow_reconnect.backoff.max_ns = 60'000'000'000;  // a minute
+  auto a = node_transport::start(slow_reconnect, clock, at_a.handler(), at_a.peer_handler());
+  REQUIRE(a);
+  auto b = node_transport::start(fast_config(learner, "tcp://127.0.0.1:0"), clock, at_b.handler());
+  REQUIRE(b);
+  const std::string b_endpoint = (*b)->endpoint();
+  REQUIRE((*a)->add_peer(learner, b_endpoint));
+  REQUIRE((*b)->add_peer(broker, (*a)->endpoint()));
+  std::this_thread::sleep_for(150ms);
+  (*b)->stop();
+  REQUIRE(at_a.wait_for([&] {
+    for (auto& [addr, alive] : at_a.events)
+      if (addr == learner && !alive) return true;
+    return false;
+  }));
+
+  inbox at_b2;
+  auto b2 = node_transport::start(fast_config(learner, b_endpoint, 2), clock, at_b2.handler());
+  REQUIRE(b2);
+  REQUIRE((*b2)->add_peer(broker, (*a)->endpoint()));  // it calls first
+  REQUIRE(at_a.wait_for([&] { return !at_a.events.empty() && at_a.events.back() == std::make_pair(learner, true); }));
+  REQUIRE((*a)->send(learner, contribution(**a, std::vector<float>(16, 1.f))));
+  REQUIRE(at_b2.wait_for([&] { return !at_b2.messages.empty(); }));
+  CHECK(at_b2.messages[0]->envelope->sender() == broker);
+}
+
 TEST_CASE("transport: shaping delays a link, duplicates are suppressed, corruption is caught") {
   steady_clock_source clock;
   inbox at_a, at_b;
