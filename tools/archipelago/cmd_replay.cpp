@@ -2,6 +2,7 @@
 // check, eval, sample, diff, export, tape, verify — and resume from one.
 // Every subcommand opens the store read-only: nothing on disk changes.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -439,7 +440,7 @@ int run_verify(const replay_cli& c, const opened_store& s) {
   sc.max_contributions_per_round = SIZE_MAX;
   const std::vector<float> zeros(s.setup.layout.total_floats, 0.f);
 
-  std::size_t merges = 0, compared = 0, fragments = 0;
+  std::size_t merges = 0, compared = 0, fragments = 0, unrecorded = 0;
   std::vector<std::string> failures;
   for (const auto& [p, versions] : states) {
     auto recorded = s.store->merge_versions(p);
@@ -465,6 +466,8 @@ int run_verify(const replay_cli& c, const opened_store& s) {
       return report_input(ok.err());
     ++fragments;
     const std::uint64_t last = recorded->back();
+    unrecorded += static_cast<std::size_t>(std::count_if(versions.begin(), versions.end(),
+                                                         [last](std::uint64_t v) { return v > last; }));
     for (std::uint64_t v = *start + 1; v <= last; ++v) {
       auto m = s.store->read_merge(p, v);
       if (!m) {
@@ -512,11 +515,15 @@ int run_verify(const replay_cli& c, const opened_store& s) {
   for (const auto& f : failures) std::fprintf(stderr, "archipelago replay verify: %s\n", f.c_str());
   std::printf("replayed %zu merges over %zu fragments; %zu stored versions compared bit for bit: %s\n", merges,
               fragments, compared, failures.empty() ? "all identical" : "MISMATCH");
+  if (unrecorded)
+    std::printf("%zu stored versions are newer than the last recorded merge (written without "
+                "--record-contributions): not verified\n", unrecorded);
   if (c.json) {
     json_line j;
     j.add("command", "replay verify").add("ok", failures.empty()).add("merges", static_cast<std::int64_t>(merges))
         .add("fragments", static_cast<std::int64_t>(fragments)).add("compared", static_cast<std::int64_t>(compared))
-        .add("failures", static_cast<std::int64_t>(failures.size()));
+        .add("failures", static_cast<std::int64_t>(failures.size()))
+        .add("unrecorded", static_cast<std::int64_t>(unrecorded));
     print_json(j);
   }
   return failures.empty() ? exit_ok : exit_failure;
