@@ -44,12 +44,17 @@ def last_json(text):
     return json.loads(lines[-1]) if lines else None
 
 
-def replay(binary, db, *args):
-    out = subprocess.run([binary, "replay", "--db", db, *args, "--json"], capture_output=True, text=True, timeout=120)
-    summary = last_json(out.stdout)
-    if summary is None:
-        raise Failure(f"replay {' '.join(args)} on {db}: exit {out.returncode}, no summary\n{out.stdout}\n{out.stderr}")
-    return out.returncode, summary, out.stderr
+def replay(binary, db, *args, live=False):
+    """`live`: another process is writing the store; a read-only open may then
+    race its file changes (RocksDB does not promise it), so a failed open is retried."""
+    for attempt in range(5 if live else 1):
+        out = subprocess.run([binary, "replay", "--db", db, *args, "--json"], capture_output=True, text=True,
+                             timeout=120)
+        summary = last_json(out.stdout)
+        if summary is not None:
+            return out.returncode, summary, out.stderr
+        time.sleep(0.1)
+    raise Failure(f"replay {' '.join(args)} on {db}: exit {out.returncode}, no summary\n{out.stdout}\n{out.stderr}")
 
 
 def main():
@@ -94,7 +99,7 @@ def main():
             if rng.random() < 0.75:
                 deadline = time.time() + 20
                 while time.time() < deadline and shard.poll() is None:
-                    _, listed, _ = replay(binary, shard_db, "list")
+                    _, listed, _ = replay(binary, shard_db, "list", live=True)
                     if listed["rows"] and listed["rows"][-1]["version"] > head_at_restart:
                         if k > 1:
                             back_in.append(time.time() - restarted_at)
@@ -117,7 +122,7 @@ def main():
                     raise Failure(f"after kill {k}: fragment {p} went back from version {v} to {now.get(p)}")
             heads = now
             # Read-only, beside the running broker: what it has recorded as committed so far.
-            _, tape, _ = replay(binary, broker_db, "tape")
+            _, tape, _ = replay(binary, broker_db, "tape", live=True)
             committed = {}
             for r in tape["rounds"]:
                 committed[r["fragment"]] = max(committed.get(r["fragment"], 0), r["version"])
@@ -157,7 +162,8 @@ def main():
               f"{final['resumed_version']} and reached {final['mesh_version']}; verify replayed "
               f"{verify['merges']} merges, {verify['compared']} versions bit for bit")
     except Failure as f:
-        sys.exit(f"FAIL (seed {seed}, logs in {work}): {f}")
+        print(f"FAIL (seed {seed}, logs in {work}): {f}", flush=True)
+        sys.exit(1)
     finally:
         for p in processes + [shard] if 'shard' in dir() else processes:
             if p.poll() is None:

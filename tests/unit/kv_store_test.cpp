@@ -238,7 +238,7 @@ TEST_CASE("kv_store: a batch is applied all at once and a scan sees one view") {
   CHECK(must_get(*kv, column::ledger, "count") == std::optional<std::string>(std::to_string(batches - 1)));
 }
 
-TEST_CASE("kv_store: scan visits [from, to) in unsigned byte order and stops early") {
+TEST_CASE("kv_store: scan visits from up to (not including) to, in unsigned byte order, and stops early") {
   temp_dir dir;
   std::unique_ptr<kv_store> kv;
   SUBCASE("memory") { kv = make_memory_kv(); }
