@@ -72,6 +72,11 @@ storage::fragment_state stored_state(fragment_index p, fragment_outer_state&& s,
           std::move(s.adam_m), std::move(s.adam_v), s.adam_steps};
 }
 
+fragment_outer_state outer_state_of(storage::fragment_state&& f) {
+  return {f.version, round_number{f.round}, std::move(f.theta), std::move(f.momentum),
+          std::move(f.adam_m), std::move(f.adam_v), f.adam_steps};
+}
+
 storage::commit_job initial_commit(const mesh_setup& setup, const std::vector<float>& params) {
   std::vector<fragment_index> all;
   for (std::uint32_t p = 0; p < setup.plan.fragments.size(); ++p) all.push_back({p});

@@ -41,8 +41,9 @@ expected<storage::manifest> pick_manifest(const storage::snapshot_store& store, 
 
 struct fragment_outer_state;
 
-/// A shard core's fragment state as the store keeps it.
+/// A shard core's fragment state as the store keeps it, and back.
 storage::fragment_state stored_state(fragment_index p, fragment_outer_state&& s, std::int64_t time_ns);
+fragment_outer_state outer_state_of(storage::fragment_state&& f);
 
 /// The initial outer state of every fragment (version 0), as the shards start it.
 storage::commit_job initial_commit(const mesh_setup& setup, const std::vector<float>& params);

@@ -41,10 +41,7 @@ status start_snapshots(shard_core& core, const std::vector<fragment_index>& owne
                                                    ": it was written by another shard or mesh");
       auto f = snaps.restore_store->read_fragment(p.value, e->version);
       if (!f) return f.err();
-      if (auto ok = core.restore(p, {f->version, round_number{f->round}, std::move(f->theta), std::move(f->momentum),
-                                     std::move(f->adam_m), std::move(f->adam_v), f->adam_steps});
-          !ok)
-        return ok;
+      if (auto ok = core.restore(p, outer_state_of(std::move(*f))); !ok) return ok;
     }
     return {};
   }

@@ -459,11 +459,7 @@ int run_verify(const replay_cli& c, const opened_store& s) {
     auto base = s.store->read_fragment(p, *start);
     if (!base) return report_input(base.err());
     shard_core core(s.setup.layout, s.setup.plan, {{p}}, sc, zeros.data());
-    if (auto ok = core.restore({p}, {base->version, round_number{base->round}, std::move(base->theta),
-                                     std::move(base->momentum), std::move(base->adam_m), std::move(base->adam_v),
-                                     base->adam_steps});
-        !ok)
-      return report_input(ok.err());
+    if (auto ok = core.restore({p}, outer_state_of(std::move(*base))); !ok) return report_input(ok.err());
     ++fragments;
     const std::uint64_t last = recorded->back();
     unrecorded += static_cast<std::size_t>(std::count_if(versions.begin(), versions.end(),
