@@ -1,17 +1,20 @@
 // archipelago bench snapshot: what versioned snapshots (storage/) cost, each
 // figure against a baseline measured in the same run. This machine class is
-// shared and noisy, so every figure alternates with its baseline and the
-// order flips from one pair to the next:
+// shared and noisy, so every figure alternates with its baseline, the order
+// changes from one round to the next, and ratios are taken within a round:
 //   1. round latency of the one-process mesh (run_local_mesh) with snapshots on
-//      (--db in a fresh directory) vs off: p50 and p99 of close → publication,
-//      as the broker saw it, pooled over the runs of each side; tokens/s too;
+//      (--db in a fresh directory) vs off: p50 and p99 of close → publication
+//      as the broker saw it (broker_report::round_latency_ms), pooled over the
+//      runs of each side; tokens/s too;
 //   2. write throughput: snapshot_store::commit of one fragment state per commit
-//      (as a shard commits) vs a plain RocksDB write loop of the same bytes —
-//      the same puts (count, key and value sizes) per WriteBatch, with the
-//      store's RocksDB options and the same sync setting;
+//      (as a shard commits) vs a plain RocksDB write loop of the same bytes — the
+//      store's puts (keys, value sizes) again, one WriteBatch per commit, with the
+//      store's RocksDB options and sync setting, into one column family and,
+//      to tell the layout's cost from the snapshot layer's, into the store's;
 //   3. restore of a model: open the store read-only, pick the newest valid
 //      manifest, read_params (every checksum verified) vs opening the same
-//      directory with plain RocksDB and copying the same value bytes out.
+//      directory with plain RocksDB and copying the same value bytes out; once
+//      as the writer left it (its tail in RocksDB's log) and once flushed.
 // Temporary stores live under --dir (default $TMPDIR or /tmp) and are removed.
 
 #include "cmd_bench_snapshot.hpp"
@@ -63,7 +66,7 @@ struct snapshot_options {
   int pairs = 2;
   // 2. write
   std::string write_model = "mini";
-  int commits = 48;
+  int commits = 96;
   // 2. and 3.
   int rounds = 3;
   // 3. restore
@@ -164,20 +167,21 @@ std::uint64_t bytes_on_disk(const std::string& dir) {
 
 struct put_shape {
   storage::column col;
-  std::size_t key_bytes = 0, value_bytes = 0;
+  std::string key;  // keys are short: kept, so the baseline's keys sort (and compact) as the store's
+  std::size_t value_bytes = 0;
 };
 struct batch_shape {
   std::vector<put_shape> puts;
   std::size_t deletes = 0;
   std::uint64_t bytes() const {
     std::uint64_t b = 0;
-    for (const auto& p : puts) b += p.key_bytes + p.value_bytes;
+    for (const auto& p : puts) b += p.key.size() + p.value_bytes;
     return b;
   }
 };
 
 /// Forwards to another kv store and records every successful batch's puts
-/// (column, key and value sizes): what the baseline writes again. Also sums
+/// (column, key, value size): what the baseline writes again. Also sums
 /// the time spent in the inner store's write().
 class recording_kv final : public storage::kv_store {
  public:
@@ -186,7 +190,7 @@ class recording_kv final : public storage::kv_store {
   status write(const storage::write_batch& batch) override {
     batch_shape shape;
     for (const auto& op : batch.ops)
-      if (op.value) shape.puts.push_back({op.col, op.key.size(), op.value->size()});
+      if (op.value) shape.puts.push_back({op.col, op.key, op.value->size()});
       else ++shape.deletes;
     const auto t0 = seconds_clock::now();
     status s = inner_->write(batch);
@@ -271,18 +275,24 @@ struct plain_db {
   }
 };
 
-expected<std::unique_ptr<plain_db>> open_plain(const std::string& path, bool read_only) {
+/// Read-only: every column family the database has. Otherwise a new database
+/// with the default family, or with the store's families when `store_families`.
+expected<std::unique_ptr<plain_db>> open_plain(const std::string& path, bool read_only, bool store_families = false) {
   auto out = std::make_unique<plain_db>();
   out->names = {rocksdb::kDefaultColumnFamilyName};
+  if (store_families)  // in column order, so that handles[c] is column c's
+    for (int c = 1; c < storage::column_count; ++c) out->names.push_back(storage::to_string(static_cast<storage::column>(c)));
   if (read_only) {
     if (auto s = rocksdb::DB::ListColumnFamilies(baseline_db_options(true), path, &out->names); !s.ok())
       return rocksdb_error("list column families of " + path, s);
   }
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
   for (const auto& n : out->names) families.emplace_back(n, baseline_family_options());
-  const rocksdb::Status s =
-      read_only ? rocksdb::DB::OpenForReadOnly(baseline_db_options(true), path, families, &out->handles, &out->db)
-                : rocksdb::DB::Open(baseline_db_options(false), path, families, &out->handles, &out->db);
+  rocksdb::DBOptions options = baseline_db_options(read_only);
+  options.create_missing_column_families = !read_only;
+  const rocksdb::Status s = read_only
+                                ? rocksdb::DB::OpenForReadOnly(options, path, families, &out->handles, &out->db)
+                                : rocksdb::DB::Open(options, path, families, &out->handles, &out->db);
   if (!s.ok()) return rocksdb_error("open " + path, s);
   return out;
 }
@@ -411,7 +421,8 @@ struct write_result {
   std::uint64_t payload_bytes = 0;  // theta + momentum floats of the timed commits
   std::uint64_t timed_bytes = 0;    // keys + values put by the timed commits
   std::size_t deletes = 0;          // retention's deletes in the timed commits (the baseline has none)
-  std::vector<double> store_mbps, plain_mbps, ratio;  // per round
+  std::vector<double> store_mbps, plain_mbps, ratio;  // per round; plain: one column family
+  std::vector<double> families_mbps, families_ratio;   // plain into the store's column families
   std::vector<double> kv_share;  // of the store's time, the share spent in RocksDB's write (per round)
 };
 
@@ -457,11 +468,14 @@ expected<double> store_sample(const model_fixture& f, const storage::commit_job&
   return seconds;
 }
 
-/// The baseline: the same puts (key and value sizes, one WriteBatch per commit)
-/// into a plain RocksDB database; the setup batches are written untimed first.
+/// The baseline: the same puts (keys and value sizes, one WriteBatch per commit)
+/// into a plain RocksDB database — into its default column family, or with
+/// `store_families` into the same families as the store's; the setup batches
+/// are written untimed first.
 expected<double> plain_sample(const std::vector<batch_shape>& setup_batches, const std::vector<batch_shape>& timed,
-                              bool sync, const std::string& path, progress_line& progress, const std::string& label) {
-  auto db = open_plain(path, false);
+                              bool sync, bool store_families, const std::string& path, progress_line& progress,
+                              const std::string& label) {
+  auto db = open_plain(path, false, store_families);
   if (!db) return db.err();
   std::size_t largest = 0;
   for (const auto* list : {&setup_batches, &timed})
@@ -473,18 +487,14 @@ expected<double> plain_sample(const std::vector<batch_shape>& setup_batches, con
     const std::uint64_t x = rng.next();
     std::memcpy(value.data() + i, &x, 8);
   }
-  std::uint64_t counter = 0;
-  auto key_of = [&](std::size_t bytes) {
-    std::string k = storage::be64(++counter);
-    if (bytes > k.size()) k.append(bytes - k.size(), 'k');
-    return k;
-  };
   rocksdb::WriteOptions wo;
   wo.sync = sync;
   auto write = [&](const batch_shape& b) -> status {
     rocksdb::WriteBatch wb;
     for (const auto& p : b.puts)
-      if (auto s = wb.Put(key_of(p.key_bytes), rocksdb::Slice(value.data(), p.value_bytes)); !s.ok())
+      if (auto s = wb.Put((*db)->handles[store_families ? static_cast<std::size_t>(p.col) : 0], p.key,
+                          rocksdb::Slice(value.data(), p.value_bytes));
+          !s.ok())
         return rocksdb_error("batch", s);
     if (auto s = (*db)->db->Write(wo, &wb); !s.ok()) return rocksdb_error("write", s);
     return {};
@@ -512,21 +522,37 @@ expected<write_result> measure_writes(const snapshot_options& o, const std::stri
   const storage::commit_job initial = initial_commit(f->setup, f->params);
   write_result out;
   out.fragments = initial.fragments.size();
+  // An untimed store sample first: it records the batches the baselines repeat,
+  // and warms up what a process does once (heap growth, RocksDB's first open).
   std::vector<batch_shape> setup_batches, timed;
+  {
+    const std::string label = "bench snapshot: write warm-up (snapshot store)";
+    progress.update(label, true);
+    auto dir = scratch_dir::make(parent, "write");
+    if (!dir) return dir.err();
+    double kv_seconds = 0;
+    auto seconds = store_sample(*f, initial, o.commits, o.sync, (*dir)->sub("db"), setup_batches, timed,
+                                out.payload_bytes, kv_seconds, progress, label);
+    if (!seconds) return seconds.err();
+    for (const auto& b : timed) {
+      out.timed_bytes += b.bytes();
+      out.deletes += b.deletes;
+    }
+  }
   for (int round = 0; round < o.rounds; ++round) {
-    double mbps[2] = {};  // store, plain
-    for (int k = 0; k < 2; ++k) {
+    double mbps[3] = {};  // store, plain, plain into the store's families
+    for (int k = 0; k < 3; ++k) {
       if (stop_requested.load()) return interrupted();
-      // The store goes first in round 1: it records the batches the baseline repeats.
-      const bool plain = (k == 1) == (round % 2 == 0);
+      const int side = (k + round) % 3;  // the order rotates round by round
+      static const char* const names[] = {" (snapshot store)", " (plain RocksDB)", " (plain RocksDB, store's families)"};
       const std::string label = "bench snapshot: write round " + std::to_string(round + 1) + "/" +
-                                std::to_string(o.rounds) + (plain ? " (plain RocksDB)" : " (snapshot store)");
+                                std::to_string(o.rounds) + names[side];
       progress.update(label, true);
       auto dir = scratch_dir::make(parent, "write");
       if (!dir) return dir.err();
       expected<double> seconds = 0.0;
-      if (plain) {
-        seconds = plain_sample(setup_batches, timed, o.sync, (*dir)->sub("db"), progress, label);
+      if (side > 0) {
+        seconds = plain_sample(setup_batches, timed, o.sync, side == 2, (*dir)->sub("db"), progress, label);
       } else {
         std::vector<batch_shape> s_batches, t_batches;
         std::uint64_t payload = 0;
@@ -534,22 +560,15 @@ expected<write_result> measure_writes(const snapshot_options& o, const std::stri
         seconds = store_sample(*f, initial, o.commits, o.sync, (*dir)->sub("db"), s_batches, t_batches, payload,
                                kv_seconds, progress, label);
         if (seconds) out.kv_share.push_back(kv_seconds / *seconds);
-        if (seconds && timed.empty()) {
-          setup_batches = std::move(s_batches);
-          timed = std::move(t_batches);
-          out.payload_bytes = payload;
-          for (const auto& b : timed) {
-            out.timed_bytes += b.bytes();
-            out.deletes += b.deletes;
-          }
-        }
       }
       if (!seconds) return seconds.err();
-      mbps[plain] = static_cast<double>(out.timed_bytes) / *seconds * 1e-6;
+      mbps[side] = static_cast<double>(out.timed_bytes) / *seconds * 1e-6;
     }
     out.store_mbps.push_back(mbps[0]);
     out.plain_mbps.push_back(mbps[1]);
+    out.families_mbps.push_back(mbps[2]);
     out.ratio.push_back(mbps[0] / mbps[1]);
+    out.families_ratio.push_back(mbps[0] / mbps[2]);
   }
   return out;
 }
@@ -593,8 +612,10 @@ expected<double> restore_sample(const model_fixture& f, const std::string& path,
 }
 
 /// Plain RocksDB: open the same directory read-only and copy every value of the
-/// fragments column family into one buffer (block checksums verified, as the store reads).
-expected<double> plain_restore_sample(const std::string& path, std::uint64_t expect_bytes, restore_layout& out) {
+/// fragments column family into `buffer` (block checksums verified, as the store
+/// reads). The buffer is allocated and touched beforehand, so that the page
+/// faults of fresh memory do not count against the baseline.
+expected<double> plain_restore_sample(const std::string& path, std::vector<char>& buffer, restore_layout& out) {
   const auto t0 = seconds_clock::now();
   auto db = open_plain(path, true);
   if (!db) return db.err();
@@ -602,22 +623,23 @@ expected<double> plain_restore_sample(const std::string& path, std::uint64_t exp
   const auto family = std::find((*db)->names.begin(), (*db)->names.end(), "fragments");
   if (family == (*db)->names.end()) return make_error(errc::internal, path + " has no fragments column family");
   rocksdb::ColumnFamilyHandle* handle = (*db)->handles[static_cast<std::size_t>(family - (*db)->names.begin())];
-  std::vector<char> buffer(expect_bytes);
   std::uint64_t at = 0;
   rocksdb::ReadOptions ro;
   ro.verify_checksums = true;
   std::unique_ptr<rocksdb::Iterator> it((*db)->db->NewIterator(ro, handle));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     const rocksdb::Slice v = it->value();
-    if (at + v.size() > buffer.size()) buffer.resize(at + v.size());
+    if (at + v.size() > buffer.size())
+      return make_error(errc::internal, "plain RocksDB read more fragment record bytes than the store wrote (" +
+                                            std::to_string(buffer.size()) + ")");
     std::memcpy(buffer.data() + at, v.data(), v.size());
     at += v.size();
   }
   if (!it->status().ok()) return rocksdb_error("read", it->status());
   const double seconds = since(t0);
-  if (at != expect_bytes)
+  if (at != buffer.size())
     return make_error(errc::internal, "plain RocksDB read " + std::to_string(at) + " bytes of fragment records, the store wrote " +
-                                          std::to_string(expect_bytes));
+                                          std::to_string(buffer.size()));
   out.plain_open_s.push_back(opened);
   out.plain_read_s.push_back(seconds - opened);
   return seconds;
@@ -663,6 +685,7 @@ expected<restore_result> measure_restore(const snapshot_options& o, const std::s
         if (p.col == storage::column::fragments) out.fragment_bytes += p.value_bytes;
   }  // closed: what follows opens it as a resumed or replayed run would
   out.disk_bytes = bytes_on_disk(path);
+  std::vector<char> buffer(out.fragment_bytes, 1);  // the baseline's destination, touched
   for (restore_layout* layout : {&out.logged, &out.flushed}) {
     const bool flushed = layout == &out.flushed;
     if (flushed)
@@ -675,7 +698,7 @@ expected<restore_result> measure_restore(const snapshot_options& o, const std::s
         progress.update("bench snapshot: restore" + std::string(flushed ? " (flushed)" : "") + " round " +
                         std::to_string(round + 1) + "/" + std::to_string(o.rounds) +
                         (plain ? " (plain RocksDB)" : " (snapshot store)"));
-        auto s = plain ? plain_restore_sample(path, out.fragment_bytes, *layout) : restore_sample(*f, path, *layout);
+        auto s = plain ? plain_restore_sample(path, buffer, *layout) : restore_sample(*f, path, *layout);
         if (!s) return s.err();
         seconds[plain] = *s;
       }
@@ -810,14 +833,17 @@ int run_snapshot() {
   }
   if (wr) {
     const double store = median(wr->store_mbps), plain = median(wr->plain_mbps), ratio = median(wr->ratio);
+    const double families = median(wr->families_mbps), families_ratio = median(wr->families_ratio);
     std::printf("  write           model %s: %d commits of one fragment state (theta + momentum; %zu fragments), "
                 "%.1f MB per round, %d rounds\n",
                 o.write_model.c_str(), o.commits, wr->fragments, static_cast<double>(wr->timed_bytes) * 1e-6, o.rounds);
-    std::printf("                  snapshot_store::commit %.0f MB/s, plain RocksDB WriteBatch of the same puts %.0f MB/s "
-                "(medians)\n",
+    std::printf("                  snapshot_store::commit %.0f MB/s; plain RocksDB, one WriteBatch of the same puts per "
+                "commit: %.0f MB/s (medians)\n",
                 store, plain);
-    std::printf("                  store / plain = %.3f (per round: %s)\n", ratio,
-                listed(wr->ratio, "%.3f").c_str());
+    std::printf("                  store / plain = %.3f (per round: %s)\n", ratio, listed(wr->ratio, "%.3f").c_str());
+    std::printf("                  plain RocksDB putting into the store's column families %.0f MB/s: store / that = %.3f "
+                "(per round: %s)\n",
+                families, families_ratio, listed(wr->families_ratio, "%.3f").c_str());
     std::printf("                  of the store's time %.0f %% went to RocksDB's write (the rest: encoding, checksums, "
                 "bookkeeping); its commits also deleted %zu old records (retention)\n",
                 100 * median(wr->kv_share), wr->deletes);
@@ -830,9 +856,12 @@ int run_snapshot() {
         .add("write_store_mbps", store)
         .add("write_plain_mbps", plain)
         .add("write_ratio", ratio)
+        .add_raw("write_ratio_per_round", json_array(wr->ratio))
+        .add("write_plain_families_mbps", families)
+        .add("write_ratio_vs_families", families_ratio)
+        .add_raw("write_ratio_vs_families_per_round", json_array(wr->families_ratio))
         .add("write_store_rocksdb_share", median(wr->kv_share))
-        .add("write_deletes", static_cast<std::uint64_t>(wr->deletes))
-        .add_raw("write_ratio_per_round", json_array(wr->ratio));
+        .add("write_deletes", static_cast<std::uint64_t>(wr->deletes));
   }
   if (rs) {
     const double mb = static_cast<double>(rs->fragment_bytes) * 1e-6;
@@ -893,7 +922,7 @@ void add_bench_snapshot(CLI::App& bench) {
   cmd->add_option("--pairs", o.pairs, "Pairs of mesh runs, one with snapshots and one without (default 2)")
       ->check(CLI::Range(1, 20));
   cmd->add_option("--write-model", o.write_model, "Model whose fragment states are committed (default mini)");
-  cmd->add_option("--commits", o.commits, "One-fragment commits per write sample (default 48)")
+  cmd->add_option("--commits", o.commits, "One-fragment commits per write sample (default 96)")
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--rounds", o.rounds, "Rounds of (store, plain RocksDB) for write and restore (default 3)")
       ->check(CLI::Range(1, 100));
