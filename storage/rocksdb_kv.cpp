@@ -59,6 +59,9 @@ rocksdb::DBOptions db_options(open_mode mode) {
   o.max_background_jobs = 2;
   o.db_write_buffer_size = 64 << 20;
   o.keep_log_file_num = 4;
+  // Flushes and compactions are background work too: below the actors' threads.
+  o.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::LOW, rocksdb::CpuPriority::kLow);
+  o.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::HIGH, rocksdb::CpuPriority::kLow);
   // A read-only instance opens every table file up front, so files that a
   // read-write process (another one) compacts away stay readable through the
   // open descriptors.
