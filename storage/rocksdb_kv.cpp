@@ -6,6 +6,8 @@
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 
+#include "storage/rocksdb_options.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -14,6 +16,39 @@
 #include "storage/kv_store.hpp"
 
 namespace archipelago::storage {
+
+// Modest on a 2-core machine: two background jobs, small memtables, bounded
+// total memtable memory, one shared block cache. Parameters are floats, which
+// barely compress, so compression would cost CPU for nothing.
+rocksdb::DBOptions db_options(open_mode mode) {
+  rocksdb::DBOptions o;
+  o.create_if_missing = mode == open_mode::create;
+  o.create_missing_column_families = mode == open_mode::create;
+  o.paranoid_checks = true;
+  o.max_background_jobs = 2;
+  o.db_write_buffer_size = 64 << 20;
+  o.keep_log_file_num = 4;
+  // Flushes and compactions are background work too: below the actors' threads.
+  o.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::LOW, rocksdb::CpuPriority::kLow);
+  o.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::HIGH, rocksdb::CpuPriority::kLow);
+  // A read-only instance opens every table file up front, so files that a
+  // read-write process (another one) compacts away stay readable through the
+  // open descriptors.
+  if (mode == open_mode::read_only) o.max_open_files = -1;
+  return o;
+}
+
+rocksdb::ColumnFamilyOptions family_options() {
+  static const std::shared_ptr<rocksdb::Cache> block_cache = rocksdb::NewLRUCache(32 << 20);
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = block_cache;
+  rocksdb::ColumnFamilyOptions o;
+  o.write_buffer_size = 16 << 20;
+  o.compression = rocksdb::kNoCompression;
+  o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  return o;
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -48,37 +83,6 @@ error from_status(const rocksdb::Status& s, const std::string& path, std::string
 std::string_view view(const rocksdb::Slice& s) { return {s.data(), s.size()}; }
 rocksdb::Slice slice(std::string_view s) { return {s.data(), s.size()}; }
 
-// Modest on a 2-core machine: two background jobs, small memtables, bounded
-// total memtable memory, one shared block cache. Parameters are floats, which
-// barely compress, so compression would cost CPU for nothing.
-rocksdb::DBOptions db_options(open_mode mode) {
-  rocksdb::DBOptions o;
-  o.create_if_missing = mode == open_mode::create;
-  o.create_missing_column_families = mode == open_mode::create;
-  o.paranoid_checks = true;
-  o.max_background_jobs = 2;
-  o.db_write_buffer_size = 64 << 20;
-  o.keep_log_file_num = 4;
-  // Flushes and compactions are background work too: below the actors' threads.
-  o.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::LOW, rocksdb::CpuPriority::kLow);
-  o.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::HIGH, rocksdb::CpuPriority::kLow);
-  // A read-only instance opens every table file up front, so files that a
-  // read-write process (another one) compacts away stay readable through the
-  // open descriptors.
-  if (mode == open_mode::read_only) o.max_open_files = -1;
-  return o;
-}
-
-rocksdb::ColumnFamilyOptions family_options() {
-  static const std::shared_ptr<rocksdb::Cache> block_cache = rocksdb::NewLRUCache(32 << 20);
-  rocksdb::BlockBasedTableOptions table;
-  table.block_cache = block_cache;
-  rocksdb::ColumnFamilyOptions o;
-  o.write_buffer_size = 16 << 20;
-  o.compression = rocksdb::kNoCompression;
-  o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  return o;
-}
 
 /// An open database and its family handles, torn down handles first, then the db.
 struct open_db {

@@ -1,4 +1,5 @@
 #include "transport/curve_keys.hpp"
+#include "temp_dir.hpp"
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
@@ -21,28 +22,10 @@ using namespace archipelago;
 using namespace archipelago::transport;
 namespace fs = std::filesystem;
 
+using archipelago::testing::temp_dir;
+
 namespace {
 
-// A fresh directory under TMPDIR, removed with everything in it.
-class temp_dir {
- public:
-  temp_dir() {
-    std::string pattern = (fs::temp_directory_path() / "curve_keys_test.XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string path() const { return path_.string(); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

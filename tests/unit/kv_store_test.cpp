@@ -14,33 +14,16 @@
 #include <vector>
 
 #include "core/prng.hpp"
+#include "temp_dir.hpp"
 
 using namespace archipelago;
 using namespace archipelago::storage;
 namespace fs = std::filesystem;
 
+using archipelago::testing::temp_dir;
+
 namespace {
 
-// A fresh directory under TMPDIR, removed with everything in it.
-class temp_dir {
- public:
-  temp_dir() {
-    std::string pattern = (fs::temp_directory_path() / "kv_store_test.XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string path() const { return path_.string(); }
-  std::string sub(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -158,7 +141,7 @@ TEST_CASE("kv_store: put, get and delete across columns") {
   temp_dir dir;
   std::unique_ptr<kv_store> kv;
   SUBCASE("memory") { kv = make_memory_kv(); }
-  SUBCASE("rocksdb") { kv = must_open(dir.sub("db")); }
+  SUBCASE("rocksdb") { kv = must_open(dir.file("db")); }
 
   CHECK_FALSE(must_get(*kv, column::tape, "k"));
   write_batch b;
@@ -201,7 +184,7 @@ TEST_CASE("kv_store: a batch is applied all at once and a scan sees one view") {
   temp_dir dir;
   std::unique_ptr<kv_store> kv;
   SUBCASE("memory") { kv = make_memory_kv(); }
-  SUBCASE("rocksdb") { kv = must_open(dir.sub("db")); }
+  SUBCASE("rocksdb") { kv = must_open(dir.file("db")); }
 
   // The writer keeps a == b == c in every batch; a reader scanning must never see them differ.
   constexpr int batches = 400;
@@ -242,7 +225,7 @@ TEST_CASE("kv_store: scan visits from up to (not including) to, in unsigned byte
   temp_dir dir;
   std::unique_ptr<kv_store> kv;
   SUBCASE("memory") { kv = make_memory_kv(); }
-  SUBCASE("rocksdb") { kv = must_open(dir.sub("db")); }
+  SUBCASE("rocksdb") { kv = must_open(dir.file("db")); }
 
   const std::vector<std::string> ordered = {std::string("\0", 1), "a", "ab", "b", "\x7f", "\x80", "\xff", "\xff\xff"};
   write_batch b;
@@ -284,7 +267,7 @@ TEST_CASE("kv_store: last returns the greatest key of a column") {
   temp_dir dir;
   std::unique_ptr<kv_store> kv;
   SUBCASE("memory") { kv = make_memory_kv(); }
-  SUBCASE("rocksdb") { kv = must_open(dir.sub("db")); }
+  SUBCASE("rocksdb") { kv = must_open(dir.file("db")); }
 
   auto last = [&](column c) {
     auto v = kv->last(c);
@@ -312,7 +295,7 @@ TEST_CASE("kv_store: last returns the greatest key of a column") {
 
 TEST_CASE("kv_store: rocksdb data survives reopening, in every mode") {
   temp_dir dir;
-  const std::string path = dir.sub("db");
+  const std::string path = dir.file("db");
   {
     auto kv = must_open(path, {open_mode::create, true});
     write_batch b;
@@ -342,17 +325,17 @@ TEST_CASE("kv_store: rocksdb existing and read_only modes need a database and cr
   temp_dir dir;
   for (open_mode mode : {open_mode::existing, open_mode::read_only}) {
     CAPTURE(static_cast<int>(mode));
-    const std::string missing = dir.sub("missing/deeper");
+    const std::string missing = dir.file("missing/deeper");
     auto kv = open_rocksdb(missing, {mode, false});
     REQUIRE_FALSE(kv);
     CHECK(kv.err().code == errc::not_found);
     CHECK(contains(kv.err().message, missing));
-    CHECK_FALSE(fs::exists(dir.sub("missing")));
+    CHECK_FALSE(fs::exists(dir.file("missing")));
 
     // An empty directory, and one with files that are not a database.
-    const std::string empty = dir.sub("empty");
+    const std::string empty = dir.file("empty");
     fs::create_directories(empty);
-    const std::string foreign = dir.sub("foreign");
+    const std::string foreign = dir.file("foreign");
     fs::create_directories(foreign);
     std::ofstream(foreign + "/notes.txt") << "hello";
     for (const std::string& p : {empty, foreign}) {
@@ -366,7 +349,7 @@ TEST_CASE("kv_store: rocksdb existing and read_only modes need a database and cr
     }
   }
   // A file where the directory should be.
-  const std::string file = dir.sub("a_file");
+  const std::string file = dir.file("a_file");
   std::ofstream(file) << "x";
   auto kv = open_rocksdb(file, {open_mode::create, false});
   REQUIRE_FALSE(kv);
@@ -376,7 +359,7 @@ TEST_CASE("kv_store: rocksdb existing and read_only modes need a database and cr
 
 TEST_CASE("kv_store: rocksdb read_only never modifies the directory") {
   temp_dir dir;
-  const std::string path = dir.sub("db");
+  const std::string path = dir.file("db");
   {
     auto kv = must_open(path);
     write_batch b;
@@ -412,7 +395,7 @@ TEST_CASE("kv_store: rocksdb refuses a database with other column families") {
   };
   for (const auto& [name, families] : foreign) {
     CAPTURE(name);
-    const std::string path = dir.sub(name);
+    const std::string path = dir.file(name);
     make_plain_rocksdb(path, families);
     const auto before = listing(path);
     for (open_mode mode : {open_mode::create, open_mode::existing, open_mode::read_only}) {
@@ -430,7 +413,7 @@ TEST_CASE("kv_store: rocksdb refuses a database with other column families") {
 TEST_CASE("kv_store: rocksdb create mode completes a store whose creation was interrupted") {
   // A crash between creating the column families leaves some of ours, all empty.
   temp_dir dir;
-  const std::string path = dir.sub("db");
+  const std::string path = dir.file("db");
   {
     rocksdb::DBOptions options;
     options.create_if_missing = true;
@@ -457,7 +440,7 @@ TEST_CASE("kv_store: rocksdb create mode completes a store whose creation was in
 
 TEST_CASE("kv_store: rocksdb read_only works beside a read-write handle and sees committed data") {
   temp_dir dir;
-  const std::string path = dir.sub("db");
+  const std::string path = dir.file("db");
   auto writer = must_open(path);
   write_batch b;
   b.put(column::tape, be64(1), "round 1");
@@ -642,7 +625,7 @@ TEST_CASE("kv_store: faulty_kv fails every write after fail_after_writes success
 
 TEST_CASE("kv_store: faulty_kv over rocksdb leaves a torn prefix on disk") {
   temp_dir dir;
-  const std::string path = dir.sub("db");
+  const std::string path = dir.file("db");
   const std::uint64_t seed = 4;
   CAPTURE(seed);
   write_batch b;

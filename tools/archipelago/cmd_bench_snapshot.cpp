@@ -46,6 +46,7 @@
 #include "node/mesh_setup.hpp"
 #include "node/mesh_snapshots.hpp"
 #include "storage/kv_store.hpp"
+#include "storage/rocksdb_options.hpp"
 #include "storage/snapshot_store.hpp"
 
 namespace archipelago::cli {
@@ -232,30 +233,8 @@ class recording_kv final : public storage::kv_store {
 
 // ---- the plain RocksDB baseline ---------------------------------------------------
 
-// The options storage/rocksdb_kv.cpp opens a store with (two background jobs,
-// 16 MiB memtables, 64 MiB in all, a 32 MiB block cache, no compression), so
-// the baseline differs from the store by the snapshot layer only.
-rocksdb::DBOptions baseline_db_options(bool read_only) {
-  rocksdb::DBOptions o;
-  o.create_if_missing = !read_only;
-  o.paranoid_checks = true;
-  o.max_background_jobs = 2;
-  o.db_write_buffer_size = 64 << 20;
-  o.keep_log_file_num = 4;
-  if (read_only) o.max_open_files = -1;
-  return o;
-}
-
-rocksdb::ColumnFamilyOptions baseline_family_options() {
-  static const std::shared_ptr<rocksdb::Cache> block_cache = rocksdb::NewLRUCache(32 << 20);
-  rocksdb::BlockBasedTableOptions table;
-  table.block_cache = block_cache;
-  rocksdb::ColumnFamilyOptions o;
-  o.write_buffer_size = 16 << 20;
-  o.compression = rocksdb::kNoCompression;
-  o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  return o;
-}
+// The baseline opens its databases with the store's own options (storage/rocksdb_options.hpp),
+// so it differs from the store by the snapshot layer only.
 
 error rocksdb_error(const std::string& what, const rocksdb::Status& s) {
   return make_error(errc::io_error, "plain RocksDB baseline: " + what + ": " + s.ToString());
@@ -283,12 +262,12 @@ expected<std::unique_ptr<plain_db>> open_plain(const std::string& path, bool rea
   if (store_families)  // in column order, so that handles[c] is column c's
     for (int c = 1; c < storage::column_count; ++c) out->names.push_back(storage::to_string(static_cast<storage::column>(c)));
   if (read_only) {
-    if (auto s = rocksdb::DB::ListColumnFamilies(baseline_db_options(true), path, &out->names); !s.ok())
+    if (auto s = rocksdb::DB::ListColumnFamilies(storage::db_options(storage::open_mode::read_only), path, &out->names); !s.ok())
       return rocksdb_error("list column families of " + path, s);
   }
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  for (const auto& n : out->names) families.emplace_back(n, baseline_family_options());
-  rocksdb::DBOptions options = baseline_db_options(read_only);
+  for (const auto& n : out->names) families.emplace_back(n, storage::family_options());
+  rocksdb::DBOptions options = storage::db_options(read_only ? storage::open_mode::read_only : storage::open_mode::create);
   options.create_missing_column_families = !read_only;
   const rocksdb::Status s = read_only
                                 ? rocksdb::DB::OpenForReadOnly(options, path, families, &out->handles, &out->db)
@@ -649,11 +628,11 @@ expected<double> plain_restore_sample(const std::string& path, std::vector<char>
 /// itself as memtables fill), so that an open has no log to replay.
 status flush_to_tables(const std::string& path) {
   auto db = std::make_unique<plain_db>();
-  if (auto s = rocksdb::DB::ListColumnFamilies(baseline_db_options(true), path, &db->names); !s.ok())
+  if (auto s = rocksdb::DB::ListColumnFamilies(storage::db_options(storage::open_mode::read_only), path, &db->names); !s.ok())
     return rocksdb_error("list column families of " + path, s);
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  for (const auto& n : db->names) families.emplace_back(n, baseline_family_options());
-  if (auto s = rocksdb::DB::Open(baseline_db_options(false), path, families, &db->handles, &db->db); !s.ok())
+  for (const auto& n : db->names) families.emplace_back(n, storage::family_options());
+  if (auto s = rocksdb::DB::Open(storage::db_options(storage::open_mode::create), path, families, &db->handles, &db->db); !s.ok())
     return rocksdb_error("open " + path, s);
   rocksdb::FlushOptions fo;
   fo.wait = true;
