@@ -1,0 +1,100 @@
+#pragma once
+// A fault drill's plan (pure, deterministic): parsed from TOML and checked
+// before anything starts — an unknown fault, an unknown target, a negative
+// duration or a malformed time is an error naming the line — then expanded,
+// from its seed, into the timeline of faults the chaos monkey executes.
+//
+//   seed = 7
+//   duration = "120s"          # the safety phase: faults happen in it
+//   liveness = "30s"           # then everything is healed and the mesh must converge
+//
+//   [[fault]]                  # a scheduled fault
+//   at = "10s"                 # from the start: "500ms", "10s", "1.5m"
+//   kind = "crash"             # see fault_kind
+//   target = "learner/1"       # learner/N, shard/N, broker, learners (each one), storage/N
+//   for = "5s"                 # until it is repaired (the process restarted, the link healed)
+//   factor = 2.0               # slow: step time × factor
+//   loss = 0.1                 # link: loss, duplicate, reorder, corrupt (probabilities),
+//                              #       delay_ms, bandwidth_mbit
+//   groups = [["learner/0", "learner/1"], ["learner/2", "shard/0"]]   # partition
+//
+//   [rates]                    # faults drawn at random instead of (or besides) a schedule
+//   kinds = ["crash", "pause"]
+//   learner_mtbf = "60s"       # mean time between faults per learner (exponential)
+//   repair_min = "2s"          # repair time, uniform in [min, max]
+//   repair_max = "10s"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/clock.hpp"
+#include "core/error.hpp"
+#include "core/ids.hpp"
+
+namespace archipelago {
+
+enum class fault_kind : std::uint8_t {
+  crash,           // SIGKILL of a learner's process (an actor kill in one process), restarted after `for`
+  pause,           // SIGSTOP, SIGCONT after `for`
+  slow,            // step time × factor
+  partition,       // no messages between the groups
+  link,            // loss / duplication / reordering / delay / bandwidth cap / corruption on the target's links
+  shard_crash,     // SIGKILL of a parameter shard, restarted from its snapshots
+  broker_crash,    // SIGKILL of the sync broker, restarted
+  storage_errors,  // the target shard's snapshot store fails its writes
+};
+const char* to_string(fault_kind k);
+
+struct fault_target {
+  role kind = role::learner;
+  std::uint32_t index = 0;
+  bool every_learner = false;  // "learners": one fault per learner
+  std::string to_string() const;
+};
+
+struct link_fault {
+  double loss = 0, duplicate = 0, reorder = 0, corrupt = 0;
+  double delay_ms = 0, bandwidth_mbit = 0;  // 0: unchanged / unlimited
+};
+
+struct planned_fault {
+  nanos at_ns = 0;
+  fault_kind kind = fault_kind::crash;
+  std::vector<fault_target> targets;              // one, except a partition's first group
+  std::vector<std::vector<fault_target>> groups;  // partition
+  nanos for_ns = 0;
+  double factor = 1;
+  link_fault link;
+  int line = 0;  // where the plan says it (0: drawn from [rates])
+};
+
+struct fault_rates {
+  std::vector<fault_kind> kinds;
+  nanos learner_mtbf_ns = 0;  // 0: no random faults
+  nanos repair_min_ns = 0, repair_max_ns = 0;
+};
+
+struct fault_plan_spec {
+  std::uint64_t seed = 1;
+  nanos duration_ns = 0;
+  nanos liveness_ns = 0;
+  std::vector<planned_fault> schedule;
+  fault_rates rates;
+};
+
+/// Parses and checks a plan against a mesh of `learners` learners and `shards` shards.
+/// `origin` names the file in errors ("plan.toml:12: unknown fault kind 'explode'").
+expected<fault_plan_spec> parse_fault_plan(std::string_view toml_text, const std::string& origin, int learners,
+                                           int shards);
+
+/// "500ms", "10s", "1.5m", "2h" → nanoseconds; nullopt-like error when malformed or negative.
+expected<nanos> parse_duration(std::string_view text);
+
+/// The plan's timeline: the schedule plus, from the seed, the faults `rates` draws for
+/// each learner within the safety phase, sorted by time (ties by line, then learner).
+/// "learners" targets are expanded into one fault per learner. Deterministic.
+std::vector<planned_fault> expand_fault_plan(const fault_plan_spec& plan, int learners);
+
+}  // namespace archipelago

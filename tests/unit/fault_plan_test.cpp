@@ -1,0 +1,155 @@
+// Fault plans: every mistake refused before anything starts, with the line;
+// a valid plan expanded into the same timeline for the same seed.
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "chaos_monkey/fault_plan.hpp"
+
+using namespace archipelago;
+
+namespace {
+
+constexpr nanos s = 1'000'000'000;
+
+/// The error of parsing `text` as plan.toml for 4 learners and 2 shards ("" when it parses).
+std::string error_of(const std::string& text) {
+  auto plan = parse_fault_plan(text, "plan.toml", 4, 2);
+  return plan ? "" : plan.err().message;
+}
+
+}  // namespace
+
+TEST_CASE("fault plan: a schedule and rates parse into the plan") {
+  const std::string text = R"(seed = 7
+duration = "2m"
+liveness = "30s"
+
+[[fault]]
+at = "10s"
+kind = "crash"
+target = "learner/1"
+for = "5s"
+
+[[fault]]
+at = "1500ms"
+kind = "link"
+target = "learner/2"
+for = "20s"
+loss = 0.1
+delay_ms = 50
+
+[[fault]]
+at = "30s"
+kind = "partition"
+for = "10s"
+groups = [["learner/0", "learner/1"], ["learner/2", "learner/3", "shard/0", "shard/1", "broker"]]
+
+[[fault]]
+at = "40s"
+kind = "shard_crash"
+target = "shard/1"
+
+[rates]
+kinds = ["crash", "pause"]
+learner_mtbf = "20s"
+repair_min = "1s"
+repair_max = "3s"
+)";
+  auto plan = parse_fault_plan(text, "plan.toml", 4, 2);
+  REQUIRE_MESSAGE(plan, plan.err().message);
+  CHECK(plan->seed == 7);
+  CHECK(plan->duration_ns == 120 * s);
+  CHECK(plan->liveness_ns == 30 * s);
+  REQUIRE(plan->schedule.size() == 4);
+  CHECK(plan->schedule[0].kind == fault_kind::crash);
+  CHECK(plan->schedule[0].targets[0].to_string() == "learner/1");
+  CHECK(plan->schedule[0].for_ns == 5 * s);
+  CHECK(plan->schedule[0].line == 5);
+  CHECK(plan->schedule[1].at_ns == 1'500'000'000);
+  CHECK(plan->schedule[1].link.loss == doctest::Approx(0.1));
+  CHECK(plan->schedule[1].link.delay_ms == doctest::Approx(50));
+  REQUIRE(plan->schedule[2].groups.size() == 2);
+  CHECK(plan->schedule[2].groups[1].back().to_string() == "broker");
+  CHECK(plan->schedule[3].for_ns == 0);  // restarted as soon as it is down
+  CHECK(plan->rates.learner_mtbf_ns == 20 * s);
+  CHECK(plan->rates.kinds.size() == 2);
+
+  // Expanded: the schedule plus the drawn faults, sorted; the same seed, the same timeline.
+  const auto timeline = expand_fault_plan(*plan, 4);
+  CHECK(timeline.size() > 4 + 4);  // 4 learners × about 120 s / 22 s each
+  for (std::size_t i = 1; i < timeline.size(); ++i) CHECK(timeline[i - 1].at_ns <= timeline[i].at_ns);
+  for (const auto& f : timeline) {
+    CHECK(f.at_ns <= plan->duration_ns);
+    if (f.line == 0) CHECK((f.for_ns >= 1 * s && f.for_ns <= 3 * s));
+  }
+  const auto again = expand_fault_plan(*plan, 4);
+  REQUIRE(again.size() == timeline.size());
+  for (std::size_t i = 0; i < again.size(); ++i) {
+    CHECK(again[i].at_ns == timeline[i].at_ns);
+    CHECK(again[i].kind == timeline[i].kind);
+  }
+  plan->seed = 8;
+  const auto other = expand_fault_plan(*plan, 4);
+  bool differs = other.size() != timeline.size();
+  for (std::size_t i = 0; !differs && i < other.size(); ++i) differs = other[i].at_ns != timeline[i].at_ns;
+  CHECK(differs);
+}
+
+TEST_CASE("fault plan: 'learners' expands into one fault per learner") {
+  auto plan = parse_fault_plan("duration = \"10s\"\n[[fault]]\nat = \"1s\"\nkind = \"slow\"\ntarget = \"learners\"\n"
+                               "for = \"2s\"\nfactor = 3.0\n",
+                               "plan.toml", 3, 1);
+  REQUIRE_MESSAGE(plan, plan.err().message);
+  const auto timeline = expand_fault_plan(*plan, 3);
+  REQUIRE(timeline.size() == 3);
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    CHECK(timeline[i].targets[0].to_string() == "learner/" + std::to_string(i));
+    CHECK(timeline[i].factor == doctest::Approx(3));
+  }
+}
+
+TEST_CASE("fault plan: an unknown fault, target, negative duration or malformed time names its line") {
+  const std::string head = "duration = \"60s\"\n[[fault]]\n";  // the fault's keys start on line 3
+  CHECK(error_of(head + "at = \"1s\"\nkind = \"explode\"\ntarget = \"learner/0\"\nfor = \"1s\"\n") ==
+        "plan.toml:4: unknown fault kind 'explode' (crash, pause, slow, partition, link, shard_crash, broker_crash, "
+        "storage_errors)");
+  CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"learner/9\"\nfor = \"1s\"\n") ==
+        "plan.toml:5: unknown target 'learner/9': the mesh has 4 learners");
+  CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"robot/1\"\nfor = \"1s\"\n") ==
+        "plan.toml:5: unknown target 'robot/1' (learner/N, shard/N, storage/N, broker or learners)");
+  CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"shard/0\"\nfor = \"1s\"\n") ==
+        "plan.toml:5: a crash fault cannot target 'shard/0'");
+  CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"learner/0\"\nfor = \"-3s\"\n") ==
+        "plan.toml:6: for: negative time '-3s'");
+  CHECK(error_of(head + "at = \"ten seconds\"\nkind = \"crash\"\ntarget = \"learner/0\"\nfor = \"1s\"\n") ==
+        "plan.toml:3: at: malformed time 'ten seconds' (a number and a unit: ms, s, m or h, e.g. \"1.5s\")");
+  CHECK(error_of(head + "at = 10\nkind = \"crash\"\ntarget = \"learner/0\"\nfor = \"1s\"\n") ==
+        "plan.toml:3: at must be a duration in quotes, e.g. \"10s\" or \"500ms\"");
+  CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"learner/0\"\n") ==
+        "plan.toml:2: a crash fault needs for = \"...\" (when it is repaired)");
+  CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"learner/0\"\nfor = \"1s\"\nfactor = 2.0\n") ==
+        "plan.toml:7: 'factor' is not a setting of a crash fault");
+  CHECK(error_of(head + "at = \"2m\"\nkind = \"crash\"\ntarget = \"learner/0\"\nfor = \"1s\"\n") ==
+        "plan.toml:2: the fault starts after the plan's duration");
+  CHECK(error_of("duration = \"60s\"\n[rates]\nkinds = [\"partition\"]\n") ==
+        "plan.toml:3: unknown or unsupported random fault kind 'partition' (rates draw crash, pause or slow)");
+  CHECK(error_of("duration = \"60s\"\nspeed = 3\n") ==
+        "plan.toml:2: unknown plan key 'speed' (seed, duration, liveness, [[fault]], [rates])");
+  CHECK(error_of("[[fault]]\nat = \"1s\"\nkind = \"crash\"\ntarget = \"learner/0\"\nfor = \"1s\"\n") ==
+        "plan.toml: the plan needs duration = \"...\" > 0");
+  CHECK(error_of("duration = \"60s\"\n[[fault]\n").rfind("plan.toml:2: ", 0) == 0);  // TOML syntax
+}
+
+TEST_CASE("fault plan: durations") {
+  CHECK(parse_duration("500ms").value() == 500'000'000);
+  CHECK(parse_duration("1.5s").value() == 1'500'000'000);
+  CHECK(parse_duration("2m").value() == 120 * s);
+  CHECK(parse_duration("1h").value() == 3600 * s);
+  CHECK(!parse_duration("5"));
+  CHECK(!parse_duration("s"));
+  CHECK(!parse_duration("5 s"));
+  CHECK(!parse_duration("-1s"));
+  CHECK(!parse_duration("1e30h"));
+}
