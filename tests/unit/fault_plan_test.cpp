@@ -1,10 +1,12 @@
 // Fault plans: every mistake refused before anything starts, with the line;
-// a valid plan expanded into the same timeline for the same seed.
+// a valid plan expanded into the same timeline for the same seed; the chaos
+// core walking a timeline (inject, skip a down target, repair, heal).
 
 #include <doctest/doctest.h>
 
 #include <string>
 
+#include "chaos_monkey/chaos_core.hpp"
 #include "chaos_monkey/fault_plan.hpp"
 
 using namespace archipelago;
@@ -152,4 +154,61 @@ TEST_CASE("fault plan: durations") {
   CHECK(!parse_duration("5 s"));
   CHECK(!parse_duration("-1s"));
   CHECK(!parse_duration("1e30h"));
+}
+
+TEST_CASE("chaos core: injects and repairs in time order, skips a down target, heals at the end") {
+  auto plan = parse_fault_plan(R"(duration = "30s"
+[[fault]]
+at = "2s"
+kind = "crash"
+target = "learner/0"
+for = "5s"
+[[fault]]
+at = "4s"
+kind = "pause"
+target = "learner/0"
+for = "1s"
+[[fault]]
+at = "5s"
+kind = "link"
+target = "learner/1"
+for = "60s"
+loss = 0.5
+[[fault]]
+at = "6s"
+kind = "pause"
+target = "learner/1"
+for = "2s"
+)",
+                               "plan.toml", 2, 1);
+  REQUIRE_MESSAGE(plan, plan.err().message);
+  chaos_core core(expand_fault_plan(*plan, 2), plan->duration_ns);
+  CHECK(core.next_due() == 2 * s);
+  CHECK(core.tick(1 * s).empty());
+
+  auto a = core.tick(4 * s);  // crash of learner 0; its pause while crashed is skipped
+  REQUIRE(a.size() == 2);
+  CHECK(a[0].action == chaos_action::what::inject);
+  CHECK(a[0].fault == 0);
+  CHECK(a[1].action == chaos_action::what::skip);
+  CHECK(core.learners_down() == 1);
+
+  a = core.tick(7 * s);  // the link fault at 5 s, the pause at 6 s, the crash repaired at 7 s
+  REQUIRE(a.size() == 3);
+  CHECK((a[0].action == chaos_action::what::inject && a[0].fault == 2));
+  CHECK((a[1].action == chaos_action::what::inject && a[1].fault == 3));
+  CHECK((a[2].action == chaos_action::what::repair && a[2].fault == 0 && a[2].at_ns == 7 * s));
+  CHECK(core.learners_down() == 1);  // learner 1 paused
+
+  a = core.tick(29 * s);
+  REQUIRE(a.size() == 1);  // the pause ends; the link fault lasts beyond the safety phase
+  CHECK(a[0].fault == 3);
+  CHECK(!core.healed(29 * s));
+  a = core.tick(30 * s);  // ... and is healed when it ends
+  REQUIRE(a.size() == 1);
+  CHECK((a[0].action == chaos_action::what::repair && a[0].fault == 2 && a[0].at_ns == 30 * s));
+  CHECK(core.healed(30 * s));
+  CHECK(core.injected() == 3);
+  CHECK(core.record().size() == 7);
+  CHECK(core.next_due() == -1);
 }
