@@ -4,6 +4,9 @@
 
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "chaos_monkey/chaos_core.hpp"
@@ -211,4 +214,24 @@ for = "2s"
   CHECK(core.injected() == 3);
   CHECK(core.record().size() == 7);
   CHECK(core.next_due() == -1);
+}
+
+TEST_CASE("chaos core: every plan of the battery (deploy/drills) parses for a mesh of 4 learners and 2 shards") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(ARCHIPELAGO_SOURCE_DIR) / "deploy" / "drills";
+  std::size_t plans = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".toml") continue;
+    CAPTURE(entry.path().string());
+    std::ifstream in(entry.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto plan = parse_fault_plan(text, entry.path().filename().string(), 4, 2);
+    REQUIRE_MESSAGE(plan, plan.err().message);
+    chaos_core core(expand_fault_plan(*plan, 4), plan->duration_ns);
+    (void)core.tick(plan->duration_ns);
+    CHECK(core.injected() > 0);
+    CHECK(core.healed(plan->duration_ns));
+    ++plans;
+  }
+  CHECK(plans >= 8);
 }
