@@ -383,40 +383,40 @@ expected<std::uint64_t> snapshot_store::commit(const commit_job& job) {
   m.ledger = job.ledger;
   m.learner_steps = job.learner_steps;
 
-  // Retention: the manifest leaving the window goes, and with it every fragment
-  // state no surviving manifest (nor the new cut) names. Mesh version 1, the
-  // initial model, always stays.
-  auto retained = retained_;
-  auto references = references_;
-  retained[m.mesh_version];
-  for (const auto& e : m.entries) {
-    retained[m.mesh_version].emplace_back(e.fragment, e.version);
-    ++references[{e.fragment, e.version}];
-  }
-  for (auto it = retained.begin(); it != retained.end();) {
-    const std::uint64_t v = it->first;
-    bool keep = v == 1 || v + keep_.keep_last > m.mesh_version || (keep_.keep_every && v % keep_.keep_every == 0);
-    if (!keep) {  // a version with a measured eval loss stays (list shows the curve)
-      auto eval = kv_->get(column::evals, be64(v));
-      keep = eval && eval->has_value();
-    }
-    if (keep) {
-      ++it;
+  // Retention: manifests leaving the window go, and with them every fragment
+  // state no surviving manifest (nor the new one) names. Mesh version 1, the
+  // initial model, always stays. The bookkeeping changes only once the batch is written.
+  std::vector<std::uint64_t> leaving;
+  for (const auto& [v, refs] : retained_) {
+    if (v + keep_.keep_last > m.mesh_version) break;  // ascending: the rest are in the window
+    if (v == 1 || (keep_.keep_every && v % keep_.keep_every == 0) || pinned_.count(v)) continue;
+    if (auto eval = kv_->get(column::evals, be64(v)); eval && eval->has_value()) {
+      pinned_.insert(v);  // a version with a measured eval loss stays (list shows the curve)
       continue;
     }
+    leaving.push_back(v);
+  }
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint32_t> released;  // references the leavers hold
+  for (std::uint64_t v : leaving) {
     batch.del(column::manifests, be64(v));
-    for (const auto& ref : it->second)
-      if (--references[ref] == 0) {
-        references.erase(ref);
-        batch.del(column::fragments, fragment_key(ref.first, ref.second));
-      }
-    it = retained.erase(it);
+    for (const auto& ref : retained_.at(v)) ++released[ref];
+  }
+  for (const auto& [ref, count] : released) {
+    const manifest_entry* named = m.find(ref.first);
+    if (references_.at(ref) == count && !(named && named->version == ref.second))
+      batch.del(column::fragments, fragment_key(ref.first, ref.second));
   }
   batch.put(column::manifests, be64(m.mesh_version), encode(m));  // last: a torn batch leaves no manifest
   if (auto ok = kv_->write(batch); !ok) return ok.err();
+  for (const auto& [ref, count] : released)
+    if ((references_[ref] -= count) == 0) references_.erase(ref);
+  for (std::uint64_t v : leaving) retained_.erase(v);
+  auto& refs = retained_[m.mesh_version];
+  for (const auto& e : m.entries) {
+    refs.emplace_back(e.fragment, e.version);
+    ++references_[{e.fragment, e.version}];
+  }
   cut_ = std::move(cut);
-  retained_ = std::move(retained);
-  references_ = std::move(references);
   last_mesh_version_ = m.mesh_version;
   return m.mesh_version;
 }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -189,6 +190,7 @@ class snapshot_store {
   std::uint64_t last_mesh_version_ = 0;
   std::map<std::uint64_t, std::vector<std::pair<std::uint32_t, std::uint64_t>>> retained_;
   std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint32_t> references_;
+  std::set<std::uint64_t> pinned_;  // versions kept for their eval record (looked up once)
   std::uint64_t next_tape_ = 1;
 };
 

@@ -37,6 +37,7 @@ struct snapshot_start {
   std::shared_ptr<storage::snapshot_store> store, source;  // write here; read the starting point there
   std::optional<storage::manifest> from;
   std::uint64_t resumed_version = 0;  // the version resumed, as the resumed store numbers it
+  std::vector<float> start_params;    // a resumed run: its model at that version
   std::int64_t start_step = 0;
 };
 
@@ -74,12 +75,14 @@ expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_s
         return make_error(errc::invalid_input, o.resume_db + " holds another model (model.* knobs differ)");
       auto m = pick_manifest(**source, o.resume_version);
       if (!m) return make_error(m.err().code, o.resume_db + ": " + m.err().message);
-      // The plan must match fragment by fragment: read_params checks counts and sizes.
-      if (auto params = (*source)->read_params(*m, setup.layout, setup.plan); !params)
-        return make_error(params.err().code, o.resume_db + ": " + params.err().message);
       out.source = *source;
       out.from = std::move(*m);
     }
+    // Before anything is written: the plan must match fragment by fragment (read_params
+    // checks counts and sizes); the model read is the resumed run's starting point.
+    auto params = out.source->read_params(*out.from, setup.layout, setup.plan);
+    if (!params) return make_error(params.err().code, o.resume_db + ": " + params.err().message);
+    out.start_params = std::move(*params);
     out.start_step = static_cast<std::int64_t>(out.from->learner_steps);
     out.resumed_version = out.from->mesh_version;
   }
@@ -138,9 +141,7 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   steady_clock_source clock;
   mesh_summary out;
   if (!snapshots.resume_db.empty()) {  // the curve of a resumed run starts at its snapshot's loss
-    auto params = origin->source->read_params(*origin->from, setup.layout, setup.plan);
-    if (!params) return params.err();
-    out.start_eval_loss = evaluate(*params).loss;
+    out.start_eval_loss = evaluate(origin->start_params).loss;
     out.eval_curve.emplace_back(0, out.start_eval_loss);
   }
   out.resumed_from = origin->resumed_version;

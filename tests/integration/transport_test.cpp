@@ -67,6 +67,20 @@ void exchange(const std::string& endpoint_a, const std::string& endpoint_b) {
   CHECK((*a)->counters().rejected_total() == 0);
 }
 
+/// The transport reported `peer` dead (bounded wait).
+bool declared_dead(inbox& at, node_address peer) {
+  return at.wait_for([&] {
+    for (auto& [addr, alive] : at.events)
+      if (addr == peer && !alive) return true;
+    return false;
+  });
+}
+
+/// The transport's latest report on `peer` is: alive (bounded wait).
+bool alive_again(inbox& at, node_address peer) {
+  return at.wait_for([&] { return !at.events.empty() && at.events.back() == std::make_pair(peer, true); });
+}
+
 }  // namespace
 
 TEST_CASE("transport: a 4 MiB fragment and heartbeats over tcp loopback") {
@@ -91,20 +105,14 @@ TEST_CASE("transport: a silent peer is declared dead, and alive again after it r
   CHECK((*a)->counters().heartbeats_received >= 1);
 
   (*b)->stop();  // the peer vanishes without a word
-  REQUIRE(at_a.wait_for([&] {
-    for (auto& [addr, alive] : at_a.events)
-      if (addr == learner && !alive) return true;
-    return false;
-  }));
+  REQUIRE(declared_dead(at_a, learner));
 
   // The peer comes back on the same endpoint with a new incarnation.
   auto cfg = fast_config(learner, b_endpoint, 2);
   auto b2 = node_transport::start(cfg, clock, at_b.handler());
   REQUIRE(b2);
   REQUIRE((*b2)->add_peer(broker, (*a)->endpoint()));
-  REQUIRE(at_a.wait_for([&] {
-    return !at_a.events.empty() && at_a.events.back() == std::make_pair(learner, true);
-  }));
+  REQUIRE(alive_again(at_a, learner));
   CHECK((*a)->counters().peers_died >= 1);
   CHECK((*a)->counters().reconnects >= 1);
 }
@@ -125,17 +133,13 @@ TEST_CASE("transport: a dead peer that calls before our reconnect timer can be s
   REQUIRE((*b)->add_peer(broker, (*a)->endpoint()));
   std::this_thread::sleep_for(150ms);
   (*b)->stop();
-  REQUIRE(at_a.wait_for([&] {
-    for (auto& [addr, alive] : at_a.events)
-      if (addr == learner && !alive) return true;
-    return false;
-  }));
+  REQUIRE(declared_dead(at_a, learner));
 
   inbox at_b2;
   auto b2 = node_transport::start(fast_config(learner, b_endpoint, 2), clock, at_b2.handler());
   REQUIRE(b2);
   REQUIRE((*b2)->add_peer(broker, (*a)->endpoint()));  // it calls first
-  REQUIRE(at_a.wait_for([&] { return !at_a.events.empty() && at_a.events.back() == std::make_pair(learner, true); }));
+  REQUIRE(alive_again(at_a, learner));
   REQUIRE((*a)->send(learner, contribution(**a, std::vector<float>(16, 1.f))));
   REQUIRE(at_b2.wait_for([&] { return !at_b2.messages.empty(); }));
   CHECK(at_b2.messages[0]->envelope->sender() == broker);

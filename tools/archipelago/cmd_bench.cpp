@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "bench_stats.hpp"
 #include "cli_common.hpp"
 #include "cmd_bench_snapshot.hpp"
 #include "cmd_bench_wire.hpp"
@@ -42,19 +43,6 @@ struct compute_options {
   std::string torch_script = ARCHIPELAGO_SOURCE_DIR "/tools/bench/torch_reference.py";
   bool json = false;
 };
-
-using seconds_clock = std::chrono::steady_clock;
-
-double since(seconds_clock::time_point t0) {
-  return std::chrono::duration<double>(seconds_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /// The number after "key": in a one-line JSON object (enough for our own output).
 double json_number(const std::string& line, const std::string& key) {

@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_stats.hpp"
 #include "cli_common.hpp"
 #include "core/prng.hpp"
 #include "node/local_mesh.hpp"
@@ -53,8 +54,6 @@ namespace archipelago::cli {
 namespace {
 
 namespace fs = std::filesystem;
-using seconds_clock = std::chrono::steady_clock;
-
 struct snapshot_options {
   bool json = false;
   std::vector<std::string> parts{"latency", "write", "restore"};
@@ -78,51 +77,6 @@ struct snapshot_options {
 snapshot_options& options() {
   static snapshot_options o;
   return o;
-}
-
-double since(seconds_clock::time_point t0) {
-  return std::chrono::duration<double>(seconds_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/// Linear interpolation between order statistics (numpy's default); q in [0, 1].
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const double at = q * static_cast<double>(v.size() - 1);
-  const std::size_t lo = static_cast<std::size_t>(std::floor(at));
-  const std::size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
-}
-
-std::string listed(const std::vector<double>& v, const char* format) {
-  std::string out;
-  char buf[32];
-  for (double x : v) {
-    std::snprintf(buf, sizeof buf, format, x);
-    out += (out.empty() ? "" : " ") + std::string(buf);
-  }
-  return out;
-}
-
-std::string json_array(const std::vector<double>& v) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const std::string one = json_line().add("x", v[i]).str();  // {"x":1.23}: json_line's number format
-    out += (i ? "," : "") + one.substr(5, one.size() - 6);
-  }
-  return out + "]";
-}
-
-double load_average() {
-  double load[1] = {std::nan("")};
-  return getloadavg(load, 1) == 1 ? load[0] : std::nan("");
 }
 
 const char* goal(bool met) { return met ? "met" : "NOT met"; }

@@ -34,6 +34,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "bench_stats.hpp"
 #include "cli_common.hpp"
 #include "transport/transport.hpp"
 
@@ -77,32 +78,6 @@ constexpr double shaped_seconds = 2.5;             // the rate test lasts at lea
 constexpr nanos ping_limit_ns = 2'000'000'000;
 
 double seconds_between(nanos from, nanos to) { return to_seconds(to - from); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::string listed(const std::vector<double>& v, const char* format) {
-  std::string out;
-  char buf[32];
-  for (double x : v) {
-    std::snprintf(buf, sizeof buf, format, x);
-    out += (out.empty() ? "" : " ") + std::string(buf);
-  }
-  return out;
-}
-
-std::string json_array(const std::vector<double>& v) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const std::string one = json_line().add("x", v[i]).str();  // {"x":1.23}: json_line's number format
-    out += (i ? "," : "") + one.substr(5, one.size() - 6);
-  }
-  return out + "]";
-}
 
 /// A bounded wait that accepts any byte count: a floor of 50 MB/s plus 5 s.
 nanos limit_for(double bytes) { return 5'000'000'000 + static_cast<nanos>(bytes / 50e6 * 1e9); }
@@ -615,12 +590,6 @@ expected<curve_result> measure_curve(const clock_source& clock, std::size_t mess
   if (r.accepted == 0)
     return make_error(errc::internal, "with CURVE: no handshake was authenticated, so CURVE was not in use");
   return r;
-}
-
-/// The 1-minute load average, so a reader can tell a busy machine from a slow transport.
-double load_average() {
-  double load[1] = {std::nan("")};
-  return getloadavg(load, 1) == 1 ? load[0] : std::nan("");
 }
 
 int run_wire() {
