@@ -127,6 +127,10 @@ struct Contribution {
   learnerIncarnation @5 :UInt64;  # ... and its incarnation
   step @6 :UInt64;           # the learner's inner steps done when it sent this (this incarnation)
   verdict @7 :Verdict;       # arrival notice: what the shard did with it (the token ledger)
+  brokerIncarnation @8 :UInt64;  # the incarnation of the broker that opened round header.round (the
+                                 # RoundOpen's sender; copied into the arrival notice). A shard refuses
+                                 # (late) a round of an older broker: a restarted broker's rounds are
+                                 # new ones, whatever their numbers. 0: unknown (taken as the current one).
 }
 enum Verdict {
   buffered @0;   # held for its round

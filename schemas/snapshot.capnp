@@ -105,6 +105,20 @@ struct LearnerLedger {
   learner @0 :UInt32;
   incarnation @1 :UInt64;
   totals @2 :LedgerTotals;
+  steps @3 :UInt64;              # the incarnation's inner steps the totals cover (its last Progress); 0: unknown (older writers)
+  stepTimeS @4 :Float64;         # seconds of step time summed over those steps
+  mergedStepTimeS @5 :Float64;   # ... over those whose tokens were merged
+  endpoint @6 :Text;             # where the incarnation listens (its Join), so that a restarted broker
+                                 # greets it at once; empty: unknown, or it left
+}
+
+struct RoundLease {
+  # meta column, key "round_lease": round numbers a broker handed out. A broker
+  # raises it before it announces a round at or above it, so a restarted broker
+  # numbers its rounds from here, after every round its predecessors opened.
+  roundsBelow @0 :UInt64;        # every round opened so far is below this
+  incarnation @1 :UInt64;        # the broker incarnation that wrote it
+  timeNs @2 :Int64;              # wall clock, ns since the Unix epoch
 }
 
 struct EvalRecord {

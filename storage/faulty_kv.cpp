@@ -61,6 +61,11 @@ status faulty_kv::write(const write_batch& batch) {
   return st;
 }
 
+void faulty_kv::set_write_error_rate(double rate) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->plan.write_error_rate = rate;
+}
+
 expected<std::optional<std::string>> faulty_kv::get(column c, std::string_view key) const {
   return inner_->get(c, key);
 }

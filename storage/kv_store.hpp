@@ -104,6 +104,8 @@ class faulty_kv final : public kv_store {
   expected<std::optional<std::pair<std::string, std::string>>> last(column c) const override;
   status flush() override;
   fault_counters counters() const;
+  /// Changes the write error rate from now on (a disk that starts or stops failing).
+  void set_write_error_rate(double rate);
 
  private:
   struct impl;

@@ -14,6 +14,7 @@ namespace archipelago::storage {
 namespace {
 
 constexpr std::string_view store_key = "store";
+constexpr std::string_view round_lease_key = "round_lease";
 
 // ---- record framing: flat Cap'n Proto array ++ le64 XXH3 of it ----------------
 
@@ -252,7 +253,30 @@ std::string encode(const learner_ledger& l) {
   r.setLearner(l.learner);
   r.setIncarnation(l.incarnation);
   set_ledger(r.initTotals(), l.totals);
+  r.setSteps(l.steps);
+  r.setStepTimeS(l.step_time_s);
+  r.setMergedStepTimeS(l.merged_step_time_s);
+  r.setEndpoint(l.endpoint);
   return frame(b);
+}
+
+std::string encode(const round_lease& l) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire_snapshot::RoundLease>();
+  r.setRoundsBelow(l.rounds_below);
+  r.setIncarnation(l.incarnation);
+  r.setTimeNs(l.time_ns);
+  return frame(b);
+}
+expected<std::optional<round_lease>> decode_round_lease(const kv_store& kv) {
+  auto raw = kv.get(column::meta, round_lease_key);
+  if (!raw) return raw.err();
+  if (!raw->has_value()) return std::optional<round_lease>{};
+  auto lease = unframe<wire_snapshot::RoundLease>(**raw, "round lease", [](wire_snapshot::RoundLease::Reader r) {
+    return round_lease{r.getRoundsBelow(), r.getIncarnation(), r.getTimeNs()};
+  });
+  if (!lease) return lease.err();
+  return std::optional<round_lease>(*lease);
 }
 
 std::string encode(const eval_record& e) {
@@ -436,6 +460,17 @@ status snapshot_store::put_ledger(const std::vector<learner_ledger>& ledgers) {
   return kv_->write(batch);
 }
 
+status snapshot_store::put_round_lease(const round_lease& lease) {
+  std::lock_guard lock(write_mutex_);
+  auto have = decode_round_lease(*kv_);
+  if (have && *have && (*have)->rounds_below >= lease.rounds_below) return {};  // never lowered
+  write_batch batch;
+  batch.put(column::meta, std::string(round_lease_key), encode(lease));
+  return kv_->write(batch);
+}
+
+expected<std::optional<round_lease>> snapshot_store::read_round_lease() const { return decode_round_lease(*kv_); }
+
 status snapshot_store::put_eval(const eval_record& record) {
   write_batch batch;
   batch.put(column::evals, be64(record.mesh_version), encode(record));
@@ -613,7 +648,8 @@ expected<std::vector<learner_ledger>> snapshot_store::ledgers() const {
       *kv_, column::ledger,
       [](std::string_view, std::string_view value) {
         return unframe<wire_snapshot::LearnerLedger>(value, "ledger record", [](wire_snapshot::LearnerLedger::Reader r) {
-          return learner_ledger{r.getLearner(), r.getIncarnation(), get_ledger(r.getTotals())};
+          return learner_ledger{r.getLearner(), r.getIncarnation(), get_ledger(r.getTotals()), r.getSteps(),
+                                r.getStepTimeS(), r.getMergedStepTimeS(), r.getEndpoint().cStr()};
         });
       },
       [&](learner_ledger l) {

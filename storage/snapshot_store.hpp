@@ -97,6 +97,16 @@ struct learner_ledger {
   std::uint32_t learner = 0;
   std::uint64_t incarnation = 0;
   stored_ledger totals;
+  std::uint64_t steps = 0;  // the incarnation's steps the totals cover; 0: unknown (a record of an older writer)
+  double step_time_s = 0, merged_step_time_s = 0;
+  std::string endpoint;  // where it listens (its Join); empty: unknown, or it left
+};
+
+/// The broker's round numbers handed out so far (meta column): every round it opened is below rounds_below.
+struct round_lease {
+  std::uint64_t rounds_below = 0;
+  std::uint64_t incarnation = 0;
+  std::int64_t time_ns = 0;
 };
 
 struct eval_record {
@@ -145,6 +155,8 @@ class snapshot_store {
   expected<std::uint64_t> commit(const commit_job& job);
   status put_tape(tape_record record);
   status put_ledger(const std::vector<learner_ledger>& ledgers);
+  /// Raises the round lease (never lowers it: a lower rounds_below is a no-op).
+  status put_round_lease(const round_lease& lease);
   status put_eval(const eval_record& record);
   /// Crash recovery: the newest manifest whose fragments all read back valid
   /// becomes the head. Newer manifests (torn or corrupt) and fragment states no
@@ -169,6 +181,8 @@ class snapshot_store {
   expected<std::optional<tape_record>> last_tape() const;
   status for_each_eval(const std::function<bool(const eval_record&)>& visit) const;
   expected<std::vector<learner_ledger>> ledgers() const;
+  /// The round lease; nullopt when no broker wrote one.
+  expected<std::optional<round_lease>> read_round_lease() const;
   /// Every fragment version stored (keys only), ascending.
   expected<std::vector<std::pair<std::uint32_t, std::uint64_t>>> fragment_versions() const;
 

@@ -113,9 +113,17 @@ struct reader {
       return at(t, std::string("a ") + to_string(f.kind) + " fault needs for = \"...\" (when it is repaired)");
     }
 
+    if (const toml::node* e = t.get("every")) {
+      auto period = duration(*e, "every");
+      if (!period) return period.err();
+      if (*period < f.for_ns || *period <= 0)
+        return at(*e, "every must be longer than the fault's for (a fault repeats only after its repair)");
+      f.every_ns = *period;
+    }
+
     for (auto&& [key, value] : t) {
       const std::string k(key.str());
-      if (k == "kind" || k == "at" || k == "for") continue;
+      if (k == "kind" || k == "at" || k == "for" || k == "every") continue;
       if (k == "target") {
         auto target = this->target(value, f.kind);
         if (!target) return target.err();
@@ -264,8 +272,14 @@ expected<fault_plan_spec> parse_fault_plan(std::string_view toml_text, const std
 }
 
 std::vector<planned_fault> expand_fault_plan(const fault_plan_spec& plan, int learners) {
-  std::vector<planned_fault> out;
-  for (const auto& f : plan.schedule) {
+  std::vector<planned_fault> out, schedule;
+  for (const auto& f : plan.schedule)  // a repeating fault: once per period within the safety phase
+    for (nanos t = f.at_ns; t < plan.duration_ns || t == f.at_ns; t += f.every_ns) {
+      schedule.push_back(f);
+      schedule.back().at_ns = t;
+      if (f.every_ns <= 0) break;
+    }
+  for (const auto& f : schedule) {
     if (f.targets.size() == 1 && f.targets[0].every_learner) {
       for (int i = 0; i < learners; ++i) {
         planned_fault one = f;

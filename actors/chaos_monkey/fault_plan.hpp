@@ -13,6 +13,7 @@
 //   kind = "crash"             # see fault_kind
 //   target = "learner/1"       # learner/N, shard/N, broker, learners (each one), storage/N
 //   for = "5s"                 # until it is repaired (the process restarted, the link healed)
+//   every = "60s"              # optional: again every 60 s until the safety phase ends
 //   factor = 2.0               # slow: step time × factor
 //   loss = 0.1                 # link: loss, duplicate, reorder, corrupt (probabilities),
 //                              #       delay_ms, bandwidth_mbit
@@ -65,6 +66,7 @@ struct planned_fault {
   std::vector<fault_target> targets;              // one, except a partition's first group
   std::vector<std::vector<fault_target>> groups;  // partition
   nanos for_ns = 0;
+  nanos every_ns = 0;  // > 0: repeats at at + k × every within the safety phase
   double factor = 1;
   link_fault link;
   int line = 0;  // where the plan says it (0: drawn from [rates])

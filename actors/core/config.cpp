@@ -255,6 +255,10 @@ std::vector<knob> make_knobs() {
       text_knob("mesh.learner_slowdown", h, &mesh_config::learner_slowdown, "list of M numbers",
                 "Step-time factor per learner (>= 1; a slow learner is paced). Default: 1.",
                 list_check(1, 1000)),
+      number_knob("mesh.step_time_ms", h, &mesh_config::step_time_ms, 0.0, 3.6e6,
+                  "A fixed compute budget: every inner step takes at least this long (the learner "
+                  "sleeps the rest); drills use it so a lost learner does not speed up the others. "
+                  "0: as fast as the CPU allows. Default: 0."),
       // wire
       number_knob("wire.heartbeat_interval_ms", w, &wire_config::heartbeat_interval_ms, I{10}, I{600000},
                   "Heartbeat interval, both ways; any message counts. Default: 1000."),
@@ -285,6 +289,9 @@ std::vector<knob> make_knobs() {
                   "Values per quantisation block (int8/int4/int2). Default: 64."),
       bool_knob("wire.curve", w, &wire_config::curve,
                 "CURVE encryption and authentication on tcp:// endpoints. Default: true."),
+      bool_knob("wire.accept_chaos", w, &wire_config::accept_chaos,
+                "Obey ChaosCommand messages (link shaping, slow-down, storage faults) from the chaos "
+                "monkey; only for fault drills. Default: false."),
       text_knob("wire.key_file", w, &wire_config::key_file, "path",
                 "This node's CURVE keypair, written by archipelago keygen. Default: empty."),
       text_knob("wire.allow", w, &wire_config::allow, "path",

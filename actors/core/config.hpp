@@ -76,6 +76,10 @@ struct mesh_config {
   std::string learner_threads;     // compute threads (default: train.threads / M, at least 1)
   std::string learner_batch;       // sequences per step (default: data.batch)
   std::string learner_slowdown;    // step-time factor >= 1, by pacing (default: 1)
+  // A fixed compute budget: every inner step takes at least this long (the
+  // learner sleeps the rest), so a learner lost in a drill does not hand its
+  // CPU to the others on a small machine. 0: as fast as the CPU allows.
+  double step_time_ms = 0;
 };
 
 struct wire_config {
@@ -90,6 +94,7 @@ struct wire_config {
   std::string encoding = "fp32";              // outer-gradient encoding on the wire
   int block_size = 64;                        // quantisation block
   bool curve = true;                          // CURVE on tcp:// endpoints
+  bool accept_chaos = false;                  // obey ChaosCommand messages (fault drills only)
   std::string key_file;                       // this node's keypair (archipelago keygen)
   std::string allow;                          // allowed public keys: a directory of *.pub or a list file
 };

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "chaos_monkey/chaos_command.hpp"
 #include "learner/learner_core.hpp"
 #include "node/mesh_actors.hpp"
 #include "transport/caf_bridge.hpp"
@@ -15,6 +16,8 @@ namespace archipelago {
 namespace {
 
 using namespace transport;
+
+using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 
 struct learner_state {
   std::unique_ptr<engine> eng;
@@ -27,6 +30,9 @@ struct learner_state {
   std::uint64_t wake_generation = 0;  // invalidates wake-ups of finished waits
   tensor_encoding encoding = tensor_encoding::fp32;
   std::vector<std::uint64_t> shard_incarnations;  // as last seen; 0: not yet
+  std::uint64_t broker_incarnation = 0;           // as last seen; 0: not yet
+  bool broker_silent = false;                     // the transport found the broker silent; Join is re-sent
+  chaos_receiver chaos;                           // link shaping and slow-down from the chaos monkey
   static inline const char* name = "learner";
 };
 
@@ -61,6 +67,41 @@ bool shard_restarted(learner_self* self, const mesh_setup& setup, std::uint32_t 
   return true;
 }
 
+/// Announces this incarnation to the broker (first start, and again whenever the
+/// broker may have restarted: a new broker knows no learner until it joins).
+void send_join(learner_self* self, const mesh_setup& setup) {
+  auto& st = self->state;
+  auto b = st.wire->make_envelope();
+  auto j = b.body().initJoin();
+  j.setLayoutFingerprint(setup.layout.fingerprint());
+  j.setConfigHash(mesh_agreement_hash(setup.cfg));
+  j.setBatchTokens(static_cast<std::uint32_t>(st.eng->tokens_per_step()));
+  j.setThreads(static_cast<std::uint16_t>(st.profile.threads));
+  j.setEndpoint(st.wire->endpoint());
+  (void)st.wire->send(broker_address, b.finish());
+}
+
+/// A message from the broker. A higher incarnation than the one known is a
+/// restarted broker: the rounds of the old one will never close, and the new
+/// one's are new rounds whatever their numbers (learner_core::on_broker_restarted).
+/// Join again: a broker that greets the learners its predecessor knew has not
+/// heard this one's Join yet (one that answers a Join has; a second changes nothing).
+void broker_seen(learner_self* self, const mesh_setup& setup, std::uint32_t index, std::uint64_t inc) {
+  auto& st = self->state;
+  st.broker_silent = false;
+  if (inc <= st.broker_incarnation) return;
+  if (st.broker_incarnation != 0) {
+    // Reconnect now: the old broker's socket may be dead for good (an inproc:// pipe never reconnects).
+    (void)st.wire->add_peer(broker_address, setup.broker_endpoint);
+    const std::size_t dropped = st.core->on_broker_restarted();
+    std::fprintf(stderr,
+                 "archipelago learner/%u: the broker restarted (incarnation %llu); %zu pending round(s) dropped\n",
+                 index, static_cast<unsigned long long>(inc), dropped);
+    if (!st.done) send_join(self, setup);  // a finished incarnation left (its Leave went to the old broker)
+  }
+  st.broker_incarnation = inc;
+}
+
 /// Answers every pending round that is ready (dp: with the gradient of the last step).
 void send_contributions(learner_self* self, const mesh_setup& setup, mesh_stats& stats) {
   auto& st = self->state;
@@ -73,6 +114,7 @@ void send_contributions(learner_self* self, const mesh_setup& setup, mesh_stats&
     body.setSteps(c->steps);
     body.setTokens(c->tokens);
     body.setStep(c->step);
+    body.setBrokerIncarnation(st.broker_incarnation);  // shards refuse rounds of an older broker
     if (!cb.add_tensor_values("delta/" + std::to_string(c->fragment.value), c->delta.data(), c->delta.size(),
                               st.encoding, static_cast<std::uint32_t>(setup.cfg.wire.block_size)))
       continue;  // a non-finite delta is never sent
@@ -91,8 +133,20 @@ void leave(learner_self* self, mesh_stats& stats, const char* reason) {
   ++stats.learners_done;
 }
 
+/// Pads a step that took `compute_ns` to the learner's pace: at least
+/// mesh.step_time_ms (a fixed compute budget), times its slow-down (a slower
+/// machine, or the chaos monkey's). Returns the step's time as the ledger counts it.
+nanos pace_step(learner_state& st, const mesh_setup& setup, mesh_stats& stats, nanos compute_ns) {
+  const auto budget_ns = static_cast<nanos>(setup.cfg.mesh.step_time_ms * 1e6);
+  if (budget_ns > 0 && compute_ns > budget_ns) ++stats.budget_overruns;
+  const double factor = st.profile.slowdown * st.chaos.slowdown;
+  const auto paced = static_cast<nanos>(static_cast<double>(std::max(budget_ns, compute_ns)) * factor);
+  if (paced > compute_ns) std::this_thread::sleep_for(std::chrono::nanoseconds(paced - compute_ns));
+  return std::max(paced, compute_ns);
+}
+
 caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::uint32_t index, const dataset* data,
-                            mesh_stats* stats, const clock_source* clock, incarnation inc) {
+                            mesh_stats* stats, const clock_source* clock, incarnation inc, std::int64_t start_step) {
   auto& st = self->state;
   const node_address me{role::learner, index};
   st.profile = learner_profile_of(setup->cfg, static_cast<int>(index));
@@ -102,7 +156,8 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
   cfg.train.seed = derive_seed(derive_seed(setup->cfg.train.seed, 1000 + index), inc.value);
   cfg.data.batch = st.profile.batch;
   st.eng = std::make_unique<engine>(cfg, setup->shape, *data, static_cast<int>(index));
-  st.eng->start_at_step(setup->start_step);
+  st.eng->start_at_step(start_step >= 0 ? start_step : setup->start_step);
+  st.chaos.accept = setup->cfg.wire.accept_chaos;
   learner_sync_config sync;
   sync.mix = setup->policy.mix;
   sync.contribute_after = static_cast<std::uint64_t>(setup->policy.contribute_after);
@@ -118,16 +173,7 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
   st.to_install = setup->plan.fragments.size();
   st.shard_incarnations.assign(setup->shard_endpoints.size(), 0);
   fetch_all(self, *setup);
-  {
-    auto b = st.wire->make_envelope();
-    auto j = b.body().initJoin();
-    j.setLayoutFingerprint(setup->layout.fingerprint());
-    j.setConfigHash(mesh_agreement_hash(setup->cfg));
-    j.setBatchTokens(static_cast<std::uint32_t>(st.eng->tokens_per_step()));
-    j.setThreads(static_cast<std::uint16_t>(st.profile.threads));
-    j.setEndpoint(st.wire->endpoint());
-    (void)st.wire->send(broker_address, b.finish());
-  }
+  send_join(self, *setup);
 
   const auto wait_bound = std::chrono::milliseconds(static_cast<std::int64_t>(setup->cfg.mesh.round_timeout_s * 1000));
   // Joining is bounded too: fetch again until every fragment is installed.
@@ -144,8 +190,25 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
   };
 
   return {
-      [](peer_atom, std::uint8_t, std::uint32_t, bool) {},  // liveness matters to the broker only
-      [self, setup, stats, clock, wait_bound](step_atom) {
+      // The broker fell silent (crashed?) or speaks again: Join again, so that a
+      // restarted broker, which knows no learner, takes this one in; while it
+      // stays silent, again every liveness period (the reconnecting socket may
+      // drop what it queued). Other peers' liveness matters to the broker only.
+      [self, setup, fetch_retry](peer_atom, std::uint8_t kind, std::uint32_t, bool alive) {
+        auto& st = self->state;
+        if (kind != static_cast<std::uint8_t>(role::sync_broker) || st.done) return;
+        const bool was_silent = st.broker_silent;
+        st.broker_silent = !alive;
+        send_join(self, *setup);
+        if (!alive && !was_silent) self->delayed_send(self, fetch_retry, rejoin_atom::value);
+      },
+      [self, setup, fetch_retry](rejoin_atom) {
+        auto& st = self->state;
+        if (!st.broker_silent || st.done) return;
+        send_join(self, *setup);
+        self->delayed_send(self, fetch_retry, rejoin_atom::value);
+      },
+      [self, setup, stats, clock, wait_bound, index](step_atom) {
         auto& st = self->state;
         if (st.done) return;
         if (st.core->must_wait()) {  // the synchronous policies, also before leaving: the last work is merged
@@ -159,16 +222,12 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
         const nanos t0 = clock->now();
         if (setup->policy.send_gradients) st.eng->compute_gradient();
         else st.eng->step();
-        nanos step_ns = clock->now() - t0;
-        if (st.profile.slowdown > 1) {  // a slower machine, emulated by pacing
-          const auto extra = static_cast<nanos>(static_cast<double>(step_ns) * (st.profile.slowdown - 1));
-          std::this_thread::sleep_for(std::chrono::nanoseconds(extra));
-          step_ns += extra;
-        }
+        const nanos step_ns = pace_step(st, *setup, *stats, clock->now() - t0);
         const auto tokens = static_cast<std::uint64_t>(st.eng->tokens_per_step());
         st.core->on_step(tokens);
         ++stats->steps;
         stats->tokens += tokens;
+        if (index < stats->learner_steps.size()) ++stats->learner_steps[index];
         auto b = st.wire->make_envelope();
         auto p = b.body().initProgress();
         p.setStep(st.core->steps_done());  // this incarnation's steps (the ledger counts from 1)
@@ -180,6 +239,12 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
       },
       [self, stats](stop_atom) {
         if (!self->state.done) leave(self, *stats, "stopped");
+      },
+      // The chaos monkey's pause in a one-process mesh (SIGSTOP's stand-in): the
+      // transport goes silent — peers declare this learner dead — and no step runs.
+      [self](pause_atom, nanos duration) {
+        self->state.wire->freeze_for(duration);
+        std::this_thread::sleep_for(std::chrono::nanoseconds(duration));
       },
       [self, setup, stats, wait_bound, fetch_retry](wake_atom, std::uint64_t generation) {
         auto& st = self->state;
@@ -196,10 +261,15 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
         fetch_all(self, *setup);
         self->delayed_send(self, wait_bound, wake_atom::value, ++st.wake_generation);
       },
-      [self, setup, stats, resume_if_ready](const inbound_ptr& m) {
+      [self, setup, stats, clock, resume_if_ready, index](const inbound_ptr& m) {
         auto& st = self->state;
         const auto& env = *m->envelope;
         auto body = env.root().getBody();
+        if (env.body() == wire::Envelope::Body::CHAOS_COMMAND) {
+          (void)st.chaos.on_command(env, *st.wire, st.wire->config().default_link, clock->now());
+          return;
+        }
+        if (env.sender().kind == role::sync_broker) broker_seen(self, *setup, index, env.header().getIncarnation());
         if (env.body() == wire::Envelope::Body::ERROR &&
             body.getError().getCode() == wire::ErrorCode::MESH_MISMATCH) {  // refused: nothing to train for
           std::lock_guard lock(stats->report_mutex);
@@ -241,8 +311,8 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
 }  // namespace
 
 caf::actor spawn_learner(caf::actor_system& sys, const mesh_setup& setup, std::uint32_t index, const dataset& data,
-                         mesh_stats& stats, const clock_source& clock, incarnation inc) {
-  return sys.spawn<caf::detached>(learner_actor, &setup, index, &data, &stats, &clock, inc);
+                         mesh_stats& stats, const clock_source& clock, incarnation inc, std::int64_t start_step) {
+  return sys.spawn<caf::detached>(learner_actor, &setup, index, &data, &stats, &clock, inc, start_step);
 }
 
 }  // namespace archipelago

@@ -31,12 +31,13 @@ bool learner_core::install(fragment_index p, std::uint64_t version, std::span<co
                            float* params) {
   fragment_state& s = state_.at(p.value);
   assert(global.size() == s.anchor.size());
-  if (s.installed && version <= s.version) return false;
+  if (s.installed && !s.forgotten && version <= s.version) return false;
   std::copy(global.begin(), global.end(), s.anchor.begin());
   scatter(p, global.data(), params);
   s.version = version;
   s.steps = s.tokens = s.contributed_steps = 0;
   s.installed = true;
+  s.forgotten = false;
   return true;
 }
 
@@ -87,6 +88,16 @@ std::optional<contribution_plan> learner_core::next_contribution(const float* pa
   return std::nullopt;
 }
 
+std::size_t learner_core::on_broker_restarted() {
+  const std::size_t dropped = pending_.size();
+  pending_.clear();
+  // A round the old broker merged just before it died, whose update is still on
+  // its way, may see its work contributed again before that update lands; without
+  // this a synchronous learner would wait for a round that never closes.
+  for (auto& s : state_) s.contributed_steps = 0;
+  return dropped;
+}
+
 bool learner_core::must_wait() const {
   if (config_.wait_slack < 0) return false;
   const std::uint64_t limit = config_.contribute_after + static_cast<std::uint64_t>(config_.wait_slack);
@@ -99,7 +110,7 @@ bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, s
                                       float* params, round_number from_round) {
   if (p.value >= state_.size()) return false;
   fragment_state& s = state_[p.value];
-  if (global.size() != s.anchor.size() || (s.installed && version <= s.version)) return false;
+  if (global.size() != s.anchor.size() || (s.installed && !s.forgotten && version <= s.version)) return false;
   if (config_.mix > 0 && s.installed) {
     // θ_p ← α·θ_p + (1−α)·Θ_p, in a scratch copy of the local fragment.
     std::vector<float> local(s.anchor.size());
@@ -114,6 +125,7 @@ bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, s
   s.version = version;
   s.steps = s.tokens = s.contributed_steps = 0;
   s.installed = true;
+  s.forgotten = false;
   std::erase_if(pending_, [&](const pending_round& r) { return r.fragment == p && r.round <= from_round; });
   return true;
 }

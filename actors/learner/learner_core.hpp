@@ -86,10 +86,20 @@ class learner_core {
   bool on_fragment_update(fragment_index p, std::uint64_t version, std::span<const float> global,
                           float* params, round_number from_round = round_number{0});
 
+  /// The broker restarted (a higher incarnation): the rounds it had opened are
+  /// gone, and the new one may number its rounds from 0 again. Pending rounds
+  /// are dropped, and work already contributed to a round the old broker never
+  /// closed may go to the next round (the shards dropped it unmerged; the
+  /// counters since the anchor still hold it). Returns the pending rounds dropped.
+  std::size_t on_broker_restarted();
+
   std::uint64_t version(fragment_index p) const { return state_.at(p.value).version; }
   /// Its shard restarted from a snapshot with older versions: the next update
   /// of p is accepted whatever its version.
-  void forget_version(fragment_index p) { state_.at(p.value).version = 0; }
+  void forget_version(fragment_index p) {
+    state_.at(p.value).version = 0;
+    state_.at(p.value).forgotten = true;  // version 0 too: a shard restored from its initial snapshot
+  }
   std::uint64_t steps_since_anchor(fragment_index p) const { return state_.at(p.value).steps; }
   std::uint64_t tokens_since_anchor(fragment_index p) const { return state_.at(p.value).tokens; }
   bool installed(fragment_index p) const { return state_.at(p.value).installed; }
@@ -105,6 +115,7 @@ class learner_core {
     std::uint64_t tokens = 0;
     std::uint64_t contributed_steps = 0;  // c_steps when last contributed since the anchor
     bool installed = false;
+    bool forgotten = false;  // forget_version(): the next update is accepted whatever its version
   };
   struct pending_round {
     round_number round;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <thread>
 
 #include "learner/learner_core.hpp"
@@ -35,6 +36,7 @@ std::vector<float> gather_global(caf::scoped_actor& self, const std::vector<caf:
 /// Where a run's snapshots go and what its shards start from.
 struct snapshot_start {
   std::shared_ptr<storage::snapshot_store> store, source;  // write here; read the starting point there
+  std::shared_ptr<storage::faulty_kv> disk;  // a drill's: the store's writes can be made to fail
   std::optional<storage::manifest> from;
   std::uint64_t resumed_version = 0;  // the version resumed, as the resumed store numbers it
   std::vector<float> start_params;    // a resumed run: its model at that version
@@ -42,7 +44,7 @@ struct snapshot_start {
 };
 
 expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_snapshots& o,
-                                           const std::vector<float>& initial) {
+                                           const std::vector<float>& initial, bool failing_disk) {
   snapshot_start out;
   std::optional<recovered_store> target;
   if (!o.db.empty() && o.db != o.resume_db) {
@@ -53,11 +55,12 @@ expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_s
                                                    " or pick a new --db");
   }
   if (!o.db.empty()) {
-    auto opened = open_mesh_store(o.db, setup);
+    auto opened = open_mesh_store(o.db, setup, failing_disk);
     if (!opened) return opened.err();
     for (const auto& d : opened->dropped) std::fprintf(stderr, "archipelago run: recovery of %s: %s\n", o.db.c_str(), d.c_str());
     target = std::move(*opened);
     out.store = target->store;
+    out.disk = target->disk;
   }
   if (!o.resume_db.empty()) {
     if (o.resume_db == o.db) {  // continue the same lineage, from its recovered head
@@ -110,10 +113,115 @@ expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_s
   return out;
 }
 
+/// The launcher of a one-process mesh: its "processes" are the actors.
+class local_processes final : public process_control {
+ public:
+  struct world {
+    caf::actor_system& sys;
+    const mesh_setup& setup;
+    const dataset& data;
+    mesh_stats& stats;
+    const clock_source& clock;
+    const snapshot_context& snaps;
+    storage::snapshot_writer& writer;
+    const std::vector<float>& initial;
+    mesh_drill& drill;
+  };
+  local_processes(world w, std::vector<caf::actor>& learners, std::vector<caf::actor>& shards, caf::actor& broker)
+      : w_(w), learners_(learners), shards_(shards), broker_(broker),
+        learner_inc_(learners.size(), 1), shard_inc_(shards.size(), 1), learner_steps_at_start_(learners.size(), 0) {}
+
+  void crash(const fault_target& t) override {
+    std::lock_guard lock(mutex);
+    caf::actor& a = slot(t);
+    if (!a) return;
+    caf::scoped_actor self{w_.sys};
+    self->monitor(a);
+    self->send_exit(a, caf::exit_reason::kill);
+    self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(30)) >> [] {});
+    a = caf::actor{};
+    if (t.kind == role::learner && t.index < w_.stats.learner_steps.size()) {
+      const std::uint64_t steps = w_.stats.learner_steps[t.index].load() - learner_steps_at_start_[t.index];
+      std::lock_guard record(w_.drill.mutex);
+      w_.drill.killed.push_back({t.index, learner_inc_[t.index], steps});
+    }
+  }
+
+  void restart(const fault_target& t) override {
+    std::lock_guard lock(mutex);
+    caf::actor& a = slot(t);
+    if (a) return;
+    mesh_drill::restart r{t, 0, 0, 0, 0};
+    if (t.kind == role::learner) {
+      r.incarnation = ++learner_inc_[t.index];
+      if (t.index < w_.stats.learner_steps.size()) learner_steps_at_start_[t.index] = w_.stats.learner_steps[t.index].load();
+      const auto m = static_cast<std::uint64_t>(learners_.size());
+      a = spawn_learner(w_.sys, w_.setup, t.index, w_.data, w_.stats, w_.clock, incarnation{r.incarnation},
+                        w_.setup.start_step + static_cast<std::int64_t>(w_.stats.steps.load() / m));
+    } else if (t.kind == role::parameter_shard) {
+      // What the dead incarnation handed to the disk lands first; then the newest manifest is what it left.
+      (void)w_.writer.drain(std::chrono::seconds(30));
+      auto head = w_.writer.store().latest_manifest();
+      contexts_.push_back(w_.snaps);
+      snapshot_context& ctx = contexts_.back();
+      if (head && *head) {
+        ctx.resume_from = **head;
+        ctx.restore_store = &w_.writer.store();
+        r.restored_version = (*head)->mesh_version;
+        for (std::uint32_t p = 0; p < w_.setup.shard_of_fragment.size(); ++p) {
+          if (w_.setup.shard_of_fragment[p] != t.index || p >= w_.stats.committed_version.size()) continue;
+          const storage::manifest_entry* e = (*head)->find(p);
+          const std::uint64_t restored = e ? e->version : 0, committed = w_.stats.committed_version[p].load();
+          if (committed > restored) r.versions_lost += committed - restored;
+        }
+      }
+      r.incarnation = ++shard_inc_[t.index];
+      a = spawn_shard(w_.sys, w_.setup, t.index, w_.initial, w_.stats, w_.clock, &ctx, incarnation{r.incarnation});
+    } else {
+      r.incarnation = ++broker_inc_;
+      // Like `node --role broker --db` restarted: the ledger and the learners' endpoints its
+      // predecessor wrote to the run's store are restored (it greets the learners at once).
+      contexts_.push_back(w_.snaps);
+      contexts_.back().broker_recovery = true;
+      a = spawn_broker(w_.sys, w_.setup, w_.stats, w_.clock, &contexts_.back(), incarnation{r.incarnation});
+    }
+    std::lock_guard record(w_.drill.mutex);
+    {
+      std::lock_guard started(w_.drill.log.mutex);
+      r.at_ns = w_.clock.now() - w_.drill.log.started_ns;
+    }
+    w_.drill.restarts.push_back(r);
+  }
+
+  void pause(const fault_target& t, nanos duration) override {
+    std::lock_guard lock(mutex);
+    if (caf::actor& a = slot(t)) caf::anon_send(a, pause_atom::value, duration);
+  }
+
+  std::mutex mutex;  // guards the actor handles: the chaos monkey's thread changes them
+
+ private:
+  caf::actor& slot(const fault_target& t) {
+    if (t.kind == role::learner) return learners_.at(t.index);
+    if (t.kind == role::parameter_shard) return shards_.at(t.index);
+    return broker_;
+  }
+
+  world w_;
+  std::vector<caf::actor>& learners_;
+  std::vector<caf::actor>& shards_;
+  caf::actor& broker_;
+  std::vector<std::uint64_t> learner_inc_, shard_inc_;
+  std::vector<std::uint64_t> learner_steps_at_start_;  // the index's step count when its incarnation started
+  std::uint64_t broker_inc_ = 1;
+  std::deque<snapshot_context> contexts_;  // restarted shards keep a pointer to theirs
+};
+
 }  // namespace
 
 expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& progress,
-                                      const std::function<bool()>& stop_requested, const mesh_snapshots& snapshots) {
+                                      const std::function<bool()>& stop_requested, const mesh_snapshots& snapshots,
+                                      mesh_drill* drill) {
   auto policy = resolve_policy(base);
   if (!policy) return policy.err();
   mesh_setup setup = make_mesh_setup(base, *policy);
@@ -126,7 +234,8 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   if (!data) return data.err();
 
   const std::vector<float> initial = initial_global_params(setup, *data);
-  auto origin = prepare_snapshots(setup, snapshots, initial);
+  if (drill && snapshots.db.empty()) return make_error(errc::invalid_input, "a drill needs a snapshot store (--db)");
+  auto origin = prepare_snapshots(setup, snapshots, initial, drill != nullptr);
   if (!origin) return origin.err();
   setup.start_step = origin->start_step;
   // Evaluations of Θ run on this thread, with one compute thread.
@@ -138,6 +247,10 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   };
 
   mesh_stats stats;
+  if (drill) {
+    stats.learner_steps = std::vector<std::atomic<std::uint64_t>>(static_cast<std::size_t>(m));
+    stats.committed_version = std::vector<std::atomic<std::uint64_t>>(setup.plan.fragments.size());
+  }
   steady_clock_source clock;
   mesh_summary out;
   if (!snapshots.resume_db.empty()) {  // the curve of a resumed run starts at its snapshot's loss
@@ -169,12 +282,27 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
     snaps.tokens = [&stats, first = origin->from ? origin->from->ledger.processed : 0] {
       return first + stats.tokens.load();
     };
+    if (origin->disk)
+      snaps.set_storage_failing = [disk = origin->disk](bool failing) { disk->set_write_error_rate(failing ? 1 : 0); };
     std::vector<caf::actor> shards, actors;
     for (int i = 0; i < s; ++i)
       shards.push_back(spawn_shard(sys, setup, static_cast<std::uint32_t>(i), initial, stats, clock, &snaps));
     caf::actor broker = spawn_broker(sys, setup, stats, clock, &snaps);
     for (int i = 0; i < m; ++i) actors.push_back(spawn_learner(sys, setup, static_cast<std::uint32_t>(i), *data, stats, clock));
     caf::scoped_actor self{sys};
+    std::unique_ptr<local_processes> processes;
+    caf::actor chaos;
+    if (drill) {
+      processes = std::make_unique<local_processes>(
+          local_processes::world{sys, setup, *data, stats, clock, snaps, *writer, initial, *drill}, actors, shards,
+          broker);
+      chaos = spawn_chaos_monkey(sys, setup, "inproc://chaos", drill->timeline, drill->safety_ns, *processes,
+                                 drill->log, clock);
+    }
+    auto drill_clock = [&] {
+      std::lock_guard lock(drill->log.mutex);
+      return drill->log.started_ns < 0 ? nanos{0} : clock.now() - drill->log.started_ns;
+    };
 
     const auto start = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
@@ -182,7 +310,8 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
     constexpr double eval_period_s = 20;
     while (stats.learners_done.load() < m && !stop_requested() &&
            (base.train.time_limit_s <= 0 || elapsed() < base.train.time_limit_s)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      std::this_thread::sleep_for(std::chrono::milliseconds(drill ? 250 : 500));
+      if (drill && drill->sample) drill->sample(drill_clock(), stats);
       if (elapsed() - last_eval_s >= eval_period_s) {
         last_eval_s = elapsed();
         const std::uint64_t tokens = stats.tokens.load();
@@ -226,6 +355,14 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
     out.wall_s = elapsed();
     stopped_ns = clock.now();
     all_done = stats.learners_done.load() == m;
+    if (chaos) {  // no fault and no restart from here on
+      self->monitor(chaos);
+      self->send_exit(chaos, caf::exit_reason::user_shutdown);
+      self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(30)) >> [] {});
+    }
+    // A drill stopped early (a signal) may leave actors down: only the running ones are stopped.
+    std::erase_if(actors, [](const caf::actor& a) { return !a; });
+    std::erase_if(shards, [](const caf::actor& a) { return !a; });
 
     // Learners still running (a stop or time limit) leave after their current
     // step, so the broker's last report covers every step they took.
@@ -239,13 +376,16 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
       (void)writer->drain(std::chrono::seconds(30));
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-    self->request(broker, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
+    if (broker)
+      self->request(broker, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
     const std::vector<float> theta = gather_global(self, shards, setup);
     for (auto& a : shards) self->monitor(a);
-    self->monitor(broker);
-    self->send_exit(broker, caf::exit_reason::user_shutdown);
+    if (broker) {
+      self->monitor(broker);
+      self->send_exit(broker, caf::exit_reason::user_shutdown);
+    }
     for (auto& a : shards) self->send_exit(a, caf::exit_reason::user_shutdown);
-    for (std::size_t i = 0; i < shards.size() + 1; ++i)
+    for (std::size_t i = 0; i < shards.size() + (broker ? 1 : 0); ++i)
       self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(10)) >> [] {});
     actors.clear();
     shards.clear();
@@ -279,6 +419,7 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   out.bytes_on_wire = stats.bytes_sent;
   out.refetches = stats.refetches;
   out.committed = stats.committed;
+  out.budget_overruns = stats.budget_overruns;
   out.mean_members = out.rounds ? static_cast<double>(stats.members.load()) / static_cast<double>(out.rounds) : 0;
   out.entropy_floor_bpb = data->entropy_floor_bpb;
   const ledger_totals& l = out.broker.ledger;

@@ -3,11 +3,13 @@
 // broker — as `archipelago run` starts it.
 
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "chaos_monkey/chaos_actor.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "node/mesh_setup.hpp"
@@ -35,6 +37,7 @@ struct mesh_summary {
   double start_eval_loss = 0;       // the eval loss of that snapshot
   std::uint64_t mesh_version = 0;   // the last snapshot committed
   std::uint64_t committed = 0, snapshot_errors = 0;
+  std::uint64_t budget_overruns = 0;  // steps whose compute exceeded mesh.step_time_ms
 };
 
 /// Snapshots of a run (storage/): where they go and where the run starts from.
@@ -48,8 +51,38 @@ struct mesh_snapshots {
 /// Called about twice a second with a one-line status.
 using mesh_progress = std::function<void(const std::string&)>;
 
+/// A fault drill on the one-process mesh: the chaos monkey walks the timeline;
+/// a crash kills the actor (the transport closes, nothing more is sent) and a
+/// restart starts a new incarnation of it — a shard from its snapshots, a
+/// learner at the mesh's schedule step; a pause freezes a learner and its wire.
+/// Needs snapshots (mesh_snapshots::db): its disk can be made to fail.
+struct mesh_drill {
+  std::vector<planned_fault> timeline;
+  nanos safety_ns = 0;
+  chaos_log log;
+  /// Called about four times a second with the time since the chaos monkey started.
+  std::function<void(nanos since_start, const mesh_stats&)> sample;
+
+  struct restart {
+    fault_target target;
+    std::uint64_t incarnation = 0;
+    nanos at_ns = 0;                  // since the chaos monkey started
+    std::uint64_t restored_version = 0;  // shard: the manifest it restarted from
+    std::uint64_t versions_lost = 0;     // shard: committed fragment versions newer than it restored
+  };
+  /// A learner incarnation killed: the steps it took, as it counted them (some
+  /// may never have been reported: their Progress died with it).
+  struct killed_learner {
+    std::uint32_t learner = 0;
+    std::uint64_t incarnation = 0, steps = 0;
+  };
+  std::mutex mutex;
+  std::vector<restart> restarts;       // guarded by mutex
+  std::vector<killed_learner> killed;  // guarded by mutex
+};
+
 expected<mesh_summary> run_local_mesh(const config& cfg, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested,
-                                      const mesh_snapshots& snapshots = {});
+                                      const mesh_snapshots& snapshots = {}, mesh_drill* drill = nullptr);
 
 }  // namespace archipelago

@@ -30,6 +30,8 @@ using report_atom = caf::atom_constant<caf::atom("report")>;
 using wake_atom = caf::atom_constant<caf::atom("wake")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using committed_atom = caf::atom_constant<caf::atom("committed")>;
+using pause_atom = caf::atom_constant<caf::atom("pause")>;
+using disk_atom = caf::atom_constant<caf::atom("disk")>;
 
 /// Snapshots for the shards and the broker of this process (storage/).
 struct snapshot_context {
@@ -39,6 +41,14 @@ struct snapshot_context {
   std::optional<storage::manifest> resume_from;            // this manifest of it names
   std::function<std::uint64_t()> learner_steps;  // mean inner steps per learner, for manifests; may be empty
   std::function<std::uint64_t()> tokens;         // tokens the learners processed, for manifests; may be empty
+  /// A node broker (`node --role broker --db`): its store is its own, kept across
+  /// its restarts. It restores the ledger and the round lease at start and leases
+  /// round numbers ahead (a restarted broker numbers after its predecessor's rounds).
+  /// Off in `run`, whose store also serves resumed runs with new learners.
+  bool broker_recovery = false;
+  /// The store's writes fail (true) or work again (false): the chaos monkey's
+  /// storage fault, carried out on the disk this process owns. May be empty.
+  std::function<void(bool failing)> set_storage_failing;
 };
 
 /// Starts the node transport of `self` at `address`, listening on `endpoint`,
@@ -77,11 +87,13 @@ caf::actor spawn_shard(caf::actor_system& sys, const mesh_setup& setup, std::uin
                        const snapshot_context* snapshots = nullptr, incarnation inc = incarnation{1});
 /// Learner `index` (detached: its compute has a thread of its own). It trains
 /// `steps` inner steps, then leaves; `data` outlives it. A restarted learner
-/// has a higher incarnation. stop_atom makes it leave after its current step
-/// (its last Progress and contributions go out first).
+/// has a higher incarnation; `start_step` (>= 0) starts its learning-rate
+/// schedule there instead of at setup.start_step. stop_atom makes it leave
+/// after its current step (its last Progress and contributions go out first);
+/// pause_atom freezes it for a duration (a one-process SIGSTOP).
 caf::actor spawn_learner(caf::actor_system& sys, const mesh_setup& setup, std::uint32_t index,
                          const dataset& data, mesh_stats& stats, const clock_source& clock,
-                         incarnation inc = incarnation{1});
+                         incarnation inc = incarnation{1}, std::int64_t start_step = -1);
 
 /// Asks running learners to leave after their current step (stop_atom) and
 /// waits, bounded, until all of `learners` are done; then gives their Leave

@@ -83,6 +83,12 @@ struct mesh_stats {
   std::atomic<std::uint64_t> refetches{0};    // waits that ran into mesh.round_timeout_s
   std::atomic<std::uint64_t> committed{0};    // fragment versions made durable (snapshots)
   std::atomic<std::uint64_t> snapshot_errors{0};  // versions whose snapshot was refused or failed
+  std::atomic<std::uint64_t> budget_overruns{0};  // steps whose compute exceeded mesh.step_time_ms
+  /// Inner steps per learner index, over all its incarnations; sized by whoever
+  /// wants them (drills) before the learners start, empty otherwise.
+  std::vector<std::atomic<std::uint64_t>> learner_steps;
+  /// Per fragment, the highest version its shard made durable (snapshots); sized like learner_steps.
+  std::vector<std::atomic<std::uint64_t>> committed_version;
   std::atomic<int> learners_done{0};
 
   std::mutex report_mutex;

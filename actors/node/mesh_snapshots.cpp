@@ -26,7 +26,7 @@ storage::retention retention_of(const config& cfg) {
   return {static_cast<std::uint64_t>(cfg.storage.keep_last), static_cast<std::uint64_t>(cfg.storage.keep_every)};
 }
 
-expected<recovered_store> open_mesh_store(const std::string& dir, const mesh_setup& setup) {
+expected<recovered_store> open_mesh_store(const std::string& dir, const mesh_setup& setup, bool failing_disk) {
   // Never create a store among someone else's files.
   std::error_code ec;
   if (std::filesystem::is_directory(dir, ec) && !std::filesystem::is_empty(dir, ec) &&
@@ -34,10 +34,11 @@ expected<recovered_store> open_mesh_store(const std::string& dir, const mesh_set
     return make_error(errc::invalid_input, dir + " is a directory with other files in it, not a snapshot store");
   auto kv = storage::open_rocksdb(dir, {storage::open_mode::create, setup.cfg.storage.sync});
   if (!kv) return kv.err();
-  auto store = storage::snapshot_store::create(std::shared_ptr<storage::kv_store>(std::move(*kv)),
-                                               store_info_of(setup), retention_of(setup.cfg));
-  if (!store) return make_error(store.err().code, dir + ": " + store.err().message);
   recovered_store out;
+  std::shared_ptr<storage::kv_store> disk(std::move(*kv));
+  if (failing_disk) disk = out.disk = std::make_shared<storage::faulty_kv>(std::move(disk), storage::fault_plan{});
+  auto store = storage::snapshot_store::create(std::move(disk), store_info_of(setup), retention_of(setup.cfg));
+  if (!store) return make_error(store.err().code, dir + ": " + store.err().message);
   out.store = *store;
   auto head = out.store->recover(&out.dropped);
   if (!head) return make_error(head.err().code, dir + ": " + head.err().message);

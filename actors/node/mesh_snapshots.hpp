@@ -23,11 +23,15 @@ struct recovered_store {
   std::shared_ptr<storage::snapshot_store> store;
   std::optional<storage::manifest> head;  // nullopt: a new store
   std::vector<std::string> dropped;       // torn or corrupt tail removed by recovery
+  /// With a failing disk asked for: the store's writes pass through it (the chaos
+  /// monkey's storage faults switch its error rate); null otherwise.
+  std::shared_ptr<storage::faulty_kv> disk;
 };
 
 /// Opens (creating it when missing) the RocksDB store in `dir` for this mesh and
-/// recovers it: the newest fully valid manifest becomes the head.
-expected<recovered_store> open_mesh_store(const std::string& dir, const mesh_setup& setup);
+/// recovers it: the newest fully valid manifest becomes the head. With
+/// `failing_disk`, every write goes through a faulty_kv (error rate 0 until changed).
+expected<recovered_store> open_mesh_store(const std::string& dir, const mesh_setup& setup, bool failing_disk = false);
 
 /// Opens the store in `dir` read-only (replay); a missing, foreign or corrupt
 /// directory is an error naming it. Nothing on disk changes.

@@ -75,6 +75,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
       snaps.record_contributions = o.record_contributions;
       snaps.restore_store = store->store.get();
       snaps.resume_from = store->head;
+      snaps.broker_recovery = o.kind == role::sync_broker;
     }
     caf::scoped_actor self{sys};
     caf::actor actor;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "chaos_monkey/chaos_command.hpp"
 #include "node/mesh_actors.hpp"
 #include "node/mesh_snapshots.hpp"
 #include "parameter_shard/shard_core.hpp"
@@ -20,9 +21,12 @@ struct shard_state {
   std::unique_ptr<shard_core> core;
   std::unique_ptr<node_transport> wire;
   std::vector<node_address> learners;  // broadcast list (learners that fetched)
-  std::map<node_address, std::string> endpoints;
+  std::map<node_address, std::pair<std::string, std::uint64_t>> endpoints;  // learner → (endpoint, incarnation)
   std::vector<fragment_index> owned;
   std::uint32_t index = 0;
+  chaos_receiver chaos;                  // link shaping and storage faults from the chaos monkey
+  std::uint64_t disk_generation = 0;     // invalidates the end of an earlier storage fault
+  std::uint64_t broker_incarnation = 0;  // as last seen; 0: not yet
   static inline const char* name = "parameter_shard";
 };
 
@@ -52,6 +56,34 @@ status start_snapshots(shard_core& core, const std::vector<fragment_index>& owne
   return snaps.writer->submit(std::move(initial));
 }
 
+/// Announces this incarnation to the broker: at start (after a shard restart the
+/// broker drops the rounds the last one held) and to a restarted broker.
+void send_join(shard_state& st, const mesh_setup& setup) {
+  auto b = st.wire->make_envelope();
+  auto join = b.body().initJoin();
+  join.setLayoutFingerprint(setup.layout.fingerprint());
+  join.setConfigHash(mesh_agreement_hash(setup.cfg));
+  (void)st.wire->send(broker_address, b.finish());
+}
+
+/// A message from the broker, or a contribution to one of its rounds. A higher
+/// incarnation than the one known is a restarted broker: the rounds the old one
+/// opened never close, so their buffered contributions go (shard_core::
+/// on_broker_restarted), and the new broker learns this shard's incarnation.
+void broker_seen(shard_state& st, const mesh_setup& setup, std::uint64_t inc) {
+  if (inc <= st.broker_incarnation) return;
+  if (st.broker_incarnation != 0) {
+    // Reconnect now: the old broker's socket may be dead for good (an inproc:// pipe
+    // never reconnects), and a broker back within the liveness timeout never looked dead.
+    (void)st.wire->add_peer(broker_address, setup.broker_endpoint);
+    const std::size_t dropped = st.core->on_broker_restarted();
+    std::fprintf(stderr, "archipelago shard %u: the broker restarted (incarnation %llu); %zu buffered contribution(s) "
+                         "of its rounds dropped\n", st.index, static_cast<unsigned long long>(inc), dropped);
+  }
+  st.broker_incarnation = inc;
+  send_join(st, setup);
+}
+
 caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_setup* setup, std::uint32_t index,
                           std::vector<float> initial, mesh_stats* stats, const clock_source* clock,
                           const snapshot_context* snaps, incarnation inc) {
@@ -74,14 +106,9 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
     }
   st.wire = start_mesh_wire(self, *setup, {role::parameter_shard, index}, setup->shard_endpoints[index], *clock, inc);
   if (!st.wire) return {};
+  st.chaos.accept = setup->cfg.wire.accept_chaos;
   (void)st.wire->add_peer(broker_address, setup->broker_endpoint);
-  {  // Announce this incarnation: after a restart the broker drops the rounds the last one held.
-    auto b = st.wire->make_envelope();
-    auto join = b.body().initJoin();
-    join.setLayoutFingerprint(setup->layout.fingerprint());
-    join.setConfigHash(mesh_agreement_hash(setup->cfg));
-    (void)st.wire->send(broker_address, b.finish());
-  }
+  send_join(st, *setup);
 
   auto fragment_message = [self](fragment_index p, std::uint64_t round) {
     auto& st = self->state;
@@ -124,8 +151,17 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
   };
 
   return {
-      [](peer_atom, std::uint8_t, std::uint32_t, bool) {},  // liveness matters to the broker only
-      [self](committed_atom, std::uint32_t p, std::uint64_t version, std::uint64_t round) {
+      // The broker speaks again after a silence (a restart, or a healed partition):
+      // announce this shard again. Other peers' liveness matters to the broker only.
+      [self, setup](peer_atom, std::uint8_t kind, std::uint32_t, bool alive) {
+        if (alive && kind == static_cast<std::uint8_t>(role::sync_broker)) send_join(self->state, *setup);
+      },
+      [self, stats](committed_atom, std::uint32_t p, std::uint64_t version, std::uint64_t round) {
+        if (p < stats->committed_version.size()) {
+          auto& highest = stats->committed_version[p];
+          for (std::uint64_t seen = highest.load(); seen < version && !highest.compare_exchange_weak(seen, version);) {
+          }
+        }
         auto b = self->state.wire->make_envelope(round);
         auto u = b.body().initFragmentUpdate();
         u.setFragment(p);
@@ -142,19 +178,42 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
         }
         return caf::make_message(fragments, values);
       },
-      [self, stats, snaps, commit, fragment_message](const inbound_ptr& m) {
+      // The end of a storage fault (unless a later one superseded it).
+      [self, snaps](disk_atom, std::uint64_t generation) {
+        if (generation == self->state.disk_generation && snaps && snaps->set_storage_failing)
+          snaps->set_storage_failing(false);
+      },
+      [self, setup, stats, snaps, clock, commit, fragment_message](const inbound_ptr& m) {
         auto& st = self->state;
         const auto& env = *m->envelope;
         const node_address from = env.sender();
         auto body = env.root().getBody();
+        if (from.kind == role::sync_broker) broker_seen(st, *setup, env.header().getIncarnation());
         switch (env.body()) {
+          case wire::Envelope::Body::CHAOS_COMMAND: {
+            auto order = st.chaos.on_command(env, *st.wire, st.wire->config().default_link, clock->now());
+            if (!order || !snaps || !snaps->set_storage_failing) break;
+            if (order->kind == chaos_order::what::storage_fault) {
+              snaps->set_storage_failing(order->duration_ns > 0);
+              self->delayed_send(self, std::chrono::nanoseconds(order->duration_ns), disk_atom::value, ++st.disk_generation);
+            } else if (order->kind == chaos_order::what::heal) {
+              ++st.disk_generation;
+              snaps->set_storage_failing(false);
+            }
+            break;
+          }
           case wire::Envelope::Body::CONTRIBUTION: {
             auto c = body.getContribution();
             const fragment_index p{c.getFragment()};
             std::vector<float> delta;
             std::string why;
             contribution_verdict verdict = contribution_verdict::rejected;
-            if (env.tensor_count() == 1 && st.core->owns(p) &&
+            // A round of a broker newer than the one known: that broker restarted.
+            const std::uint64_t round_broker = c.getBrokerIncarnation();
+            broker_seen(st, *setup, round_broker);
+            if (round_broker != 0 && round_broker < st.broker_incarnation) {
+              verdict = st.core->on_earlier_broker_round(c.getTokens());  // its round died with its broker
+            } else if (env.tensor_count() == 1 && st.core->owns(p) &&
                 env.tensor_info(0).getElementCount() == st.core->value(p).size()) {
               delta.resize(env.tensor_info(0).getElementCount());
               if (env.decode_tensor_values(0, delta.data()))
@@ -181,6 +240,7 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
             notice.setLearner(from.index);
             notice.setLearnerIncarnation(env.header().getIncarnation());
             notice.setStep(c.getStep());
+            notice.setBrokerIncarnation(round_broker);
             notice.setVerdict(verdict == contribution_verdict::buffered ? wire::Verdict::BUFFERED
                               : verdict == contribution_verdict::late   ? wire::Verdict::LATE
                                                                         : wire::Verdict::REJECTED);
@@ -214,11 +274,14 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
           }
           case wire::Envelope::Body::FETCH_FRAGMENT: {
             auto f = body.getFetchFragment();
-            // A restarted learner comes back at a new endpoint: re-point it.
-            std::string& endpoint = st.endpoints[from];
-            if (endpoint != f.getReplyEndpoint().cStr()) {
+            // A restarted learner comes back, maybe at a new endpoint: re-point it. At the
+            // same endpoint too (a fixed port, inproc://): the old connection may be dead.
+            auto& [endpoint, known_inc] = st.endpoints[from];
+            const std::uint64_t inc = env.header().getIncarnation();
+            if (endpoint != f.getReplyEndpoint().cStr() || inc > known_inc) {
               if (endpoint.empty()) st.learners.push_back(from);
               endpoint = f.getReplyEndpoint().cStr();
+              known_inc = inc;
               (void)st.wire->add_peer(from, endpoint);
             }
             if (st.core->owns({f.getFragment()})) (void)st.wire->send(from, fragment_message({f.getFragment()}, 0));

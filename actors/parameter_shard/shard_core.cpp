@@ -148,6 +148,28 @@ void shard_core::drop_oldest_round() {
   --open_rounds_;
 }
 
+std::size_t shard_core::on_broker_restarted() {
+  std::size_t dropped = 0;
+  for (auto& [p, f] : fragments_) {
+    for (const auto& [r, contributions] : f.open)
+      for (const auto& c : contributions) {
+        ++ledger_.unmerged;
+        ledger_.unmerged_tokens += c.tokens;
+        ++dropped;
+      }
+    f.open.clear();
+    f.closed_through = 0;
+  }
+  open_rounds_ = 0;
+  return dropped;
+}
+
+contribution_verdict shard_core::on_earlier_broker_round(std::uint64_t tokens) {
+  ++ledger_.late;
+  ledger_.late_tokens += tokens;
+  return contribution_verdict::late;
+}
+
 fragment_outer_state shard_core::outer_state(fragment_index p) const {
   const fragment_state& f = fragments_.at(p.value);
   fragment_outer_state s{f.version, round_number{f.round}, f.theta, {}, {}, {}, 0};

@@ -102,6 +102,18 @@ class shard_core {
   expected<std::optional<published_fragment>> on_round_close(round_number r, fragment_index p,
                                                              const std::vector<learner_ref>& members);
 
+  /// The broker restarted (a higher incarnation): the rounds the old one opened
+  /// will never close. Every buffered contribution is dropped (unmerged: the
+  /// learners' next contributions carry the same work, as after a shard
+  /// restart), and round numbers start over: the new broker's rounds are new
+  /// ones whatever their numbers (a broker without its tape numbers from 0;
+  /// contributions to the old broker's rounds are told apart by the broker
+  /// incarnation they carry, not by number). Returns the contributions dropped.
+  std::size_t on_broker_restarted();
+  /// A contribution to a round of a broker older than the current one: that
+  /// round died with its broker. Counted late; returns contribution_verdict::late.
+  contribution_verdict on_earlier_broker_round(std::uint64_t tokens);
+
   const shard_ledger& ledger() const { return ledger_; }
 
  private:

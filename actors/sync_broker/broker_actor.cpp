@@ -12,6 +12,7 @@
 #include "storage/snapshot_writer.hpp"
 #include "sync_broker/broker_core.hpp"
 #include "sync_broker/token_ledger.hpp"
+#include "chaos_monkey/chaos_command.hpp"
 #include "transport/caf_bridge.hpp"
 
 namespace archipelago {
@@ -46,6 +47,10 @@ struct broker_state {
   std::vector<node_address> learners;
   std::vector<std::uint64_t> shard_incarnations;  // as last heard; 0: not yet
   nanos last_ledger_write_ns = 0;
+  std::uint64_t rounds_leased = 0;  // broker recovery: the round lease in the store covers rounds below this
+  nanos last_welcome_ns = -1;       // the last Welcome to shards not heard from yet
+  std::map<learner_ref, std::string> endpoints;  // where learners listen (their Join), kept with their ledger
+  chaos_receiver chaos;  // link shaping from the chaos monkey
   static inline const char* name = "sync_broker";
 };
 
@@ -109,6 +114,88 @@ std::uint64_t first_round_after(const snapshot_context& snaps) {
   return any ? last + 1 : 0;
 }
 
+/// Round numbers are leased from the store in blocks: one synchronous write per block.
+constexpr std::uint64_t round_lease_block = 256;
+/// The ledger goes to the store this often (a few records; what a restarted broker restores).
+constexpr nanos ledger_write_interval_ns = 1'000'000'000;
+
+/// A restarted node broker (snapshot_context::broker_recovery) picks up where its
+/// predecessor stopped: rounds numbered after every round it opened (the round
+/// lease, the tape), and the token ledger it last stored, each incarnation
+/// continued from the step count stored with it (token_ledger::restore). What
+/// the predecessor saw after its last ledger write (at most 1 s) is not in the
+/// store: those steps are counted again from the learners' cumulative Progress,
+/// so `processed` stays exact, but they start as lost and only a later merged
+/// (or late) contribution covering them moves them; work the predecessor merged
+/// in that window stays counted as lost. The learners' endpoints stored with the
+/// ledger let the new broker greet them at once (they re-join; otherwise they find
+/// the broker silent only after their liveness timeout). Returns the first round.
+std::uint64_t recover_broker(broker_state& st, const snapshot_context& snaps, std::uint64_t first_round,
+                             incarnation inc) {
+  storage::snapshot_store& store = snaps.writer->store();
+  if (auto lease = store.read_round_lease(); !lease)
+    std::fprintf(stderr, "archipelago broker: the round lease is unreadable (%s)\n", lease.err().message.c_str());
+  else if (*lease)
+    first_round = std::max(first_round, (*lease)->rounds_below);
+  st.rounds_leased = first_round;
+  auto ledgers = store.ledgers();
+  if (!ledgers) {
+    std::fprintf(stderr, "archipelago broker: the stored ledger is unreadable, counting from the learners' Progress "
+                         "only (%s)\n", ledgers.err().message.c_str());
+    return first_round;
+  }
+  std::size_t restored = 0, skipped = 0;
+  for (const storage::learner_ledger& l : *ledgers) {
+    ledger_totals t;
+    t.processed = l.totals.processed;
+    t.merged = l.totals.merged;
+    t.late = l.totals.late;
+    t.lost = l.totals.lost;
+    t.rejected = l.totals.rejected;
+    t.steps = l.steps;
+    t.step_time_s = l.step_time_s;
+    t.merged_step_time_s = l.merged_step_time_s;
+    const learner_ref who{{l.learner}, incarnation{l.incarnation}};
+    // A record without its step count (an older writer) cannot be continued: that
+    // incarnation is counted afresh from its Progress (processed stays exact).
+    if (!st.ledger.restore(who, t, l.steps)) {
+      ++skipped;
+      continue;
+    }
+    st.records[who].ledger = t;
+    if (!l.endpoint.empty()) st.endpoints[who] = l.endpoint;
+    ++restored;
+  }
+  const ledger_totals sum = st.ledger.totals();
+  if (!ledgers->empty() || first_round > 0)
+    std::fprintf(stderr, "archipelago broker: recovered (incarnation %llu): rounds from %llu; the ledger of %zu learner "
+                         "incarnation(s) restored (%llu tokens processed, %llu merged)%s\n",
+                 static_cast<unsigned long long>(inc.value), static_cast<unsigned long long>(first_round), restored,
+                 static_cast<unsigned long long>(sum.processed), static_cast<unsigned long long>(sum.merged),
+                 skipped ? ", records without a step count skipped" : "");
+  return first_round;
+}
+
+/// Before round `round` is announced: the store's round lease must cover it, so a
+/// restarted broker numbers after it. Written synchronously, once per block.
+void lease_round(broker_state& st, const snapshot_context* snaps, std::uint64_t round, incarnation inc) {
+  if (!snaps || !snaps->broker_recovery || !snaps->writer || round < st.rounds_leased) return;
+  st.rounds_leased = round + round_lease_block;
+  if (auto ok = snaps->writer->store().put_round_lease({st.rounds_leased, inc.value, wall_clock_ns()}); !ok)
+    std::fprintf(stderr, "archipelago broker: round lease not written (%s): a restarted broker may reuse round "
+                         "numbers\n", ok.err().message.c_str());
+}
+
+/// Tells `to` this broker's incarnation (the header) and where its rounds stand.
+void send_welcome(broker_state& st, const mesh_setup& setup, node_address to) {
+  auto b = st.wire->make_envelope();
+  auto w = b.body().initWelcome();
+  w.setFragments(static_cast<std::uint32_t>(setup.plan.fragments.size()));
+  w.setHeartbeatIntervalMs(static_cast<std::uint32_t>(setup.cfg.wire.heartbeat_interval_ms));
+  w.setCurrentRound(st.core->next_round().value);
+  (void)st.wire->send(to, b.finish());
+}
+
 caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_setup* setup, mesh_stats* stats,
                            const clock_source* clock, const snapshot_context* snaps, incarnation inc) {
   auto& st = self->state;
@@ -116,11 +203,33 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
   st.started_ns = clock->now();
   broker_config settings = broker_settings(*setup);
   if (snaps) settings.first_round = first_round_after(*snaps);
+  if (snaps && snaps->broker_recovery && snaps->writer)
+    settings.first_round = recover_broker(st, *snaps, settings.first_round, inc);
   st.core = std::make_unique<broker_core>(settings);
   st.wire = start_mesh_wire(self, *setup, broker_address, setup->broker_endpoint, *clock, inc);
   if (!st.wire) return {};
+  st.chaos.accept = setup->cfg.wire.accept_chaos;
   for (std::uint32_t s = 0; s < setup->shard_endpoints.size(); ++s)
     (void)st.wire->add_peer({role::parameter_shard, s}, setup->shard_endpoints[s]);
+  // Shards learn this incarnation from a Welcome (again each heartbeat interval
+  // until they answer): after a broker restart they drop the old rounds and re-join.
+  auto welcome_shards = [self, setup, clock] {
+    auto& st = self->state;
+    const nanos now = clock->now();
+    const nanos interval_ns = setup->cfg.wire.heartbeat_interval_ms * 1'000'000;
+    if (st.last_welcome_ns >= 0 && now - st.last_welcome_ns < interval_ns) return;
+    st.last_welcome_ns = now;
+    for (std::uint32_t s = 0; s < st.shard_incarnations.size(); ++s)
+      if (st.shard_incarnations[s] == 0) send_welcome(st, *setup, {role::parameter_shard, s});
+  };
+  welcome_shards();
+  // A restarted broker greets the learners its predecessor knew (the newest incarnation of each): they re-join.
+  for (auto it = st.endpoints.begin(); it != st.endpoints.end(); ++it) {
+    const auto next = std::next(it);
+    if (next != st.endpoints.end() && next->first.learner == it->first.learner) continue;
+    const node_address learner{role::learner, it->first.learner.value};
+    if (st.wire->add_peer(learner, it->second)) send_welcome(st, *setup, learner);
+  }
 
   // A gap between publications longer than a few planned round intervals is down time.
   // `final`: asked for with report_atom (the end of a run); also adds the rounds' latencies.
@@ -161,19 +270,22 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
         r.round_open_to_published_ms.push_back(static_cast<double>(rec.published_ns - rec.opened_ns) * 1e-6);
       }
     }
-    if (snaps && snaps->writer && now - st.last_ledger_write_ns >= 5'000'000'000) {
+    if (snaps && snaps->writer && now - st.last_ledger_write_ns >= ledger_write_interval_ns) {
       st.last_ledger_write_ns = now;
       std::vector<storage::learner_ledger> ledgers;
-      for (const auto& [who, totals] : per_learner) ledgers.push_back({who.learner.value, who.inc.value, stored(totals)});
+      for (const auto& [who, totals] : per_learner)
+        ledgers.push_back({who.learner.value, who.inc.value, stored(totals), totals.steps, totals.step_time_s,
+                           totals.merged_step_time_s, st.endpoints.count(who) ? st.endpoints.at(who) : ""});
       (void)snaps->writer->submit(std::move(ledgers));  // a full queue skips one ledger write; the next one catches up
     }
   };
 
-  auto dispatch = [self, stats, clock] {
+  auto dispatch = [self, stats, clock, snaps, inc] {
     auto& st = self->state;
     for (auto& effect : st.core->take_effects()) {
       if (auto* o = std::get_if<open_round>(&effect)) {
         if (st.first_open_ns < 0) st.first_open_ns = clock->now();
+        lease_round(st, snaps, o->round.value, inc);
         auto b = st.wire->make_envelope(o->round.value);
         auto body = b.body().initRoundOpen();
         body.setFragment(o->fragment.value);
@@ -213,11 +325,12 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
 
   self->send(self, tick_atom::value);
   return {
-      [self, dispatch, report, clock](tick_atom) {
+      [self, dispatch, report, clock, welcome_shards](tick_atom) {
         cpu_meter meter{self->state.cpu_ns};
         const nanos now = clock->now();
         self->state.core->tick(now);
         dispatch();
+        welcome_shards();
         if (now - self->state.last_report_ns >= 250'000'000) report(now, false);
         self->delayed_send(self, std::chrono::milliseconds(2), tick_atom::value);
       },
@@ -235,13 +348,17 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
         report(clock->now(), true);
         return true;
       },
-      [self, setup, dispatch, clock, snaps, stats](const inbound_ptr& m) {
+      [self, setup, dispatch, clock, snaps, stats, inc](const inbound_ptr& m) {
         auto& st = self->state;
         cpu_meter meter{st.cpu_ns};
         const nanos now = clock->now();
         const auto& env = *m->envelope;
         const node_address from = env.sender();
         auto body = env.root().getBody();
+        if (env.body() == wire::Envelope::Body::CHAOS_COMMAND) {
+          (void)st.chaos.on_command(env, *st.wire, st.wire->config().default_link, now);
+          return;
+        }
         if (from.kind == role::parameter_shard && from.index < st.shard_incarnations.size()) {
           std::uint64_t& known = st.shard_incarnations[from.index];
           const std::uint64_t inc = env.header().getIncarnation();
@@ -250,6 +367,8 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
               std::fprintf(stderr, "archipelago broker: shard/%u restarted (incarnation %llu)\n", from.index,
                            static_cast<unsigned long long>(inc));
               st.core->on_shard_restarted(from.index, now);
+              // A new connection too: the old one may be dead for good (inproc:// never reconnects).
+              (void)st.wire->add_peer(from, setup->shard_endpoints[from.index]);
             }
             known = inc;
           }
@@ -259,7 +378,10 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
         switch (env.body()) {
           case wire::Envelope::Body::JOIN: {
             auto join = body.getJoin();
-            if (from.kind != role::learner) break;  // a shard announcing its (new) incarnation: seen above
+            if (from.kind != role::learner) {  // a shard announcing its (new) incarnation: seen above
+              send_welcome(st, *setup, from);
+              break;
+            }
             (void)st.wire->add_peer(from, join.getEndpoint().cStr());
             if (join.getLayoutFingerprint() != setup->layout.fingerprint() ||
                 join.getConfigHash() != mesh_agreement_hash(setup->cfg)) {
@@ -281,6 +403,8 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
             }
             if (std::find(st.learners.begin(), st.learners.end(), from) == st.learners.end()) st.learners.push_back(from);
             st.core->on_join({from.index}, incarnation{env.header().getIncarnation()}, now);
+            st.endpoints[{{from.index}, incarnation{env.header().getIncarnation()}}] = join.getEndpoint().cStr();
+            send_welcome(st, *setup, from);  // after a broker restart: the learner drops the old broker's rounds
             if (st.first_join_ns < 0) st.first_join_ns = now;
             for (auto& [who, rec] : st.records)  // a restart ends the earlier incarnations
               if (who.learner.value == from.index && who.inc.value < env.header().getIncarnation() && rec.left_ns < 0)
@@ -292,6 +416,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
             st.core->on_leave({from.index}, incarnation{env.header().getIncarnation()}, now);
             st.last_leave_ns = now;
             st.records[{{from.index}, incarnation{env.header().getIncarnation()}}].left_ns = now;
+            st.endpoints.erase({{from.index}, incarnation{env.header().getIncarnation()}});  // nobody to greet there
             break;
           case wire::Envelope::Body::PROGRESS: {
             auto p = body.getProgress();
@@ -305,7 +430,12 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
             const round_number round{env.header().getRound()};
             const learner_ref who{{c.getLearner()}, incarnation{c.getLearnerIncarnation()}};
             if (st.refused.count(who)) break;
-            switch (c.getVerdict()) {
+            // Buffered for a round of an earlier broker (the shard had not heard of this one yet):
+            // that round will never close here; the shard drops it once it hears of this broker.
+            const bool earlier_broker = c.getBrokerIncarnation() != 0 && c.getBrokerIncarnation() != inc.value;
+            const wire::Verdict verdict =
+                earlier_broker && c.getVerdict() == wire::Verdict::BUFFERED ? wire::Verdict::LATE : c.getVerdict();
+            switch (verdict) {
               case wire::Verdict::BUFFERED:
                 st.ledger.on_arrival(round, who, c.getStep(), c.getSteps());
                 st.core->on_contribution(round, who.learner, who.inc, c.getTokens(), c.getSteps(), now);

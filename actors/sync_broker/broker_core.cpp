@@ -208,6 +208,8 @@ void broker_core::on_contribution(round_number round, learner_index learner, inc
         return;
       }
       rec->late.push_back(self);
+    } else if (r < cfg_.first_round) {
+      ++counters_.previous_broker;  // its round died with the broker that opened it
     }
     ++counters_.late;
     effects_.push_back(late_contribution{round, learner, inc, tokens});
@@ -269,6 +271,15 @@ void broker_core::check_closes(nanos now) {
       it = close(it, close_reason::grace_expired, now);
     } else if (now - rs.opened_ns >= cfg_.round_timeout_ns) {
       it = close(it, close_reason::timeout, now);
+    } else if (auto merged = newest_merged_.find(rs.fragment);
+               rs.quorum_ns < 0 && merged != newest_merged_.end() && merged->second > rs.round) {
+      // Its fragment moved on: the shard takes contributions to it as late from
+      // now on, so it can never reach the quorum. Waiting for its timeout would
+      // hold one of the τ slots that long: a round whose RoundOpen or
+      // contributions were lost stalled the whole mesh (the corruption drill).
+      // Closed without a merge, as its timeout would close it.
+      ++counters_.rounds_superseded;
+      it = close(it, close_reason::timeout, now);
     } else {
       ++it;
     }
@@ -294,6 +305,10 @@ std::map<std::uint64_t, broker_core::round_state>::iterator broker_core::close(
   rec.members = rs.members;
   history_.push_back(std::move(rec));
   if (history_.size() > history_capacity) history_.pop_front();
+  if (rs.quorum_ns >= 0) {
+    std::uint64_t& newest = newest_merged_[rs.fragment];
+    newest = std::max(newest, rs.round);
+  }
 
   effects_.push_back(close_round{round_number{rs.round}, fragment_index{rs.fragment}, rs.shard,
                                  std::move(rs.members), reason, rs.quorum_ns, rs.grace_ns});

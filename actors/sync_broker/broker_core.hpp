@@ -31,7 +31,10 @@ struct broker_config {
   nanos liveness_timeout_ns = 3'000'000'000;
   nanos round_timeout_ns = 60'000'000'000;  // bound on any open round
   std::vector<std::uint32_t> shard_of_fragment;  // fragment → shard index, size P
-  std::uint64_t first_round = 0;  // a resumed mesh numbers its rounds on from its snapshot's
+  /// A resumed mesh numbers its rounds on from its snapshot's; a restarted broker
+  /// after every round its predecessor opened (its tape and round lease). Rounds
+  /// below it belong to an earlier broker: a contribution for one is late.
+  std::uint64_t first_round = 0;
 };
 
 /// Checks every field; the error names the offending one.
@@ -115,8 +118,10 @@ struct broker_counters {
   std::uint64_t stale = 0;          // messages from an older (or departed) incarnation
   std::uint64_t rejected = 0;       // contributions with zero steps (no defined weight)
   std::uint64_t unknown_round = 0;  // contributions or publications for rounds never opened
+  std::uint64_t previous_broker = 0;  // contributions for rounds an earlier broker opened (below first_round; also late)
   std::uint64_t learners_dead = 0;
   std::uint64_t rounds_aborted = 0;  // closed without a merge because their shard restarted
+  std::uint64_t rounds_superseded = 0;  // closed without quorum once a younger round of their fragment merged
   std::uint64_t rounds_closed() const {
     return closed_all_eligible + closed_grace_expired + closed_timeout;
   }
@@ -211,6 +216,7 @@ class broker_core {
   std::deque<round_record> history_;
   std::vector<broker_effect> effects_;
   broker_counters counters_;
+  std::map<std::uint32_t, std::uint64_t> newest_merged_;  // fragment → newest round closed with a merge
 
   std::uint64_t next_round_ = 0;
   nanos last_open_ns_ = 0;

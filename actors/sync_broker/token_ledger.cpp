@@ -10,11 +10,12 @@ token_ledger::token_ledger(std::uint64_t max_steps_per_learner, std::size_t max_
 token_ledger::learner_steps& token_ledger::of(learner_ref who) { return learners_[who]; }
 
 bool token_ledger::extend(learner_steps& l, std::uint64_t step) {
-  if (step > max_steps_) {
+  // Only the steps after the frozen ones (restore()) have entries.
+  if (step - l.frozen > max_steps_) {
     ++overflowed_steps_;
     return false;
   }
-  if (l.steps.size() < step) l.steps.resize(step);
+  if (l.steps.size() < step - l.frozen) l.steps.resize(step - l.frozen);
   return true;
 }
 
@@ -41,7 +42,7 @@ void token_ledger::on_progress(learner_ref who, std::uint64_t step, std::uint64_
   const std::uint64_t tokens = tokens_total - l.reported_tokens;
   const auto time_us = static_cast<std::uint32_t>(std::clamp<nanos>(step_time / 1000, 0, UINT32_MAX));
   for (std::uint64_t k = 0; k < gap; ++k) {
-    step_entry& e = l.steps[l.reported_step + k];
+    step_entry& e = l.steps[l.reported_step - l.frozen + k];
     e.tokens = static_cast<std::uint32_t>(tokens / gap + (k + 1 == gap ? tokens % gap : 0));
     e.time_us = time_us;
     // Counted now, in the bucket an outcome may already have given it.
@@ -56,9 +57,10 @@ void token_ledger::on_progress(learner_ref who, std::uint64_t step, std::uint64_
 
 void token_ledger::on_outcome(learner_ref who, std::uint64_t step, std::uint64_t steps, ledger_bucket bucket) {
   learner_steps& l = of(who);
-  if (steps > step || !extend(l, step)) return;
-  for (std::uint64_t s = step - steps; s < step; ++s) {
-    step_entry& e = l.steps[s];
+  // Frozen steps (restore()) keep their stored bucket: only the window's part above them moves.
+  if (steps > step || step <= l.frozen || !extend(l, step)) return;
+  for (std::uint64_t s = std::max(step - steps, l.frozen); s < step; ++s) {
+    step_entry& e = l.steps[s - l.frozen];
     if (bucket <= e.bucket) continue;
     if (s < l.reported_step) {  // already counted: move its tokens to the better bucket
       count(l.totals, e, e.bucket, -1);
@@ -85,6 +87,21 @@ void token_ledger::on_round_closed(round_number round, const std::vector<learner
         on_outcome(a.who, a.step, a.steps, ledger_bucket::merged);
   }
   open_.erase(it);
+}
+
+bool token_ledger::restore(learner_ref who, const ledger_totals& totals, std::uint64_t step) {
+  if (learners_.count(who) != 0 || totals.steps != step || !totals.balanced() || (step == 0 && totals.processed != 0))
+    return false;
+  learner_steps& l = learners_[who];
+  l.frozen = l.reported_step = step;
+  l.reported_tokens = totals.processed;
+  l.totals = totals;
+  return true;
+}
+
+std::uint64_t token_ledger::frozen_steps(learner_ref who) const {
+  auto it = learners_.find(who);
+  return it == learners_.end() ? 0 : it->second.frozen;
 }
 
 std::map<learner_ref, ledger_totals> token_ledger::per_learner() const {

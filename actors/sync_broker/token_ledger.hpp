@@ -47,6 +47,21 @@ class token_ledger {
   /// still hold that work, and a later contribution covers it again).
   void on_round_closed(round_number round, const std::vector<learner_ref>& members, bool merged);
 
+  /// A restarted broker continues an incarnation from the ledger its previous
+  /// broker stored: `totals` over that incarnation's steps 1..`step` (totals.steps
+  /// == step, totals.processed == its cumulative tokens at `step`, balanced).
+  /// Those steps are frozen in their stored buckets: the next Progress counts
+  /// only the steps after `step` (sharing the tokens after totals.processed, as
+  /// for a lost Progress), and an outcome whose window reaches below `step`
+  /// raises only its part above. So `processed` stays exact; what is
+  /// approximate is only which bucket the steps the previous broker saw after
+  /// its last ledger write end in (lost unless a later outcome covers them).
+  /// Only before anything else is known of `who`; false (nothing changed) if
+  /// something is, or if the totals are inconsistent.
+  bool restore(learner_ref who, const ledger_totals& totals, std::uint64_t step);
+  /// Steps of `who` frozen by restore() (0: none).
+  std::uint64_t frozen_steps(learner_ref who) const;
+
   ledger_totals totals() const { return sum(per_learner()); }
   /// The same, per learner incarnation.
   std::map<learner_ref, ledger_totals> per_learner() const;
@@ -60,7 +75,8 @@ class token_ledger {
     ledger_bucket bucket = ledger_bucket::lost;
   };
   struct learner_steps {
-    std::vector<step_entry> steps;  // index = step − 1
+    std::vector<step_entry> steps;  // index = step − 1 − frozen
+    std::uint64_t frozen = 0;       // steps 1..frozen were restored as totals only (restore())
     std::uint64_t reported_step = 0, reported_tokens = 0;
     ledger_totals totals;  // over the reported steps, kept as buckets change (reports stay O(learners))
   };

@@ -98,6 +98,7 @@ struct node_transport::impl {
   int timer_fd = -1;  // nanosecond wake-ups for shaped deliveries (poll's timeout is in ms)
   std::thread io;
   std::atomic<std::uint64_t> sequence{0};
+  std::atomic<nanos> frozen_until{0};  // freeze_for(): the I/O thread does nothing before then
 
   // Shared with callers (under mutex).
   mutable std::mutex mutex;
@@ -423,11 +424,35 @@ struct node_transport::impl {
 
   // -- the I/O thread -------------------------------------------------------
 
+  /// Frozen like a SIGSTOPped process: nothing read (it waits in ZeroMQ's
+  /// buffers), nothing sent, no heartbeats. Only stop() is noticed. Returns
+  /// false when stopped; `woken` remembers a wake-up whose commands wait for the thaw.
+  bool stay_frozen(nanos until, bool& woken) {
+    for (nanos now = clock.now(); now < until; now = clock.now()) {
+      zmq::pollitem_t wake_item{nullptr, wake_fd, ZMQ_POLLIN, 0};
+      zmq::poll(&wake_item, 1, std::chrono::milliseconds(std::min<nanos>((until - now) / 1'000'000 + 1, 100)));
+      if (wake_item.revents & ZMQ_POLLIN) {
+        std::uint64_t value = 0;
+        [[maybe_unused]] auto n = ::read(wake_fd, &value, sizeof value);
+        woken = true;
+        std::lock_guard<std::mutex> lock(mutex);
+        if (stopped) return false;
+      }
+    }
+    return true;
+  }
+
   void run() {
     std::vector<zmq::pollitem_t> items;
     std::vector<peer*> polled;
     for (;;) {
       nanos now = clock.now();
+      if (const nanos until = frozen_until.load(); until > now) {
+        bool woken = false;
+        if (!stay_frozen(until, woken)) return;
+        now = clock.now();
+        if (woken && !drain_commands(now)) return;
+      }
       release_due(now);
       send_heartbeats(now);
       check_liveness(now);
@@ -519,7 +544,17 @@ expected<std::unique_ptr<node_transport>> node_transport::start(transport_config
     }
     // "tcp://host:0" means any free port (ZeroMQ spells it "*").
     if (endpoint.starts_with("tcp://") && endpoint.ends_with(":0")) endpoint.replace(endpoint.size() - 1, 1, "*");
-    p->router->bind(endpoint);
+    // A node restarted in the same process (a drill) may find its inproc:// name
+    // still held for a moment by its predecessor's closing socket: retry, bounded.
+    for (int attempt = 0;; ++attempt) {
+      try {
+        p->router->bind(endpoint);
+        break;
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EADDRINUSE || !endpoint.starts_with("inproc://") || attempt >= 100) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
     p->bound_endpoint = p->router->get(zmq::sockopt::last_endpoint);
   } catch (const zmq::error_t& e) {
     return make_error(errc::invalid_input, "cannot bind '" + p->cfg.bind_endpoint + "': " + e.what());
@@ -646,6 +681,11 @@ status node_transport::set_link(node_address peer, const link_profile& profile) 
   }
   impl_->wake();
   return {};
+}
+
+void node_transport::freeze_for(nanos duration) {
+  impl_->frozen_until.store(impl_->clock.now() + duration);
+  impl_->wake();
 }
 
 transport_counters node_transport::counters() const {

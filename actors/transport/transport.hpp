@@ -124,6 +124,12 @@ class node_transport {
   /// Shapes the directed link from this node to `peer` from now on.
   status set_link(node_address peer, const link_profile& profile);
 
+  /// Freezes the I/O thread for `duration`, as SIGSTOP would: nothing is read
+  /// or sent, heartbeats stop (peers declare this node dead), inbound messages
+  /// wait in ZeroMQ's buffers and outbound ones in the outbox. The chaos
+  /// monkey's pause of a learner in a one-process mesh.
+  void freeze_for(nanos duration);
+
   transport_counters counters() const;
   /// Stops the I/O thread and closes every socket; idempotent, never hangs.
   void stop();

@@ -2,7 +2,8 @@
 // A deterministic simulation of the mesh: the learner, broker and shard state
 // cores on one thread, with a virtual clock and a seeded network (every
 // directed link is a link_shaper: delay, jitter, loss, duplication,
-// reordering), plus crashes, rejoins and partitions. One seed reproduces a run
+// reordering), plus crashes, rejoins and partitions, and the fault drills of
+// deploy/drills run by a chaos_core in virtual time. One seed reproduces a run
 // exactly. Learners optimise a quadratic with per-learner targets instead of
 // the transformer, so thousands of rounds simulate in milliseconds.
 
@@ -14,6 +15,7 @@
 #include <variant>
 #include <vector>
 
+#include "chaos_monkey/chaos_core.hpp"
 #include "core/clock.hpp"
 #include "core/layout.hpp"
 #include "core/prng.hpp"
@@ -29,6 +31,36 @@ struct crash_fault {
   std::uint32_t learner;
   nanos at_ns;
   nanos rejoin_at_ns;  // < 0: never comes back
+};
+
+/// The sync broker's process dies at at_ns and a new one (the next incarnation)
+/// starts at restart_at_ns, as `node --role broker` restarted by its supervisor:
+///  - while down it receives nothing and opens nothing; the learners go on
+///    stepping (their Progress and the shards' notices to it are lost);
+///  - a learner finds the broker silent broker_silence_ns after the crash (the
+///    transport's liveness timeout) and sends Join again every broker_silence_ns
+///    until the new broker answers (a Welcome, modelled as msg_hello); with_store,
+///    the new broker greets the learners its predecessor knew at once (their
+///    endpoints are stored with the ledger) and they re-join without waiting;
+///  - the new broker_core knows no learner and no shard; it greets every shard
+///    (Welcome) until it hears from it; a shard that sees the higher incarnation
+///    drops the rounds it buffered for the old one and announces itself, a
+///    learner drops its pending rounds (shard_core / learner_core
+///    on_broker_restarted); contributions and arrival notices carry the
+///    incarnation of the broker whose round they answer, so nothing of an old
+///    round enters a new one;
+///  - with_store (`--db`): the new broker numbers its rounds after every round
+///    the old one opened (its round lease) and restores the token ledger as the
+///    old one last wrote it (every broker_ledger_write_ns), each learner
+///    incarnation continued from its stored step count (token_ledger::restore);
+///    without: rounds start again at 0 and the ledger from the learners'
+///    cumulative Progress alone (every step counted, its bucket lost unless a
+///    later contribution covers it).
+/// A crash while the broker is down is ignored; so is a restart_at_ns before at_ns.
+struct broker_crash_fault {
+  nanos at_ns;
+  nanos restart_at_ns;
+  bool with_store = true;
 };
 
 struct partition_fault {
@@ -50,22 +82,77 @@ struct sim_config {
   nanos tick_ns = 1'000'000;
   std::vector<crash_fault> crashes;
   std::vector<partition_fault> partitions;
+  /// Broker process crashes and restarts (broker_crash_fault says what the sim does).
+  std::vector<broker_crash_fault> broker_crashes;
+  nanos broker_silence_ns = 300'000'000;         // a learner finds a crashed broker silent this much later
+  nanos broker_ledger_write_ns = 1'000'000'000;  // the broker writes its ledger to its store this often
+  /// A fault drill's timeline (expand_fault_plan of a deploy/drills plan): a
+  /// chaos_core walks it in virtual time and the sim applies every injection
+  /// and repair (mesh_sim.cpp, "fault drills", says what each kind does here).
+  /// Every fault is repaired by safety_ns at the latest (the plan's duration).
+  std::vector<planned_fault> timeline;
+  nanos safety_ns = 0;
+  /// A killed shard (or broker) stays down at least this long: plans give
+  /// those crashes no `for`, and a process restart is never instant.
+  nanos restart_ns = 500'000'000;
+  /// A shard's published version becomes durable this long after it is
+  /// published (the snapshot writer works off the round's path). Default: 0.
+  nanos commit_delay_ns = 0;
+  /// A joining learner fetches the fragments it still misses again after this
+  /// (a fetch or its reply was lost, or its shard was down).
+  nanos fetch_retry_ns = 1'000'000'000;
+  /// After duration_ns the learners stop stepping and the mesh runs this much
+  /// longer, so that every message in flight is delivered. Default: 0.
+  nanos drain_ns = 0;
+};
+
+/// A shard's fragment version as it changes: published by a merge, made
+/// durable (committed), or restored from the newest durable copy on a restart.
+struct version_event {
+  enum class what : std::uint8_t { published, committed, restored };
+  what kind = what::published;
+  nanos at_ns = 0;
+  std::uint32_t shard = 0;
+  fragment_index fragment;
+  std::uint64_t version = 0;
 };
 
 struct sim_result {
   double initial_loss = 0, final_loss = 0;   // mean squared distance of Θ to the target
   std::vector<float> final_theta;            // the global parameters, gathered from the shards
-  std::vector<round_record> history;         // the broker's closed rounds
-  broker_counters broker;
+  std::vector<round_record> history;         // the broker's closed rounds, every broker incarnation's in turn
+  broker_counters broker;                    // the last broker incarnation's
+  std::uint64_t broker_restarts = 0;
+  std::vector<std::uint64_t> broker_first_rounds;  // per broker incarnation: the round it numbered from
   std::vector<shard_ledger> shards;
   std::uint64_t published = 0;
   std::uint64_t messages_sent = 0, messages_lost = 0;
+  std::uint64_t messages_corrupted = 0;      // deliveries a checksum rejects (dropped)
   std::vector<std::uint64_t> learner_steps;  // per learner, over all incarnations
   std::vector<std::uint64_t> contributions_sent;
   std::vector<std::vector<std::uint64_t>> member_incarnations;  // learner → incarnations seen in closed rounds
-  ledger_totals ledger;                      // kept by the broker from Progress and arrival notices
+  ledger_totals ledger;                      // kept by the (last) broker from Progress and arrival notices
+  ledger_totals ledger_restored;             // what the last broker restored from its store (broker_crashes)
   std::uint64_t tokens_processed = 0;        // counted by the learners themselves
   nanos learner_wait_ns = 0;                 // summed time learners spent waiting (synchronous policies)
+
+  // -- fault drills ------------------------------------------------------------
+  std::vector<version_event> versions;       // every shard's versions, in time order
+  std::vector<std::vector<nanos>> merged_at;  // learner → when rounds it was a member of closed with a merge
+  /// (time, n) whenever n changes: learners alive, not paused, joined, and able
+  /// to reach the broker and every shard (all up). Sampled every tick_ns.
+  std::vector<std::pair<nanos, int>> healthy_learners;
+  std::map<learner_ref, std::uint64_t> steps_by_incarnation;     // the learners' own count
+  std::map<learner_ref, std::uint64_t> progress_delivered;       // highest Progress step the broker received
+  std::map<learner_ref, ledger_totals> ledger_by_incarnation;
+  std::vector<std::uint64_t> learner_incarnations;               // per learner, at the end
+  std::vector<std::vector<std::uint64_t>> learner_versions;      // at the end: learner → fragment → version held
+  std::vector<std::uint64_t> shard_versions;                     // at the end: fragment → version
+  std::uint64_t shard_restarts = 0;
+  std::vector<chaos_action> chaos_record;    // what the chaos_core did, in time order
+  std::size_t faults_injected = 0;
+  bool chaos_healed = false;                 // chaos_core::healed at the end
+  int faults_in_place = 0;                   // sim-side fault effects still applied at the end (should be 0)
 };
 
 /// Runs the mesh until config.duration_ns of virtual time.

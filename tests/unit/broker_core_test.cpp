@@ -648,3 +648,88 @@ TEST_CASE("a restarted shard's open rounds close without a merge; rounds go on; 
   REQUIRE(!r.all<open_round>().empty());
   CHECK(r.all<open_round>().front().round.value == 500);
 }
+
+// Regression (the corruption drill in the simulation): a round that lost its
+// RoundOpen or contributions used to hold one of the τ slots until its timeout
+// (60 s by default); two such rounds stopped the mesh.
+TEST_CASE("a round without quorum closes once a younger round of its fragment merged, not at its timeout") {
+  // Two fragments, τ = 2, K = 2: round 0 (fragment 0) never gets learner 1's contribution.
+  auto cfg = make_config(2, 2, 2);
+  cfg.adaptive_grace = false;
+  harness h = two_learners(cfg, 10 * ms, 10 * ms);
+  h.contribute(0, 0);
+  h.tick(10 * ms);  // round 1 (fragment 1) opens
+  REQUIRE(h.all<open_round>().size() == 2);
+  h.contribute(1, 0);
+  h.contribute(1, 1);
+  REQUIRE(h.closes_of(1).size() == 1);
+  h.tick(11 * ms);
+  CHECK(h.closes_of(0).empty());  // another fragment's merge says nothing about round 0
+  h.tick(20 * ms);  // round 2 (fragment 0) takes round 1's slot
+  REQUIRE(h.all<open_round>().size() == 3);
+  h.contribute(2, 0, 100, 2);
+  h.contribute(2, 1, 100, 2);
+  REQUIRE(h.closes_of(2).size() == 1);
+  CHECK(h.closes_of(2)[0].merge());
+  h.tick(21 * ms);
+  const auto c0 = h.closes_of(0);
+  REQUIRE(c0.size() == 1);
+  CHECK_FALSE(c0[0].merge());
+  CHECK(c0[0].members.size() == 1);
+  CHECK(h.core.counters().rounds_superseded == 1);
+  h.tick(30 * ms);
+  h.tick(40 * ms);
+  CHECK(h.core.rounds_open() == 2);  // round 0's slot went to a new round (rounds are paced one step apart)
+}
+
+TEST_CASE("a restarted broker numbers after its predecessor and takes in learners it never saw join") {
+  // The old broker ran a few rounds with learners 0 and 1 (incarnation 1 each), then died.
+  harness old = two_learners(make_config(3, 2, 1));
+  old.contribute(0, 0);
+  old.tick(50 * ms);
+  REQUIRE(old.core.next_round().value >= 2);
+
+  // The new broker starts after every round the old one opened (its tape and round lease).
+  broker_config cfg = make_config(3, 2, 1);
+  cfg.first_round = old.core.next_round().value;
+  harness h(cfg);
+  h.tick(0);
+  CHECK(h.all<open_round>().empty());  // nobody known yet
+  // Learner 1's Progress arrives before its Join: cumulative, its incarnation never joined here.
+  h.at(1 * ms);
+  h.step(1, 40, 10 * ms);
+  CHECK(h.core.is_live(L(1)));
+  CHECK(h.core.is_eligible(L(1)));  // 40 steps of this incarnation: eligible at once
+  h.join(1);                        // the Join that follows changes nothing
+  CHECK(h.core.is_eligible(L(1)));
+  h.tick(2 * ms);
+  auto opens = h.all<open_round>();
+  REQUIRE(opens.size() == 1);  // the next one a step time later
+  CHECK(opens[0].round.value == cfg.first_round);
+  CHECK(opens[0].fragment.value == cfg.first_round % 3);  // the round-robin goes on from there
+  REQUIRE(opens[0].eligible.size() == 1);
+  CHECK(opens[0].eligible[0] == learner_ref{L(1), I(1)});
+
+  // A contribution to a round of the old broker (its shard had not heard of the
+  // restart yet) is late: never admitted to a new round.
+  h.contribute(cfg.first_round - 1, 1, 500, 5);
+  CHECK(h.core.counters().previous_broker == 1);
+  CHECK(h.core.counters().late == 1);
+  REQUIRE(h.all<late_contribution>().size() == 1);
+  CHECK(h.closes_of(cfg.first_round - 1).empty());
+  // Learner 0 re-joins with the incarnation it had, then contributes to the new round: it merges.
+  h.join(0);
+  h.step(0, 55, 10 * ms);
+  h.contribute(cfg.first_round, 0, 300, 3);
+  h.tick(30 * ms);  // past the grace window (learner 1 was the one eligible)
+  const auto closes = h.closes_of(cfg.first_round);
+  REQUIRE(closes.size() == 1);
+  CHECK(closes[0].merge());
+  REQUIRE(closes[0].members.size() == 1);
+  CHECK(closes[0].members[0].learner == L(0));
+  CHECK(closes[0].members[0].inc == I(1));
+  // A contribution for a round not opened yet by anyone (above next_round) is unknown, not late.
+  h.contribute(cfg.first_round + 100, 1, 100, 1);
+  CHECK(h.core.counters().unknown_round == 1);
+  CHECK(h.core.counters().late == 1);
+}

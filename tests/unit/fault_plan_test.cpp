@@ -115,6 +115,21 @@ TEST_CASE("fault plan: 'learners' expands into one fault per learner") {
   }
 }
 
+TEST_CASE("fault plan: a fault with every repeats within the safety phase") {
+  auto plan = parse_fault_plan("duration = \"10s\"\n[[fault]]\nat = \"1s\"\nkind = \"shard_crash\"\n"
+                               "target = \"shard/1\"\nevery = \"4s\"\n",
+                               "plan.toml", 2, 2);
+  REQUIRE_MESSAGE(plan, plan.err().message);
+  const auto timeline = expand_fault_plan(*plan, 2);
+  REQUIRE(timeline.size() == 3);  // at 1, 5 and 9 s; 13 s is past the 10 s safety phase
+  CHECK(timeline[0].at_ns == 1 * s);
+  CHECK(timeline[1].at_ns == 5 * s);
+  CHECK(timeline[2].at_ns == 9 * s);
+  CHECK(error_of("duration = \"60s\"\n[[fault]]\nat = \"1s\"\nkind = \"pause\"\ntarget = \"learner/0\"\n"
+                 "for = \"5s\"\nevery = \"2s\"\n") ==
+        "plan.toml:7: every must be longer than the fault's for (a fault repeats only after its repair)");
+}
+
 TEST_CASE("fault plan: an unknown fault, target, negative duration or malformed time names its line") {
   const std::string head = "duration = \"60s\"\n[[fault]]\n";  // the fault's keys start on line 3
   CHECK(error_of(head + "at = \"1s\"\nkind = \"explode\"\ntarget = \"learner/0\"\nfor = \"1s\"\n") ==

@@ -224,3 +224,43 @@ TEST_CASE("learner core: a fragment update drops that fragment's rounds it prove
   CHECK(c->round == round_number{8});  // the work since the new anchor goes to a round still open
   CHECK(c->anchor_version == 2);
 }
+
+TEST_CASE("learner core: a broker restart drops pending rounds and lets contributed work go again") {
+  fixture f;
+  f.install_all(1.0f);
+  f.core.on_step(64);
+  f.core.on_round_open(round_number{30}, {1});
+  REQUIRE(f.core.next_contribution(f.params.data()));  // round 30 answered
+  f.core.on_round_open(round_number{32}, {1});  // fragment 1 again: no new work since round 30
+  CHECK_FALSE(f.core.next_contribution(f.params.data()));
+  CHECK(f.core.pending_rounds() == 1);
+  CHECK(f.core.on_broker_restarted() == 1);
+  CHECK(f.core.pending_rounds() == 0);
+  // The new broker numbers from 0: its round 0 of fragment 1 gets the work round 30
+  // got (the old broker never closed 30; the shard dropped it), steps and all.
+  f.core.on_round_open(round_number{0}, {1});
+  auto c = f.core.next_contribution(f.params.data());
+  REQUIRE(c);
+  CHECK(c->round.value == 0);
+  CHECK(c->steps == 1);
+  CHECK(c->tokens == 64);
+}
+
+// Regression: a shard restored from its initial snapshot (it crashed before its
+// first commit) serves version 0; forget_version's "whatever its version" must
+// include 0, or the learner keeps the lost version's anchor and its deltas are
+// merged onto a base they were not taken from.
+TEST_CASE("learner core: after forget_version the next update is accepted, version 0 included") {
+  fixture f;
+  f.install_all(1.0f);
+  REQUIRE(f.core.on_fragment_update({2}, 7, f.global({2}, 2.0f), f.params.data()));
+  f.core.forget_version({2});
+  REQUIRE(f.core.on_fragment_update({2}, 0, f.global({2}, 0.5f), f.params.data()));
+  CHECK(f.core.version({2}) == 0);
+  std::vector<float> fragment(f.core.fragment_floats({2}));
+  f.core.gather({2}, f.params.data(), fragment.data());
+  CHECK(fragment == f.global({2}, 0.5f));
+  // Only the next one: version 0 again is a duplicate, stale versions stay ignored.
+  CHECK_FALSE(f.core.on_fragment_update({2}, 0, f.global({2}, 9.0f), f.params.data()));
+  CHECK(f.core.on_fragment_update({2}, 1, f.global({2}, 3.0f), f.params.data()));
+}

@@ -106,3 +106,34 @@ TEST_CASE("shard core: bad contributions are rejected, counted and never merged"
   CHECK(f.shard.value(p) == before);
   CHECK(f.shard.version(p) == 0);
 }
+
+TEST_CASE("shard core: a broker restart drops the buffered rounds and round numbers start over") {
+  fixture f;
+  const fragment_index p{0}, q{2};
+  REQUIRE(f.shard.on_contribution(round_number{40}, p, {{1}, {1}}, 3, 300, f.delta(p, 1)) ==
+          contribution_verdict::buffered);
+  REQUIRE(f.shard.on_contribution(round_number{41}, q, {{1}, {1}}, 3, 300, f.delta(q, 2)) ==
+          contribution_verdict::buffered);
+  REQUIRE(f.shard.on_round_close(round_number{38}, p, {}));  // rounds below 39 closed
+  CHECK(f.shard.on_contribution(round_number{5}, p, {{2}, {1}}, 1, 10, f.delta(p, 3)) == contribution_verdict::late);
+
+  CHECK(f.shard.on_broker_restarted() == 2);
+  CHECK(f.shard.ledger().unmerged == 2);
+  CHECK(f.shard.ledger().unmerged_tokens == 600);
+  // The old rounds are gone: their close (if it came) merges nothing.
+  auto stale = f.shard.on_round_close(round_number{40}, p, {{{1}, {1}}});
+  REQUIRE(stale);
+  CHECK_FALSE(stale->has_value());
+  CHECK(f.shard.version(p) == 0);
+  // A broker without its tape numbers from 0 again: its rounds are new, not late.
+  CHECK(f.shard.on_contribution(round_number{5}, q, {{2}, {1}}, 2, 20, f.delta(q, 4)) ==
+        contribution_verdict::buffered);
+  auto merged = f.shard.on_round_close(round_number{5}, q, {{{2}, {1}}});
+  REQUIRE(merged);
+  REQUIRE(merged->has_value());
+  CHECK((*merged)->version == 1);
+  // A contribution to a round of the earlier broker is late.
+  const std::uint64_t late_before = f.shard.ledger().late;
+  CHECK(f.shard.on_earlier_broker_round(70) == contribution_verdict::late);
+  CHECK(f.shard.ledger().late == late_before + 1);
+}

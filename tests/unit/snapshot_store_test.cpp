@@ -123,6 +123,39 @@ TEST_CASE("snapshot store: commits make manifests that name one version per frag
   CHECK(snapshot_store::open(std::shared_ptr<kv_store>(make_memory_kv())).err().code == errc::corrupt_data);
 }
 
+TEST_CASE("snapshot store: the broker's ledger with its step counts and the round lease survive a reopen") {
+  auto kv = std::shared_ptr<kv_store>(make_memory_kv());
+  {
+    auto store = snapshot_store::create(kv, test_info());
+    REQUIRE(store);
+    auto& s = **store;
+    CHECK_FALSE(s.read_round_lease().value().has_value());  // no broker wrote one yet
+    REQUIRE(s.put_ledger({{2, 1700000000123, {640, 64, 0, 128, 832}, 13, 0.5, 0.25}}));
+    REQUIRE(s.put_ledger({{2, 1700000000123, {704, 64, 0, 128, 896}, 14, 0.6, 0.3, "tcp://127.0.0.1:7001"}}));  // rewritten
+    REQUIRE(s.put_round_lease({512, 77, 5}));
+    REQUIRE(s.put_round_lease({256, 78, 6}));  // never lowered
+  }
+  auto reopened = snapshot_store::open(kv);
+  REQUIRE(reopened);
+  auto ledgers = (*reopened)->ledgers();
+  REQUIRE(ledgers);
+  REQUIRE(ledgers->size() == 1);
+  const learner_ledger& l = ledgers->front();
+  CHECK(l.learner == 2);
+  CHECK(l.incarnation == 1700000000123);
+  CHECK(l.totals.merged == 704);
+  CHECK(l.totals.processed == 896);
+  CHECK(l.steps == 14);
+  CHECK(l.step_time_s == doctest::Approx(0.6));
+  CHECK(l.merged_step_time_s == doctest::Approx(0.3));
+  CHECK(l.endpoint == "tcp://127.0.0.1:7001");
+  auto lease = (*reopened)->read_round_lease();
+  REQUIRE(lease);
+  REQUIRE(lease->has_value());
+  CHECK((*lease)->rounds_below == 512);
+  CHECK((*lease)->incarnation == 77);
+}
+
 TEST_CASE("snapshot store: retention keeps the newest, every k-th and the first; unnamed states go") {
   auto kv = std::shared_ptr<kv_store>(make_memory_kv());
   auto s = *snapshot_store::create(kv, test_info(), {3, 5});

@@ -17,5 +17,6 @@ runner add_config_command(CLI::App& app);
 runner add_run_command(CLI::App& app);
 runner add_node_command(CLI::App& app);
 runner add_replay_command(CLI::App& app);
+runner add_drill_command(CLI::App& app);
 
 }  // namespace archipelago::cli

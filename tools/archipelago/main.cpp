@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   add(add_run_command);
   add(add_node_command);
   add(add_replay_command);
+  add(add_drill_command);
   add(add_train_command);
   add(add_sample_command);
   add(add_bench_command);

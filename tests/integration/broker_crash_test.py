@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Integration, broker recovery: a mesh of `archipelago node` processes (the broker
+with --db, two shards with --db, three learners) whose broker process is killed
+with SIGKILL KILLS times and restarted on the same --db after a short, seeded delay.
+
+After every restart: the new broker numbers its rounds after every round the old
+one opened (its log line "recovered ... rounds from R", R above every round on the
+tape), rounds resume (new rounds on the tape, numbered from R) and the shards
+publish new versions, which never go back (the tape's versions per fragment and
+the shards' stores). The learners are never restarted and every one of them sees
+the new broker; they finish their steps; the last broker's ledger balances and
+holds exactly the tokens each learner reports, under the learners' one incarnation.
+
+Environment: ARCHIPELAGO (the binary), BROKER_KILLS (default 3), BROKER_CRASH_SEED
+(default 1; printed on failure), BROKER_CRASH_STEPS (default from the kills).
+"""
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
+from launch import free_ports, last_json  # noqa: E402  (deploy/launch.py: the mesh launcher)
+
+LEARNERS = 3
+STEP_MS = 20             # mesh.step_time_ms: a fixed pace, so the run's length is known
+RESUME_BOUND_S = 25.0    # restart → a new round committed on the tape
+RUN_BOUND_S = 115.0      # the whole test
+
+
+class Failure(Exception):
+    pass
+
+
+def replay(binary, db, *args):
+    """Read-only, beside a live writer: a failed open (RocksDB files changing) is retried."""
+    for _ in range(5):
+        out = subprocess.run([binary, "replay", "--db", db, *args, "--json"], capture_output=True, text=True,
+                             timeout=60)
+        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+        if lines:
+            return json.loads(lines[-1])
+        time.sleep(0.1)
+    raise Failure(f"replay {' '.join(args)} on {db}: exit {out.returncode}\n{out.stdout}\n{out.stderr}")
+
+
+def tape(binary, db):
+    return replay(binary, db, "tape")["rounds"]
+
+
+def shard_head(binary, db):
+    """The shard store's newest mesh version (one replay call)."""
+    rows = replay(binary, db, "list")["rows"]
+    return rows[-1]["version"] if rows else 0
+
+
+def shard_heads(binary, db):
+    """The shard store's newest manifest: its mesh version and each fragment's version."""
+    for attempt in range(5):
+        rows = replay(binary, db, "list")["rows"]
+        if not rows:
+            return 0, {}
+        head = rows[-1]["version"]
+        try:
+            shown = replay(binary, db, "show", str(head))
+        except Failure:
+            if attempt == 4:
+                raise
+            continue  # retention removed it meanwhile: the shard moved on
+        return head, {e["fragment"]: e["version"] for e in shown["entries"]}
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def main():
+    binary = os.environ["ARCHIPELAGO"]
+    kills = int(os.environ.get("BROKER_KILLS", "3"))
+    seed = int(os.environ.get("BROKER_CRASH_SEED", "1"))
+    # At least 16 s + 8 s per kill at the fixed pace: a kill cycle takes 3-6 s (10 s on a loaded machine).
+    steps = int(os.environ.get("BROKER_CRASH_STEPS", str(800 + 400 * kills)))
+    rng = random.Random(seed)
+    work = tempfile.mkdtemp(prefix="archipelago-broker-crash-")
+    broker_db = os.path.join(work, "broker")
+    shard_dbs = [os.path.join(work, f"shard{s}") for s in range(2)]
+    ports = free_ports(3)
+    common = ["--broker", f"tcp://127.0.0.1:{ports[0]}",
+              "--shards", f"tcp://127.0.0.1:{ports[1]},tcp://127.0.0.1:{ports[2]}",
+              "--learners", str(LEARNERS), "--steps", str(steps), "--set", "mesh.shards=2",
+              "--set", "wire.curve=false", "--set", f"mesh.step_time_ms={STEP_MS}", "--set", "data.batch=4",
+              # A silent broker is found within 0.6 s: learners then re-join the next one.
+              "--set", "wire.heartbeat_interval_ms=200",
+              "--set", "data.synthetic_bytes=1048576", "--json"]
+    logs = []
+
+    def start(role, index, *extra):
+        path = os.path.join(work, f"{role}-{index}.{len(logs)}.log")
+        logs.append(path)
+        with open(path, "w") as log:
+            proc = subprocess.Popen([binary, "node", "--role", role, "--index", str(index), *common, *extra],
+                                    stdout=log, stderr=subprocess.STDOUT)
+        return proc, path
+
+    started = time.time()
+    broker, broker_log = None, None
+    shards, learners = [], []
+    try:
+        broker, broker_log = start("broker", 0, "--db", broker_db)
+        shards = [start("shard", s, "--db", shard_dbs[s]) for s in range(2)]
+        time.sleep(0.5)
+        learners = [start("learner", i) for i in range(LEARNERS)]
+
+        def check_alive():
+            for name, (proc, path) in [("shard", s) for s in shards] + [("learner", l) for l in learners]:
+                if proc.poll() == 0 and name == "learner":
+                    raise Failure(f"a learner finished its {steps} steps before the {kills} kills were done (a slow "
+                                  f"machine? raise BROKER_CRASH_STEPS). Its log: {path}")
+                if proc.poll() is not None:
+                    raise Failure(f"a {name} exited ({proc.returncode}) while the broker was being killed; "
+                                  f"it must never need a restart. Its log: {path}")
+            if time.time() - started > RUN_BOUND_S:
+                raise Failure(f"the test ran over its bound of {RUN_BOUND_S:.0f} s")
+
+        def wait_for_round(at_least, since):
+            """Until the tape holds a round numbered >= at_least; returns seconds since `since`."""
+            deadline = time.time() + RESUME_BOUND_S
+            while time.time() < deadline:
+                check_alive()
+                if broker.poll() is not None:
+                    raise Failure(f"the broker exited by itself ({broker.returncode}); log {broker_log}")
+                if any(r["round"] >= at_least for r in tape(binary, broker_db)):
+                    return time.time() - since
+                time.sleep(0.3)
+            raise Failure(f"no round >= {at_least} committed within {RESUME_BOUND_S:.0f} s; logs in {work}")
+
+        wait_for_round(0, started)
+        time.sleep(1.5)  # the broker's ledger reaches its store each second: kill after at least one write
+        heads = [shard_heads(binary, db) for db in shard_dbs]
+        incarnations = []
+        resume_s = []
+        for k in range(1, kills + 1):
+            time.sleep(rng.uniform(0.3, 2.0))  # a seeded point in the run
+            check_alive()
+            broker.send_signal(signal.SIGKILL)
+            broker.wait()
+            before = tape(binary, broker_db)
+            last_round = max(r["round"] for r in before)
+            at_kill = [shard_head(binary, db) for db in shard_dbs]
+            time.sleep(rng.uniform(0.2, 1.5))  # the supervisor's restart delay
+            check_alive()
+            restarted_at = time.time()
+            broker, broker_log = start("broker", 0, "--db", broker_db)
+            # The new broker numbers after every round the old one opened (its round lease).
+            deadline = time.time() + 10
+            recovered = None
+            while recovered is None and time.time() < deadline:
+                recovered = re.search(r"recovered \(incarnation (\d+)\): rounds from (\d+); the ledger of (\d+) "
+                                      r"learner incarnation\(s\) restored \((\d+) tokens processed, (\d+) merged\)",
+                                      read(broker_log))
+                time.sleep(0.1)
+            if recovered is None:
+                raise Failure(f"restart {k}: the broker did not report its recovery; log {broker_log}")
+            inc, first_round = int(recovered.group(1)), int(recovered.group(2))
+            incarnations.append(inc)
+            if first_round <= last_round:
+                raise Failure(f"restart {k}: rounds from {first_round}, but the tape holds round {last_round}")
+            if int(recovered.group(4)) == 0:
+                raise Failure(f"restart {k}: no ledger restored ({recovered.group(0)})")
+            resume_s.append(wait_for_round(first_round, restarted_at))
+            # The shards publish (and commit) new versions again; nothing goes back.
+            deadline = time.time() + RESUME_BOUND_S
+            for s in range(2):
+                while shard_head(binary, shard_dbs[s]) <= at_kill[s]:
+                    if time.time() > deadline:
+                        raise Failure(f"restart {k}: shard {s} committed nothing new since the kill (head {at_kill[s]})")
+                    check_alive()
+                    time.sleep(0.3)
+            now = [shard_heads(binary, db) for db in shard_dbs]
+            for s in range(2):
+                for p, v in heads[s][1].items():
+                    if now[s][1].get(p, -1) < v:
+                        raise Failure(f"restart {k}: shard {s} fragment {p} went back from {v} to {now[s][1].get(p)}")
+            heads = now
+
+        # The learners finish their steps under the last broker, never restarted.
+        for i, (proc, path) in enumerate(learners):
+            try:
+                proc.wait(timeout=max(1.0, RUN_BOUND_S - (time.time() - started)))
+            except subprocess.TimeoutExpired:
+                raise Failure(f"learner {i} did not finish its {steps} steps in time; log {path}")
+        reports = []
+        for i, (proc, path) in enumerate(learners):
+            r = last_json(path)
+            if proc.returncode != 0 or not r or r["steps"] != steps:
+                raise Failure(f"learner {i} exited {proc.returncode} with {r}; log {path}")
+            reports.append(r)
+            text = read(path)
+            for inc in incarnations[-1:]:  # it followed the broker to its last incarnation
+                if f"the broker restarted (incarnation {inc})" not in text:
+                    raise Failure(f"learner {i} never saw broker incarnation {inc}; log {path}")
+        for proc, _ in shards:
+            proc.send_signal(signal.SIGTERM)
+        broker.send_signal(signal.SIGTERM)
+        for proc, path in shards + [(broker, broker_log)]:
+            proc.wait(timeout=30)
+            if proc.returncode != 0:
+                raise Failure(f"exit {proc.returncode}; log {path}")
+        final = last_json(broker_log)
+        if not final:
+            raise Failure(f"the last broker printed no result; log {broker_log}")
+        ledger = final["ledger"]
+        if not final["ledger_balanced"]:
+            raise Failure(f"the last broker's ledger does not balance: {ledger}")
+        seen = {}
+        for rec in final["learners"]:
+            seen.setdefault(rec["learner"], []).append(rec)
+        for i, r in enumerate(reports):
+            recs = seen.get(i, [])
+            if [rec["incarnation"] for rec in recs] != [r["incarnation"]]:
+                raise Failure(f"learner {i} (incarnation {r['incarnation']}): the broker's ledger holds "
+                              f"{[(rec['incarnation'], rec['processed']) for rec in recs]}")
+            if recs[0]["processed"] != r["tokens"]:
+                raise Failure(f"learner {i}: the ledger holds {recs[0]['processed']} tokens processed, the learner "
+                              f"reports {r['tokens']}")
+        if ledger["processed"] != sum(r["tokens"] for r in reports) or ledger["merged"] == 0:
+            raise Failure(f"ledger {ledger} vs the learners' {[r['tokens'] for r in reports]}")
+        if final["rounds"] == 0:
+            raise Failure(f"the last broker closed no round: {final}")
+        # The tape across every broker: no round number twice, versions only grow per fragment.
+        rounds = tape(binary, broker_db)
+        numbers = [r["round"] for r in rounds]
+        if len(numbers) != len(set(numbers)):
+            raise Failure(f"a round number was used twice on the tape: {sorted(numbers)}")
+        latest = {}
+        for r in rounds:
+            if r["version"] <= latest.get(r["fragment"], 0):
+                raise Failure(f"fragment {r['fragment']} went from version {latest[r['fragment']]} to "
+                              f"{r['version']} (round {r['round']})")
+            latest[r["fragment"]] = r["version"]
+        print(f"ok: {kills} SIGKILLs of the broker in {time.time() - started:.0f} s (seed {seed}); after each the new "
+              f"incarnation numbered after the old rounds, restart → first new round committed: "
+              f"{', '.join(f'{s:.1f}' for s in resume_s)} s; {len(rounds)} rounds on the tape; the learners "
+              f"finished {steps} steps each under the last broker: ledger merged {ledger['merged']}, late "
+              f"{ledger['late']}, lost {ledger['lost']} of {ledger['processed']} tokens, balanced, equal to the "
+              f"learners' counts")
+    except Failure as f:
+        print(f"FAIL (seed {seed}, BROKER_CRASH_SEED={seed} reproduces the kill points; logs in {work}): {f}",
+              flush=True)
+        sys.exit(1)
+    finally:
+        for proc, _ in ([(broker, broker_log)] if broker else []) + shards + learners:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""The drill battery in its short form, and bad plans refused before anything starts.
+
+  drill_test.py PLAN        runs deploy/drills/PLAN.toml through `archipelago drill`
+                            at DRILL_TIME_SCALE (default 0.2) and checks the report:
+                            faults injected, no global downtime while >= K learners
+                            live, no committed version lost, the ledger exact, every
+                            fault repaired, restarted nodes back at work.
+  drill_test.py --bad-plans plans with an unknown fault, an unknown target, a negative
+                            duration or a malformed time exit 2 naming the line, and
+                            nothing is started (no report written).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ARCHIPELAGO = os.environ.get("ARCHIPELAGO", "build/archipelago")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCALE = os.environ.get("DRILL_TIME_SCALE", "0.2")
+
+
+def fail(message, log=""):
+    print("FAIL:", message)
+    if log:
+        print(log[-6000:])
+    sys.exit(1)
+
+
+def run_plan(name):
+    plan = os.path.join(REPO, "deploy", "drills", name + ".toml")
+    with tempfile.TemporaryDirectory(prefix="archipelago-drill-test-") as out:
+        # A fixed, generous compute budget: the short form must not depend on a calibration
+        # taken while other tests load the machine.
+        cmd = [ARCHIPELAGO, "drill", "--plan", plan, "--time-scale", SCALE, "--no-reference",
+               "--step-time-ms", os.environ.get("DRILL_STEP_MS", "250"), "--report", out, "--json"]
+        print("$", " ".join(cmd), flush=True)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        log = p.stdout + p.stderr
+        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+        if not lines:
+            fail(f"no JSON line (exit {p.returncode})", log)
+        s = json.loads(lines[-1])
+        print(p.stdout[-3000:])
+        with open(os.path.join(out, f"{name}-{s['mode']}.json")) as f:
+            report = json.load(f)
+        html = os.path.join(out, name + ".html")
+        if not os.path.exists(html) or "<svg" not in open(html).read():
+            fail("no HTML report with plots", log)
+
+    if s["faults_injected"] <= 0:
+        fail("the plan injected no fault", log)
+    if s["downtime_s"] > 0:
+        fail(f"global downtime {s['downtime_s']} s while >= K learners were live", log)
+    if s["committed_rounds_lost"] != 0:
+        fail(f"{s['committed_rounds_lost']} committed versions lost", log)
+    if not s["ledger_exact"]:
+        fail(f"ledger not exact: {s['ledger']} + {s['unreported_tokens']} unreported vs {s['tokens']}", log)
+    if s["rounds"] <= 0 or s["published"] <= 0:
+        fail("no round was merged", log)
+    restarts = [f for f in report["faults"] if f["what"].startswith(("crash", "shard_crash", "broker_crash"))
+                and not f["skipped"]]
+    for f in report["faults"]:
+        if not f["skipped"] and f["repaired_s"] is None:
+            fail(f"fault never repaired: {f}", log)
+    faulted = [f for f in report["faults"] if not f["skipped"]]
+    for f in restarts:
+        # Back at work within 6 s, unless a fault hit the same node again before that (a crash
+        # storm at a fifth of its time restarts a learner and kills it again a second later).
+        target = f["what"].split()[1]
+        hit_again = any(g is not f and target in g["what"] and f["repaired_s"] <= g["at_s"] < f["repaired_s"] + 6
+                        for g in faulted)
+        if f["rejoin_s"] is None and not hit_again:
+            fail(f"restarted node never back at work: {f}", log)
+    # The liveness phase: after the heal, versions keep coming until the end.
+    samples = report["samples"]
+    healed_at = s["safety_s"]
+    after = [x for x in samples if x["t_s"] >= healed_at]
+    if len(after) < 2 or after[-1]["published"] <= after[0]["published"]:
+        fail("no new version in the liveness phase", log)
+    if p.returncode != 0:
+        fail(f"drill exited {p.returncode}", log)
+    print(f"ok: {name}: {s['faults_injected']} faults, goodput {s['goodput']:.3f}, rounds {s['rounds']}")
+
+
+BAD_PLANS = {
+    "unknown fault": ('seed = 1\nduration = "10s"\n\n[[fault]]\nat = "1s"\nkind = "explode"\ntarget = "learner/0"\n',
+                      "plan.toml:6", "explode"),
+    "unknown target": ('seed = 1\nduration = "10s"\n\n[[fault]]\nat = "1s"\nkind = "crash"\ntarget = "learner/9"\nfor = "1s"\n',
+                       "plan.toml:7", "learner/9"),
+    "negative duration": ('seed = 1\nduration = "10s"\n\n[[fault]]\nat = "1s"\nkind = "pause"\ntarget = "learner/0"\n'
+                          'for = "-2s"\n', "plan.toml:8", "-2s"),
+    "malformed time": ('seed = 1\nduration = "10s"\n\n[[fault]]\nat = "soon"\nkind = "crash"\ntarget = "learner/0"\nfor = "1s"\n',
+                       "plan.toml:5", "soon"),
+}
+
+
+def bad_plans():
+    with tempfile.TemporaryDirectory(prefix="archipelago-drill-bad-") as d:
+        for what, (text, where, quoted) in BAD_PLANS.items():
+            plan = os.path.join(d, "plan.toml")
+            with open(plan, "w") as f:
+                f.write(text)
+            report = os.path.join(d, "report-" + what.replace(" ", "-"))
+            p = subprocess.run([ARCHIPELAGO, "drill", "--plan", plan, "--report", report], capture_output=True,
+                               text=True, timeout=60)
+            if p.returncode != 2:
+                fail(f"{what}: exit {p.returncode}, expected 2", p.stdout + p.stderr)
+            if where not in p.stderr or quoted not in p.stderr:
+                fail(f"{what}: the error does not name {where} and {quoted!r}", p.stderr)
+            if os.path.exists(report) or "reference" in p.stdout:
+                fail(f"{what}: something started before the plan was refused", p.stdout)
+            print(f"ok: {what}: {p.stderr.strip()}")
+        p = subprocess.run([ARCHIPELAGO, "drill", "--plan", os.path.join(d, "missing.toml")], capture_output=True,
+                           text=True, timeout=60)
+        if p.returncode != 2 or "missing.toml" not in p.stderr:
+            fail("a missing plan file is not refused by name", p.stderr)
+        print(f"ok: missing plan: {p.stderr.strip()}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    if sys.argv[1] == "--bad-plans":
+        bad_plans()
+    else:
+        run_plan(sys.argv[1])

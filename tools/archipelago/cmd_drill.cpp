@@ -1,0 +1,174 @@
+// archipelago drill: run a fault plan against a mesh and report what happened.
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "cli_common.hpp"
+#include "commands.hpp"
+#include "drill_report.hpp"
+#include "node/drill.hpp"
+
+namespace archipelago::cli {
+namespace {
+
+struct drill_flags {
+  config_flags flags;
+  std::string plan;
+  std::vector<std::string> modes;
+  bool json = false, no_reference = false;
+  std::string report_dir = "drill-report";
+  std::string work_dir;
+  double time_scale = 1;
+  double max_eval_gap = 0.03;
+};
+
+/// The drill's mesh: the embedded default (4 learners of nano, 2 shards) the plans are written for.
+config drill_defaults() { return config{}; }
+
+void print_report(const drill_report& r) {
+  std::printf("\n== %s, mode %s: %d learners, %d shards, K = %d; compute budget %.0f ms per step (%llu overruns)\n",
+              r.plan.c_str(), r.mode.c_str(), r.learners, r.shards, r.quorum, r.step_time_ms,
+              static_cast<unsigned long long>(r.budget_overruns));
+  std::printf("timeline (s):\n");
+  for (const auto& f : r.faults) {
+    std::printf("  %7.2f  %-58s", f.at_s, f.what.c_str());
+    if (f.skipped) std::printf(" skipped (target down)");
+    else if (f.repaired_s >= 0) std::printf(" repaired %7.2f", f.repaired_s);
+    if (f.rejoin_s >= 0) std::printf("  back at work %.2f s later", f.rejoin_s);
+    std::printf("\n");
+  }
+  const mesh_summary& s = r.run;
+  const ledger_totals& l = s.broker.ledger;
+  std::printf("faults: %zu injected, %zu skipped; %llu chaos commands (%llu not sent)\n", r.faults_injected,
+              r.faults_skipped, static_cast<unsigned long long>(r.chaos_commands),
+              static_cast<unsigned long long>(r.chaos_commands_failed));
+  std::printf("rounds: %llu (%.2f/s), %llu versions; uptime %.1f %%; global downtime %.1f s (no new version for > %.0f s "
+              "while >= K learners live); broker outage %.1f s\n",
+              static_cast<unsigned long long>(s.rounds), s.wall_s > 0 ? s.rounds / s.wall_s : 0.0,
+              static_cast<unsigned long long>(s.published), 100 * r.uptime, r.downtime_s, r.downtime_gap_s,
+              r.broker_outage_s);
+  std::printf("per learner, inner steps:");
+  if (!r.samples.empty())
+    for (auto n : r.samples.back().learner_steps) std::printf(" %llu", static_cast<unsigned long long>(n));
+  std::printf("\n");
+  std::printf("goodput %.1f %%", 100 * r.goodput);
+  if (r.reference) std::printf(" (fault-free reference %.1f %%)", 100 * r.reference_goodput);
+  std::printf("; committed rounds lost: %llu\n", static_cast<unsigned long long>(r.committed_rounds_lost));
+  std::printf("token ledger: merged %llu, late %llu, lost %llu, rejected %llu = %llu processed; + %llu never reported "
+              "by killed learners = %llu the learners processed (%s)\n",
+              static_cast<unsigned long long>(l.merged), static_cast<unsigned long long>(l.late),
+              static_cast<unsigned long long>(l.lost), static_cast<unsigned long long>(l.rejected),
+              static_cast<unsigned long long>(l.processed), static_cast<unsigned long long>(r.unreported_tokens),
+              static_cast<unsigned long long>(s.tokens), r.ledger_exact ? "exact" : "NOT EXACT");
+  std::printf("eval loss %.4f nats/byte", s.eval_loss);
+  if (r.reference)
+    std::printf(" vs fault-free reference %.4f (%+.2f %%)", r.reference->eval_loss, 100 * eval_gap(r));
+  std::printf("\n");
+}
+
+/// The properties a drill must show; each failure named.
+std::vector<std::string> failed_checks(const drill_report& r, double max_eval_gap) {
+  std::vector<std::string> out;
+  if (r.downtime_s > 0) out.push_back("global downtime " + std::to_string(r.downtime_s) + " s");
+  if (r.committed_rounds_lost > 0) out.push_back(std::to_string(r.committed_rounds_lost) + " committed versions lost");
+  if (!r.ledger_exact) out.push_back("the ledger is not exact");
+  if (const double gap = eval_gap(r); std::isfinite(gap) && gap > max_eval_gap)
+    out.push_back("eval loss " + std::to_string(100 * gap) + " % above the reference");
+  return out;
+}
+
+int run_drills(const drill_flags& o) {
+  std::ifstream in(o.plan);
+  if (!in) return report_input(make_error(errc::not_found, "cannot read the plan " + o.plan));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto base = o.flags.resolve(drill_defaults());
+  if (!base) return report(base.err());
+  drill_options opts;
+  opts.plan_origin = std::filesystem::path(o.plan).filename().string();
+  opts.plan_text = text.str();
+  opts.reference = !o.no_reference;
+  opts.work_dir = o.work_dir;
+  opts.time_scale = o.time_scale;
+  std::vector<std::string> modes = o.modes.empty() ? std::vector<std::string>{base->mesh.mode} : o.modes;
+  // Every mode's mesh and plan are checked before anything starts.
+  std::vector<config> configs;
+  for (const auto& mode : modes) {
+    config cfg = *base;
+    if (auto ok = set_knob(cfg, "mesh.mode", mode); !ok) return report(ok.err());
+    if (auto ok = validate_mesh(cfg); !ok) return report(ok.err());
+    if (auto plan = load_drill_plan(cfg, opts); !plan) return report_input(plan.err());
+    configs.push_back(cfg);
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(o.report_dir, ec);
+  if (ec) return report(make_error(errc::io_error, "cannot create " + o.report_dir + ": " + ec.message()));
+
+  install_stop_handlers();
+  progress_line progress(8);
+  std::vector<drill_report> done;
+  for (const auto& cfg : configs) {
+    auto r = run_drill(cfg, opts, [&](const std::string& line) { progress.update(cfg.mesh.mode + " " + line); },
+                       [] { return stop_requested.load(); });
+    progress.finish();
+    if (!r) return report(r.err());
+    print_report(*r);
+    const std::string stem = std::filesystem::path(o.plan).stem().string() + "-" + r->mode;
+    std::ofstream(std::filesystem::path(o.report_dir) / (stem + ".json")) << drill_report_json(*r) << "\n";
+    done.push_back(std::move(*r));
+    if (stop_requested) break;
+  }
+  const auto html = std::filesystem::path(o.report_dir) / (std::filesystem::path(o.plan).stem().string() + ".html");
+  std::ofstream(html) << drill_report_html(done);
+  std::printf("\nreport: %s (and one .json per mode beside it)\n", html.string().c_str());
+
+  std::vector<std::string> failures;
+  for (const auto& r : done)
+    for (const auto& f : failed_checks(r, o.max_eval_gap)) failures.push_back(r.mode + ": " + f);
+  for (const auto& f : failures) std::printf("FAILED: %s\n", f.c_str());
+  if (failures.empty()) std::printf("drill passed: no global downtime, no committed round lost, ledger exact%s\n",
+                                    o.no_reference ? "" : ", eval loss within the bound of the reference");
+  if (o.json) {
+    std::string runs = "[";
+    for (std::size_t i = 0; i < done.size(); ++i) runs += (i ? ",{" : "{") + drill_summary_json(done[i]) + "}";
+    runs += "]";
+    json_line j;
+    j.add("command", "drill").add("passed", failures.empty()).add("report", html.string()).add_raw("runs", runs);
+    // The first mode's figures also at the top level, for scripts reading one drill.
+    std::string line = j.str();
+    if (!done.empty()) line = line.substr(0, line.size() - 1) + "," + drill_summary_json(done.front()) + "}";
+    std::printf("%s\n", line.c_str());
+  }
+  return failures.empty() && !stop_requested ? exit_ok : exit_failure;
+}
+
+}  // namespace
+
+runner add_drill_command(CLI::App& app) {
+  auto o = std::make_shared<drill_flags>();
+  CLI::App* cmd = app.add_subcommand("drill", "Run a fault plan (deploy/drills/) against a mesh and report what happened");
+  cmd->add_option("--plan", o->plan, "The fault plan (TOML), e.g. deploy/drills/crash_storm.toml")->required();
+  cmd->add_option("--modes", o->modes, "Run the plan once per mode, e.g. dp,decoupled (default: mesh.mode)")
+      ->delimiter(',');
+  o->flags.add_shortcut(*cmd, "--learners", "mesh.learners", "M", "Learners (the plans are written for 4)");
+  o->flags.add_shortcut(*cmd, "--model", "model.size", "SIZE", "Model size: nano, micro or mini");
+  o->flags.add_shortcut(*cmd, "--step-time-ms", "mesh.step_time_ms", "MS",
+                        "Compute budget per inner step (default: calibrated on this machine)");
+  o->flags.add_to(*cmd);
+  cmd->add_option("--time-scale", o->time_scale,
+                  "Multiply every time of the plan by this (0.2: a short form of the same drill)")
+      ->capture_default_str();
+  cmd->add_flag("--no-reference", o->no_reference, "Skip the fault-free reference run");
+  cmd->add_option("--max-eval-gap", o->max_eval_gap, "Largest eval-loss excess over the reference that passes")
+      ->capture_default_str();
+  cmd->add_option("--report", o->report_dir, "Write the report (HTML, JSON) into this directory")->capture_default_str();
+  cmd->add_option("--work-dir", o->work_dir, "Keep the runs' snapshot stores here (default: a temporary directory)");
+  cmd->add_flag("--json", o->json, "Print a one-line JSON summary last");
+  return [o] { return run_drills(*o); };
+}
+
+}  // namespace archipelago::cli
