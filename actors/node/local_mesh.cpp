@@ -337,7 +337,10 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
           r = stats.report;
         }
         const double rounds = static_cast<double>(stats.rounds_closed.load());
-        const double span_s = r.first_join_ns < 0 ? 0 : static_cast<double>(clock.now() - r.first_join_ns) * 1e-9;
+        // A drill's broker may have restarted (a new span, a restored ledger): there, the run's time.
+        const double span_s = drill                  ? elapsed()
+                              : r.first_join_ns < 0 ? 0
+                                                    : static_cast<double>(clock.now() - r.first_join_ns) * 1e-9;
         char eval[32] = "-";  // until the first evaluation, every 20 s
         if (!std::isnan(last_loss)) std::snprintf(eval, sizeof eval, "%.3f", last_loss);
         char line[320];
