@@ -101,6 +101,13 @@ void measure_downtime(drill_report& r, const std::vector<planned_fault>& timelin
   }
 }
 
+/// The final broker's record of a learner incarnation; null when it has none.
+const learner_record* record_of(const drill_report& r, std::uint32_t learner, std::uint64_t inc) {
+  for (const auto& rec : r.run.broker.learners)
+    if (rec.who.learner.value == learner && rec.who.inc.value == inc) return &rec;
+  return nullptr;
+}
+
 /// The timeline's rows: when each fault was injected and repaired, and how long
 /// the restarted node took to be back at work.
 void fault_rows(drill_report& r, const mesh_drill& drill, nanos drill_zero_ns) {
@@ -143,9 +150,8 @@ void fault_rows(drill_report& r, const mesh_drill& drill, nanos drill_zero_ns) {
     const double at = static_cast<double>(restart->at_ns) * 1e-9;
     r.committed_rounds_lost += restart->versions_lost;
     if (t.kind == role::learner) {
-      for (const auto& rec : r.run.broker.learners)
-        if (rec.who.learner.value == t.index && rec.who.inc.value == restart->incarnation && rec.first_merged_ns >= 0)
-          row.rejoin_s = static_cast<double>(rec.first_merged_ns - drill_zero_ns) * 1e-9 - at;
+      if (const learner_record* rec = record_of(r, t.index, restart->incarnation); rec && rec->first_merged_ns >= 0)
+        row.rejoin_s = static_cast<double>(rec->first_merged_ns - drill_zero_ns) * 1e-9 - at;
     } else if (t.kind == role::parameter_shard) {
       const drill_sample* before = sample_before(r.samples, at);
       const std::uint64_t was = before && t.index < before->shard_committed.size() ? before->shard_committed[t.index] : 0;
@@ -261,20 +267,18 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
   mesh_drill drill;
   drill.timeline = expand_fault_plan(*plan, cfg.mesh.learners);
   drill.safety_ns = plan->duration_ns;
-  drill.sample = [&r, &drill, &layout](nanos since_start, const mesh_stats& stats) {
+  drill.sample = [&r, &drill, &layout](nanos since_start, mesh_stats& stats) {
     drill_sample s;
     s.t_s = static_cast<double>(since_start) * 1e-9;
     s.rounds = stats.rounds_closed.load();
     s.published = stats.published.load();
     s.tokens = stats.tokens.load();
     {
-      std::lock_guard lock(const_cast<mesh_stats&>(stats).report_mutex);
+      std::lock_guard lock(stats.report_mutex);
       s.merged_step_time_s = stats.report.ledger.merged_step_time_s;
     }
     for (const auto& n : stats.learner_steps) s.learner_steps.push_back(n.load());
-    s.shard_committed.assign(layout.shard_endpoints.size() > 0 ? layout.shard_endpoints.size()
-                                                                : static_cast<std::size_t>(r.shards),
-                             0);
+    s.shard_committed.assign(static_cast<std::size_t>(r.shards), 0);
     for (std::size_t p = 0; p < stats.committed_version.size() && p < layout.shard_of_fragment.size(); ++p)
       s.shard_committed[layout.shard_of_fragment[p]] += stats.committed_version[p].load();
     s.learners_down = drill.log.learners_down.load();
@@ -298,9 +302,8 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
     std::lock_guard lock(drill.mutex);
     fault_rows(r, drill, zero);
     for (const auto& k : drill.killed) {
-      std::uint64_t reported = 0;
-      for (const auto& rec : r.run.broker.learners)
-        if (rec.who.learner.value == k.learner && rec.who.inc.value == k.incarnation) reported = rec.ledger.steps;
+      const learner_record* rec = record_of(r, k.learner, k.incarnation);
+      const std::uint64_t reported = rec ? rec->ledger.steps : 0;
       const auto tokens_per_step =
           static_cast<std::uint64_t>(learner_profile_of(cfg, static_cast<int>(k.learner)).batch) * layout.shape.context;
       if (k.steps > reported) r.unreported_tokens += (k.steps - reported) * tokens_per_step;

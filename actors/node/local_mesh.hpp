@@ -61,7 +61,7 @@ struct mesh_drill {
   nanos safety_ns = 0;
   chaos_log log;
   /// Called about four times a second with the time since the chaos monkey started.
-  std::function<void(nanos since_start, const mesh_stats&)> sample;
+  std::function<void(nanos since_start, mesh_stats&)> sample;
 
   struct restart {
     fault_target target;

@@ -26,9 +26,6 @@ struct drill_flags {
   double max_eval_gap = 0.03;
 };
 
-/// The drill's mesh: the embedded default (4 learners of nano, 2 shards) the plans are written for.
-config drill_defaults() { return config{}; }
-
 void print_report(const drill_report& r) {
   std::printf("\n== %s, mode %s: %d learners, %d shards, K = %d; compute budget %.0f ms per step (%llu overruns)\n",
               r.plan.c_str(), r.mode.c_str(), r.learners, r.shards, r.quorum, r.step_time_ms,
@@ -86,7 +83,7 @@ int run_drills(const drill_flags& o) {
   if (!in) return report_input(make_error(errc::not_found, "cannot read the plan " + o.plan));
   std::stringstream text;
   text << in.rdbuf();
-  auto base = o.flags.resolve(drill_defaults());
+  auto base = o.flags.resolve();  // the default mesh (4 learners of nano, 2 shards): what the plans are written for
   if (!base) return report(base.err());
   drill_options opts;
   opts.plan_origin = std::filesystem::path(o.plan).filename().string();
