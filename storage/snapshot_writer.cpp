@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 
 namespace archipelago::storage {
@@ -115,8 +116,11 @@ void snapshot_writer::run() {
       }
     }
     expected<std::uint64_t> version = std::uint64_t{0};
+    double commit_s = 0;
     if (commit_jobs > 0) {
+      const auto t0 = std::chrono::steady_clock::now();
       version = store_->commit(merged);
+      commit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!version) {
         std::fprintf(stderr, "archipelago snapshot: commit failed: %s\n", version.err().to_string().c_str());
         failed += commit_jobs;
@@ -131,6 +135,8 @@ void snapshot_writer::run() {
         ++stats_.commits;
         stats_.jobs_committed += commit_jobs;
         stats_.bytes += bytes;
+        stats_.commit_seconds_total += commit_s;
+        stats_.last_commit_seconds = commit_s;
       }
       finished_ += batch.size();
     }

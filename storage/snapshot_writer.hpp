@@ -29,6 +29,8 @@ struct writer_stats {
   std::uint64_t failed = 0;          // jobs whose write failed
   std::uint64_t bytes = 0;           // record bytes committed (approximate: float payloads)
   std::uint64_t queued_bytes = 0;
+  double commit_seconds_total = 0;  // time in the store's commit (a RocksDB write batch), summed
+  double last_commit_seconds = 0;
 };
 
 class snapshot_writer {

@@ -8,7 +8,8 @@
 #   tools/setup.sh test       install + build + every test (ctest)
 #
 # Environment: BUILD_DIR (default build), ARCHIPELAGO_MARCH (x86-64-v3 | native),
-# WITH_TORCH=1 also installs the PyTorch reference's packages (benchmarks only).
+# WITH_TORCH=1 also installs the PyTorch reference's packages (benchmarks only),
+# ARCHIPELAGO_TESTS=OFF configures a new build directory without the tests (the container image).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -21,8 +22,13 @@ ACTION=${1:-build}
 packages=(
   g++ cmake ninja-build pkg-config python3 python3-numpy
   libcaf-dev libzmq3-dev cppzmq-dev capnproto libcapnp-dev librocksdb-dev
-  libeigen3-dev doctest-dev libcli11-dev libtomlplusplus-dev libxxhash-dev
+  libeigen3-dev doctest-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcpp-httplib-dev
+  nlohmann-json3-dev
 )
+# What only the tests need: the one-node Slurm cluster, the network-namespace test bed.
+if [[ $ACTION == test ]]; then
+  packages+=(slurm-wlm munge iproute2 prometheus)
+fi
 if [[ ${WITH_TORCH:-0} == 1 ]]; then
   packages+=(python3-torch libopenblas0-pthread libopenblas0-openmp)
 fi
@@ -40,7 +46,8 @@ if ((${#missing[@]})); then
 fi
 
 if [[ ! -f $BUILD_DIR/CMakeCache.txt ]]; then
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DARCHIPELAGO_MARCH="$MARCH"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DARCHIPELAGO_MARCH="$MARCH" \
+    -DARCHIPELAGO_TESTS="${ARCHIPELAGO_TESTS:-ON}"
 fi
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 

@@ -10,6 +10,7 @@
 #include "chaos_monkey/chaos_command.hpp"
 #include "learner/learner_core.hpp"
 #include "node/mesh_actors.hpp"
+#include "node/node_metrics.hpp"
 #include "transport/caf_bridge.hpp"
 
 namespace archipelago {
@@ -33,6 +34,9 @@ struct learner_state {
   std::uint64_t broker_incarnation = 0;           // as last seen; 0: not yet
   bool broker_silent = false;                     // the transport found the broker silent; Join is re-sent
   chaos_receiver chaos;                           // link shaping and slow-down from the chaos monkey
+  // This incarnation's own figures, for its metrics (mesh_stats sums every learner of the process).
+  nanos started_ns = 0, last_step_ns = 0, waited_ns = 0;
+  std::uint64_t steps = 0, tokens = 0, contributions = 0, overruns = 0;
   static inline const char* name = "learner";
 };
 
@@ -119,6 +123,7 @@ void send_contributions(learner_self* self, const mesh_setup& setup, mesh_stats&
                               st.encoding, static_cast<std::uint32_t>(setup.cfg.wire.block_size)))
       continue;  // a non-finite delta is never sent
     stats.bytes_sent += c->delta.size() * 4;
+    ++st.contributions;
     (void)st.wire->send({role::parameter_shard, setup.shard_of_fragment[c->fragment.value]}, cb.finish());
   }
 }
@@ -138,7 +143,10 @@ void leave(learner_self* self, mesh_stats& stats, const char* reason) {
 /// machine, or the chaos monkey's). Returns the step's time as the ledger counts it.
 nanos pace_step(learner_state& st, const mesh_setup& setup, mesh_stats& stats, nanos compute_ns) {
   const auto budget_ns = static_cast<nanos>(setup.cfg.mesh.step_time_ms * 1e6);
-  if (budget_ns > 0 && compute_ns > budget_ns) ++stats.budget_overruns;
+  if (budget_ns > 0 && compute_ns > budget_ns) {
+    ++stats.budget_overruns;
+    ++st.overruns;
+  }
   const double factor = st.profile.slowdown * st.chaos.slowdown;
   const auto paced = static_cast<nanos>(static_cast<double>(std::max(budget_ns, compute_ns)) * factor);
   if (paced > compute_ns) std::this_thread::sleep_for(std::chrono::nanoseconds(paced - compute_ns));
@@ -170,6 +178,7 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
   for (std::uint32_t s = 0; s < setup->shard_endpoints.size(); ++s)
     (void)st.wire->add_peer({role::parameter_shard, s}, setup->shard_endpoints[s]);
 
+  st.started_ns = clock->now();
   st.to_install = setup->plan.fragments.size();
   st.shard_incarnations.assign(setup->shard_endpoints.size(), 0);
   fetch_all(self, *setup);
@@ -186,6 +195,7 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
     st.waiting = false;
     ++st.wake_generation;
     stats->wait_ns += static_cast<std::uint64_t>(clock->now() - st.wait_since);
+    st.waited_ns += clock->now() - st.wait_since;
     self->send(self, step_atom::value);
   };
 
@@ -225,6 +235,9 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
         const nanos step_ns = pace_step(st, *setup, *stats, clock->now() - t0);
         const auto tokens = static_cast<std::uint64_t>(st.eng->tokens_per_step());
         st.core->on_step(tokens);
+        st.last_step_ns = step_ns;
+        ++st.steps;
+        st.tokens += tokens;
         ++stats->steps;
         stats->tokens += tokens;
         if (index < stats->learner_steps.size()) ++stats->learner_steps[index];
@@ -236,6 +249,30 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
         (void)st.wire->send(broker_address, b.finish());
         send_contributions(self, *setup, *stats);
         self->send(self, step_atom::value);
+      },
+      [self, clock, me, inc](metrics_atom, const metrics_page& page) {
+        const auto& st = self->state;
+        add_node_metrics(*page, me, inc, clock->now() - st.started_ns, st.wire->counters());
+        const metric_labels l = role_labels(me);
+        page->counter("archipelago_learner_steps_total", "Inner steps this incarnation took.", static_cast<double>(st.steps), l);
+        page->counter("archipelago_learner_tokens_total", "Tokens this incarnation trained on.", static_cast<double>(st.tokens), l);
+        page->gauge("archipelago_learner_step_seconds", "The last inner step's time, as the ledger counts it (paced).",
+                    static_cast<double>(st.last_step_ns) * 1e-9, l);
+        page->counter("archipelago_learner_wait_seconds_total", "Time spent waiting for fragments (synchronous modes).",
+                      static_cast<double>(st.waited_ns) * 1e-9, l);
+        page->counter("archipelago_learner_contributions_total", "Fragment contributions sent to the shards.",
+                      static_cast<double>(st.contributions), l);
+        page->counter("archipelago_learner_budget_overruns_total", "Steps whose compute exceeded mesh.step_time_ms.",
+                      static_cast<double>(st.overruns), l);
+        page->gauge("archipelago_learner_pending_rounds", "Rounds opened that this learner has not answered yet.",
+                    static_cast<double>(st.core->pending_rounds()), l);
+        for (std::uint32_t p = 0; p < st.core->fragments(); ++p) {
+          metric_labels f = l;
+          f.emplace_back("fragment", std::to_string(p));
+          page->gauge("archipelago_fragment_version", "The version of each fragment this node holds.",
+                      static_cast<double>(st.core->installed({p}) ? st.core->version({p}) : 0), f);
+        }
+        return true;
       },
       [self, stats](stop_atom) {
         if (!self->state.done) leave(self, *stats, "stopped");

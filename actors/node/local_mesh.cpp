@@ -221,7 +221,7 @@ class local_processes final : public process_control {
 
 expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested, const mesh_snapshots& snapshots,
-                                      mesh_drill* drill) {
+                                      mesh_drill* drill, const metrics_endpoint& metrics) {
   auto policy = resolve_policy(base);
   if (!policy) return policy.err();
   mesh_setup setup = make_mesh_setup(base, *policy);
@@ -284,11 +284,27 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
     };
     if (origin->disk)
       snaps.set_storage_failing = [disk = origin->disk](bool failing) { disk->set_write_error_rate(failing ? 1 : 0); };
+    // Bound before the roles start, so a port in use stops nothing. A drill's
+    // restarts would replace the roles: a drill serves no metrics.
+    served_roles served;
+    std::unique_ptr<metrics_server> metrics_http;
+    if (metrics.port >= 0 && !drill) {
+      auto started = metrics_server::start(metrics, served.pages(sys, true));
+      if (!started) return started.err();
+      metrics_http = std::move(*started);
+    }
     std::vector<caf::actor> shards, actors;
     for (int i = 0; i < s; ++i)
       shards.push_back(spawn_shard(sys, setup, static_cast<std::uint32_t>(i), initial, stats, clock, &snaps));
     caf::actor broker = spawn_broker(sys, setup, stats, clock, &snaps);
     for (int i = 0; i < m; ++i) actors.push_back(spawn_learner(sys, setup, static_cast<std::uint32_t>(i), *data, stats, clock));
+    if (metrics_http) {
+      std::lock_guard lock(served.mutex);
+      served.roles = shards;
+      served.roles.push_back(broker);
+      served.roles.insert(served.roles.end(), actors.begin(), actors.end());
+      served.broker = broker;
+    }
     caf::scoped_actor self{sys};
     std::unique_ptr<local_processes> processes;
     caf::actor chaos;

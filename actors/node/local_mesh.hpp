@@ -13,6 +13,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "node/mesh_setup.hpp"
+#include "node/metrics_server.hpp"
 
 namespace archipelago {
 
@@ -83,6 +84,7 @@ struct mesh_drill {
 
 expected<mesh_summary> run_local_mesh(const config& cfg, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested,
-                                      const mesh_snapshots& snapshots = {}, mesh_drill* drill = nullptr);
+                                      const mesh_snapshots& snapshots = {}, mesh_drill* drill = nullptr,
+                                      const metrics_endpoint& metrics = {});
 
 }  // namespace archipelago

@@ -8,15 +8,25 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "core/clock.hpp"
+#include "core/prometheus_text.hpp"
 #include "learner/model/trainer.hpp"
 #include "node/mesh_setup.hpp"
+#include "node/metrics_server.hpp"
 #include "storage/snapshot_store.hpp"
 #include "transport/caf_bridge.hpp"
+
+namespace archipelago {
+/// A page an actor adds its metrics to (metrics_atom) while the asker waits for its answer.
+using metrics_page = std::shared_ptr<prometheus_text>;
+}  // namespace archipelago
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(archipelago::metrics_page)
 
 namespace archipelago {
 namespace storage {
@@ -32,6 +42,10 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using committed_atom = caf::atom_constant<caf::atom("committed")>;
 using pause_atom = caf::atom_constant<caf::atom("pause")>;
 using disk_atom = caf::atom_constant<caf::atom("disk")>;
+/// (metrics_atom, metrics_page) → true: the actor adds its figures to the page (GET /metrics).
+using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
+/// (status_atom) → std::string: the broker's view of the mesh as one JSON object (GET /status).
+using status_atom = caf::atom_constant<caf::atom("status")>;
 
 /// Snapshots for the shards and the broker of this process (storage/).
 struct snapshot_context {
@@ -105,5 +119,57 @@ inline void stop_learners(caf::scoped_actor& self, const std::vector<caf::actor>
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
 }
+
+/// One /metrics page of `actors` (the roles of this process): each is asked in
+/// turn and waited for at most `bound` (a learner answers between two steps);
+/// one that does not answer in time is left out and counted.
+inline std::string scrape_metrics(caf::actor_system& sys, const std::vector<caf::actor>& actors,
+                                  std::chrono::milliseconds bound = std::chrono::seconds(3)) {
+  auto page = std::make_shared<prometheus_text>();
+  int missing = 0;
+  caf::scoped_actor self{sys};
+  for (const auto& a : actors) {
+    if (!a) continue;
+    self->request(a, bound, metrics_atom::value, page).receive([](bool) {}, [&](caf::error&) { ++missing; });
+  }
+  page->gauge("archipelago_scrape_missing_actors", "Actors of this process that did not answer this scrape in time.",
+              missing);
+  return page->str();
+}
+
+/// The broker's /status page; nullopt if it did not answer within `bound`.
+inline std::optional<std::string> broker_status(caf::actor_system& sys, const caf::actor& broker,
+                                                std::chrono::milliseconds bound = std::chrono::seconds(3)) {
+  std::optional<std::string> out;
+  if (!broker) return out;
+  caf::scoped_actor self{sys};
+  self->request(broker, bound, status_atom::value).receive([&](std::string& s) { out = std::move(s); },
+                                                            [](caf::error&) {});
+  return out;
+}
+
+/// The roles of a process that its metrics server asks, filled in once they are
+/// spawned (the server is bound before: a port in use stops nothing).
+struct served_roles {
+  std::mutex mutex;
+  std::vector<caf::actor> roles;  // guarded by mutex
+  caf::actor broker;              // /status; guarded by mutex; none: 404
+
+  std::vector<caf::actor> all() {
+    std::lock_guard lock(mutex);
+    return roles;
+  }
+  caf::actor status_source() {
+    std::lock_guard lock(mutex);
+    return broker;
+  }
+  /// The handlers of a metrics_server; `sys` and this outlive it.
+  metrics_server::handlers pages(caf::actor_system& sys, bool with_status) {
+    metrics_server::handlers h;
+    h.metrics = [this, &sys] { return scrape_metrics(sys, all()); };
+    if (with_status) h.status = [this, &sys] { return broker_status(sys, status_source()); };
+    return h;
+  }
+};
 
 }  // namespace archipelago

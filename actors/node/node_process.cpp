@@ -6,6 +6,7 @@
 
 #include "node/mesh_actors.hpp"
 #include "node/mesh_snapshots.hpp"
+#include "node/metrics_server.hpp"
 #include "storage/snapshot_writer.hpp"
 #include "transport/caf_bridge.hpp"
 
@@ -32,6 +33,11 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
   setup.broker_endpoint = o.broker_endpoint;
   setup.shard_endpoints = o.shard_endpoints;
   setup.learner_endpoints.assign(o.index + 1, o.listen.empty() ? "tcp://127.0.0.1:0" : o.listen);
+  // The broker and a shard bind --listen, when given, instead of their own entry of
+  // --broker / --shards, which stays the address the others dial: behind a DNS name
+  // (ZeroMQ binds no names) they listen on tcp://0.0.0.0:PORT.
+  if (!o.listen.empty() && o.kind == role::sync_broker) setup.broker_endpoint = o.listen;
+  if (!o.listen.empty() && o.kind == role::parameter_shard) setup.shard_endpoints[o.index] = o.listen;
 
   // A restarted process is a new incarnation: wall-clock milliseconds only grow.
   const incarnation inc{static_cast<std::uint64_t>(
@@ -78,6 +84,14 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
       snaps.broker_recovery = o.kind == role::sync_broker;
     }
     caf::scoped_actor self{sys};
+    // Bound before the role starts, so a port in use stops nothing; serves until the role has ended.
+    served_roles served;
+    std::unique_ptr<metrics_server> metrics;
+    if (o.metrics.port >= 0) {
+      auto started = metrics_server::start(o.metrics, served.pages(sys, o.kind == role::sync_broker));
+      if (!started) return started.err();
+      metrics = std::move(*started);
+    }
     caf::actor actor;
     switch (o.kind) {
       case role::sync_broker:
@@ -97,6 +111,11 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
         break;
     }
     self->monitor(actor);
+    {
+      std::lock_guard lock(served.mutex);
+      served.roles = {actor};
+      if (o.kind == role::sync_broker) served.broker = actor;
+    }
     bool ended = false;  // the actor quit on its own (its transport failed to start)
     const auto start = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };

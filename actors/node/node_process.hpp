@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/ids.hpp"
 #include "node/mesh_setup.hpp"
+#include "node/metrics_server.hpp"
 
 namespace archipelago {
 
@@ -21,9 +22,11 @@ struct node_options {
   std::uint32_t index = 0;                   // shard or learner index
   std::string broker_endpoint;               // tcp://HOST:PORT, where the broker listens
   std::vector<std::string> shard_endpoints;  // where shard i listens
-  std::string listen;                        // learners: where to listen (default: a free loopback port)
+  std::string listen;                        // where to bind: a learner announces it (default: a free loopback
+                                             // port); broker, shard: instead of their own --broker / --shards entry
   std::string db;                            // broker, shard: keep snapshots (shard) or the tape (broker) here
   bool record_contributions = false;         // shard: record merged contributions (replay verify)
+  metrics_endpoint metrics;                  // serve /metrics (and the broker /status) here
 };
 
 struct node_result {

@@ -7,6 +7,7 @@
 
 #include "chaos_monkey/chaos_command.hpp"
 #include "node/mesh_actors.hpp"
+#include "node/node_metrics.hpp"
 #include "node/mesh_snapshots.hpp"
 #include "parameter_shard/shard_core.hpp"
 #include "storage/snapshot_writer.hpp"
@@ -27,6 +28,8 @@ struct shard_state {
   chaos_receiver chaos;                  // link shaping and storage faults from the chaos monkey
   std::uint64_t disk_generation = 0;     // invalidates the end of an earlier storage fault
   std::uint64_t broker_incarnation = 0;  // as last seen; 0: not yet
+  nanos started_ns = 0;
+  std::uint64_t published = 0;           // versions this incarnation published
   static inline const char* name = "parameter_shard";
 };
 
@@ -89,6 +92,7 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
                           const snapshot_context* snaps, incarnation inc) {
   auto& st = self->state;
   st.index = index;
+  st.started_ns = clock->now();
   for (std::uint32_t p = 0; p < setup->shard_of_fragment.size(); ++p)
     if (setup->shard_of_fragment[p] == index) st.owned.push_back({p});
   shard_config sc;
@@ -168,6 +172,48 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
         u.setVersion(version);
         u.setCommitted(true);
         (void)self->state.wire->send(broker_address, b.finish());
+      },
+      [self, clock, snaps, inc](metrics_atom, const metrics_page& page) {
+        const auto& st = self->state;
+        const node_address me{role::parameter_shard, st.index};
+        add_node_metrics(*page, me, inc, clock->now() - st.started_ns, st.wire->counters());
+        const metric_labels l = role_labels(me);
+        for (fragment_index p : st.owned) {
+          metric_labels f = l;
+          f.emplace_back("fragment", std::to_string(p.value));
+          page->gauge("archipelago_fragment_version", "The version of each fragment this node holds.",
+                      static_cast<double>(st.core->version(p)), f);
+        }
+        page->counter("archipelago_shard_published_total", "Fragment versions this incarnation merged and published.",
+                      static_cast<double>(st.published), l);
+        page->gauge("archipelago_shard_subscribers", "Learners the shard broadcasts new versions to.",
+                    static_cast<double>(st.learners.size()), l);
+        const shard_ledger& led = st.core->ledger();
+        auto bucket = [&](const char* name, std::uint64_t contributions, std::uint64_t tokens) {
+          metric_labels b = l;
+          b.emplace_back("outcome", name);
+          page->counter("archipelago_shard_contributions_total", "Contributions received, by outcome.",
+                        static_cast<double>(contributions), b);
+          page->counter("archipelago_shard_contribution_tokens_total", "Tokens of the contributions received, by outcome.",
+                        static_cast<double>(tokens), b);
+        };
+        bucket("merged", led.merged, led.merged_tokens);
+        bucket("late", led.late, led.late_tokens);
+        bucket("rejected", led.rejected, led.rejected_tokens);
+        bucket("unmerged", led.unmerged, led.unmerged_tokens);
+        if (snaps && snaps->writer) {
+          const storage::writer_stats w = snaps->writer->stats();
+          page->counter("archipelago_snapshot_commits_total", "Snapshot batches committed to the store.",
+                        static_cast<double>(w.commits), l);
+          page->counter("archipelago_snapshot_commit_seconds_total", "Time spent committing snapshots (rate over commits: mean latency).",
+                        w.commit_seconds_total, l);
+          page->gauge("archipelago_snapshot_last_commit_seconds", "The last snapshot commit's latency.", w.last_commit_seconds, l);
+          page->counter("archipelago_snapshot_failures_total", "Snapshot jobs that failed or were refused (queue full).",
+                        static_cast<double>(w.failed + w.refused), l);
+          page->gauge("archipelago_snapshot_queued_bytes", "Snapshot bytes waiting for the writer.",
+                      static_cast<double>(w.queued_bytes), l);
+        }
+        return true;
       },
       [self](values_atom) {
         std::vector<std::uint32_t> fragments;
@@ -262,6 +308,7 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
             }
             if (!published->has_value()) break;
             ++stats->published;
+            ++st.published;
             stats->bytes_sent += st.core->value(p).size() * 4 * st.learners.size();
             (void)st.wire->broadcast(st.learners, fragment_message(p, r.value));
             auto b = st.wire->make_envelope(r.value);

@@ -9,6 +9,8 @@
 
 #include "node/mesh_actors.hpp"
 #include "node/mesh_snapshots.hpp"
+#include "node/node_metrics.hpp"
+#include "core/json_line.hpp"
 #include "storage/snapshot_writer.hpp"
 #include "sync_broker/broker_core.hpp"
 #include "sync_broker/token_ledger.hpp"
@@ -51,6 +53,8 @@ struct broker_state {
   nanos last_welcome_ns = -1;       // the last Welcome to shards not heard from yet
   std::map<learner_ref, std::string> endpoints;  // where learners listen (their Join), kept with their ledger
   chaos_receiver chaos;  // link shaping from the chaos monkey
+  std::vector<std::uint64_t> fragment_versions;  // the newest version the shards published, per fragment
+  std::vector<nanos> shard_last_heard;           // per shard; -1: never
   static inline const char* name = "sync_broker";
 };
 
@@ -73,6 +77,114 @@ broker_config broker_settings(const mesh_setup& s) {
                                           b.round_timeout_ns);
   b.shard_of_fragment = s.shard_of_fragment;
   return b;
+}
+
+/// The learners' share of time spent on steps whose tokens were merged, since the first Join.
+double live_goodput(const broker_state& st, const ledger_totals& l, int learners, nanos now) {
+  if (st.first_join_ns < 0 || now <= st.first_join_ns || learners <= 0) return 0;
+  return l.merged_step_time_s / (learners * static_cast<double>(now - st.first_join_ns) * 1e-9);
+}
+
+void add_broker_metrics(prometheus_text& page, const broker_state& st, const mesh_setup& setup, incarnation inc,
+                        nanos now) {
+  add_node_metrics(page, broker_address, inc, now - st.started_ns, st.wire->counters());
+  const metric_labels l = role_labels(broker_address);
+  auto with = [&](const char* key, std::string value) {
+    metric_labels x = l;
+    x.emplace_back(key, std::move(value));
+    return x;
+  };
+  const broker_counters& c = st.core->counters();
+  page.counter("archipelago_rounds_opened_total", "Rounds the broker opened.", static_cast<double>(c.rounds_opened), l);
+  page.counter("archipelago_rounds_closed_total", "Rounds closed, by why they closed.",
+               static_cast<double>(c.closed_all_eligible), with("reason", "all_eligible"));
+  page.counter("archipelago_rounds_closed_total", "Rounds closed, by why they closed.",
+               static_cast<double>(c.closed_grace_expired), with("reason", "grace_expired"));
+  page.counter("archipelago_rounds_closed_total", "Rounds closed, by why they closed.",
+               static_cast<double>(c.closed_timeout), with("reason", "timeout"));
+  page.counter("archipelago_rounds_dropped_total", "Rounds closed without a merge (their shard restarted, or a younger round merged).",
+               static_cast<double>(c.rounds_aborted + c.rounds_superseded), l);
+  page.gauge("archipelago_rounds_open", "Rounds open now (at most mesh.rounds_in_flight per fragment).",
+             static_cast<double>(st.core->rounds_open()), l);
+  page.counter("archipelago_late_contributions_total", "Contributions that arrived after their round closed.",
+               static_cast<double>(c.late), l);
+  const auto& history = st.core->history();
+  page.gauge("archipelago_quorum_size", "Learners merged in the last closed round.",
+             history.empty() ? 0.0 : static_cast<double>(history.back().members.size()), l);
+  page.gauge("archipelago_quorum_min", "The minimum quorum K.", static_cast<double>(setup.policy.quorum), l);
+  page.gauge("archipelago_grace_seconds", "The last round's grace window after its quorum.",
+             static_cast<double>(st.last_grace_ns) * 1e-9, l);
+  page.gauge("archipelago_step_time_seconds", "The pace of the learners that form the quorum (xi_step).",
+             static_cast<double>(st.core->xi_step_ns().value_or(0)) * 1e-9, l);
+  for (std::size_t p = 0; p < st.fragment_versions.size(); ++p)
+    page.gauge("archipelago_fragment_version", "The version of each fragment this node holds.",
+               static_cast<double>(st.fragment_versions[p]), with("fragment", std::to_string(p)));
+  std::size_t live = 0;
+  for (const member_view& m : st.core->members()) {
+    live += m.live && !m.departed;
+    metric_labels who = with("learner", std::to_string(m.learner.value));
+    page.gauge("archipelago_learner_last_seen_seconds", "Time since the broker last heard from each learner.",
+               static_cast<double>(now - m.last_heard_ns) * 1e-9, who);
+  }
+  page.gauge("archipelago_learners_live", "Learners alive and not departed.", static_cast<double>(live), l);
+  const ledger_totals led = token_ledger::sum(st.ledger.per_learner());
+  auto bucket = [&](const char* name, std::uint64_t tokens) {
+    page.counter("archipelago_ledger_tokens_total", "The token ledger: processed, and the bucket each processed token ended in.",
+                 static_cast<double>(tokens), with("bucket", name));
+  };
+  bucket("processed", led.processed);
+  bucket("merged", led.merged);
+  bucket("late", led.late);
+  bucket("lost", led.lost);
+  bucket("rejected", led.rejected);
+  page.gauge("archipelago_ledger_balanced", "1 when merged + late + lost + rejected = processed.", led.balanced() ? 1 : 0, l);
+  page.gauge("archipelago_goodput", "Learner time on steps whose tokens were merged, over mesh.learners x time since the first Join.",
+             live_goodput(st, led, setup.cfg.mesh.learners, now), l);
+  const auto stall = static_cast<nanos>(std::max(1e9, 4 * setup.policy.steps_per_round * static_cast<double>(st.last_xi_step_ns)));
+  page.gauge("archipelago_uptime", "Share of time since the first round in which the global model advanced.",
+             st.first_open_ns < 0 ? 1.0 : uptime_from_publications(st.published_at, st.first_open_ns, now, stall), l);
+}
+
+/// The broker's view of the mesh as one JSON object (GET /status; `archipelago status`).
+std::string broker_status_json(const broker_state& st, const mesh_setup& setup, incarnation inc, nanos now) {
+  auto age_s = [&](nanos t) { return t < 0 ? -1.0 : static_cast<double>(now - t) * 1e-9; };
+  const ledger_totals led = token_ledger::sum(st.ledger.per_learner());
+  std::string learners = "[";
+  for (const member_view& m : st.core->members()) {
+    json_line j;
+    const learner_ref who{m.learner, m.inc};
+    j.add("learner", static_cast<std::uint64_t>(m.learner.value)).add("incarnation", m.inc.value)
+        .add("state", m.departed ? "left" : !m.live ? "dead" : m.eligible ? "live" : "joining")
+        .add("last_seen_s", age_s(m.last_heard_ns)).add("steps", m.steps_done).add("step_ms", m.step_ema_ns * 1e-6)
+        .add("endpoint", st.endpoints.count(who) ? st.endpoints.at(who) : std::string());
+    const auto rec = st.records.find(who);
+    if (rec != st.records.end()) j.add("merged_tokens", rec->second.ledger.merged);
+    learners += (learners.size() > 1 ? "," : "") + j.str();
+  }
+  std::string shards = "[";
+  for (std::size_t s = 0; s < st.shard_incarnations.size(); ++s) {
+    json_line j;
+    j.add("shard", static_cast<std::uint64_t>(s)).add("incarnation", st.shard_incarnations[s])
+        .add("endpoint", setup.shard_endpoints[s]).add("last_seen_s", age_s(st.shard_last_heard[s]));
+    shards += (shards.size() > 1 ? "," : "") + j.str();
+  }
+  std::string versions = "[";
+  for (std::size_t p = 0; p < st.fragment_versions.size(); ++p)
+    versions += (p ? "," : "") + std::to_string(st.fragment_versions[p]);
+  const broker_counters& c = st.core->counters();
+  json_line out;
+  out.add("mode", setup.cfg.mesh.mode).add("incarnation", inc.value).add("uptime_s", age_s(st.started_ns))
+      .add("learners_configured", setup.cfg.mesh.learners).add("quorum", setup.policy.quorum)
+      .add("rounds_opened", c.rounds_opened).add("rounds_closed", c.rounds_closed())
+      .add("rounds_open", static_cast<std::uint64_t>(st.core->rounds_open())).add("late", c.late)
+      .add("grace_ms", static_cast<double>(st.last_grace_ns) * 1e-6)
+      .add("goodput", live_goodput(st, led, setup.cfg.mesh.learners, now))
+      .add_raw("ledger", "{\"processed\":" + std::to_string(led.processed) + ",\"merged\":" + std::to_string(led.merged) +
+                             ",\"late\":" + std::to_string(led.late) + ",\"lost\":" + std::to_string(led.lost) +
+                             ",\"rejected\":" + std::to_string(led.rejected) + "}")
+      .add("ledger_balanced", led.balanced())
+      .add_raw("learners", learners + "]").add_raw("shards", shards + "]").add_raw("fragment_versions", versions + "]");
+  return out.str();
 }
 
 storage::stored_ledger stored(const ledger_totals& l) {
@@ -200,6 +312,8 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
                            const clock_source* clock, const snapshot_context* snaps, incarnation inc) {
   auto& st = self->state;
   st.shard_incarnations.assign(setup->shard_endpoints.size(), 0);
+  st.shard_last_heard.assign(setup->shard_endpoints.size(), -1);
+  st.fragment_versions.assign(setup->plan.fragments.size(), 0);
   st.started_ns = clock->now();
   broker_config settings = broker_settings(*setup);
   if (snaps) settings.first_round = first_round_after(*snaps);
@@ -344,6 +458,11 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
         }
         dispatch();
       },
+      [self, setup, clock, inc](metrics_atom, const metrics_page& page) {
+        add_broker_metrics(*page, self->state, *setup, inc, clock->now());
+        return true;
+      },
+      [self, setup, clock, inc](status_atom) { return broker_status_json(self->state, *setup, inc, clock->now()); },
       [self, report, clock](report_atom) {
         report(clock->now(), true);
         return true;
@@ -360,6 +479,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
           return;
         }
         if (from.kind == role::parameter_shard && from.index < st.shard_incarnations.size()) {
+          st.shard_last_heard[from.index] = now;
           std::uint64_t& known = st.shard_incarnations[from.index];
           const std::uint64_t inc = env.header().getIncarnation();
           if (inc > known) {
@@ -456,6 +576,8 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
               break;
             }
             st.core->on_published(round_number{env.header().getRound()}, {u.getFragment()}, u.getVersion(), now);
+            if (u.getFragment() < st.fragment_versions.size())  // a restarted shard may publish lower ones: the newest is what it holds
+              st.fragment_versions[u.getFragment()] = u.getVersion();
             if (st.published_at.size() < (std::size_t{1} << 24)) st.published_at.push_back(now);
             break;
           }

@@ -151,6 +151,14 @@ bool broker_core::is_live(learner_index learner) const {
   return it != learners_.end() && it->second.live && !it->second.departed;
 }
 
+std::vector<member_view> broker_core::members() const {
+  std::vector<member_view> out;
+  for (const auto& [index, st] : learners_)
+    out.push_back({index, st.inc, st.live, st.departed, is_eligible(index), st.last_heard_ns, st.steps_done,
+                   st.has_step_ema ? st.step_ema_ns : 0.0});
+  return out;
+}
+
 bool broker_core::is_eligible(learner_index learner) const {
   auto it = learners_.find(learner);
   return is_live(learner) && it->second.steps_done >= 1;

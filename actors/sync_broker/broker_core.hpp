@@ -127,6 +127,18 @@ struct broker_counters {
   }
 };
 
+/// One learner as the broker sees it now (status pages).
+struct member_view {
+  learner_index learner;
+  incarnation inc;
+  bool live = true;
+  bool departed = false;  // left on purpose
+  bool eligible = false;  // counted for quorum now
+  nanos last_heard_ns = 0;
+  std::uint64_t steps_done = 0;  // of this incarnation
+  double step_ema_ns = 0;        // 0: no step time reported yet
+};
+
 class broker_core {
  public:
   static constexpr std::size_t history_capacity = 1024;
@@ -169,6 +181,8 @@ class broker_core {
   std::size_t rounds_open() const { return open_.size(); }
   round_number next_round() const { return round_number{next_round_}; }
   bool is_live(learner_index learner) const;
+  /// Every learner the broker knows (its newest incarnation), by index.
+  std::vector<member_view> members() const;
   bool is_eligible(learner_index learner) const;
   /// Current pacing estimate; nullopt before any step time is known.
   std::optional<nanos> xi_step_ns() const;

@@ -524,6 +524,12 @@ std::string key_allow_list::name_of_z85(std::string_view public_z85) const {
   return name_of(reinterpret_cast<const std::uint8_t*>(key->data()));
 }
 
+std::string key_allow_list::key_named(std::string_view name) const {
+  for (const auto& [key, key_name] : names_)
+    if (key_name == name) return encode_z85_key(reinterpret_cast<const std::uint8_t*>(key.data()));
+  return {};
+}
+
 bool handle_zap_request(zmq::socket_t& zap_rep, const key_allow_list& allowed,
                         std::string* refused_key_z85) {
   if (refused_key_z85) refused_key_z85->clear();

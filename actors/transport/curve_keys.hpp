@@ -94,6 +94,9 @@ class key_allow_list {
   std::string name_of(const std::uint8_t key32[curve_key_bytes]) const;
   std::string name_of_z85(std::string_view public_z85) const;
 
+  /// The Z85 key listed under `name`, or empty if no key has that name.
+  std::string key_named(std::string_view name) const;
+
   std::size_t size() const { return names_.size(); }
   bool empty() const { return names_.empty(); }
 

@@ -109,6 +109,7 @@ struct node_transport::impl {
 
   // I/O thread only.
   struct peer {
+    node_address address;
     std::string endpoint;
     std::string server_key;  // Z85; empty without CURVE
     std::unique_ptr<zmq::socket_t> dealer;
@@ -218,6 +219,9 @@ struct node_transport::impl {
       count([&](auto& c) {
         ++c.sent_messages;
         c.sent_bytes += bytes;
+        link_counters& link = c.links[p.address];
+        ++link.sent_messages;
+        link.sent_bytes += bytes;
       });
     }
   }
@@ -354,6 +358,11 @@ struct node_transport::impl {
     in->envelope = r.take();
     const decoded_envelope& env = *in->envelope;
     const node_address sender = env.sender();
+    count([&](auto& c) {
+      link_counters& link = c.links[sender];
+      ++link.received_messages;
+      for (const auto& v : views) link.received_bytes += v.size;
+    });
     switch (dedup.check(sender, incarnation{env.header().getIncarnation()}, env.header().getSequence())) {
       case dedup_window::verdict::fresh: break;
       case dedup_window::verdict::duplicate: count([](auto& c) { ++c.duplicates; }); return;
@@ -386,7 +395,7 @@ struct node_transport::impl {
           auto it = peers.find(c.to[0]);
           if (it == peers.end()) {
             const std::uint64_t seed = derive_seed(cfg.seed, (static_cast<std::uint64_t>(c.to[0].kind) << 32) | c.to[0].index);
-            it = peers.emplace(c.to[0], peer{c.endpoint, c.profile_key, nullptr, link_shaper(cfg.default_link, seed),
+            it = peers.emplace(c.to[0], peer{c.to[0], c.endpoint, c.profile_key, nullptr, link_shaper(cfg.default_link, seed),
                                              {}, -1, reconnect_backoff(cfg.backoff, derive_seed(seed, 1)), false})
                      .first;
           }
@@ -615,11 +624,34 @@ expected<transport_config> transport_config_from(const config& cfg, node_address
 const std::string& node_transport::endpoint() const { return impl_->bound_endpoint; }
 const transport_config& node_transport::config() const { return impl_->cfg; }
 
+std::vector<std::string> curve_key_names(node_address node) {
+  const std::string i = std::to_string(node.index);
+  switch (node.kind) {
+    case role::sync_broker: return {"broker"};
+    case role::parameter_shard: return {"shard-" + i};
+    case role::learner: return {"learner-" + i, "learner"};
+    case role::chaos_monkey: return {"chaos"};
+  }
+  return {};
+}
+
 status node_transport::add_peer(node_address peer, const std::string& endpoint,
                                 const std::string& server_public_z85) {
+  std::string server_key = server_public_z85;
   if (impl_->cfg.curve.enabled && endpoint.starts_with("tcp://")) {
-    if (auto ok = validate_z85_key(server_public_z85); !ok)
-      return status(make_error(errc::invalid_input, "CURVE peer " + peer.to_string() + ": " + ok.err().message));
+    const std::vector<std::string> names = curve_key_names(peer);
+    for (std::size_t n = 0; server_key.empty() && impl_->cfg.curve.allowed && n < names.size(); ++n)
+      server_key = impl_->cfg.curve.allowed->key_named(names[n]);
+    if (auto ok = validate_z85_key(server_key); !ok) {
+      std::string wanted;
+      for (const std::string& name : names) wanted += (wanted.empty() ? "'" : " or '") + name + "'";
+      error err = make_error(errc::invalid_input,
+                             "CURVE peer " + peer.to_string() + ": " +
+                                 (server_key.empty() ? "no public key named " + wanted + " on the allow-list (wire.allow)"
+                                                     : ok.err().message));
+      std::fprintf(stderr, "archipelago %s: %s\n", impl_->cfg.self.to_string().c_str(), err.message.c_str());
+      return status(std::move(err));
+    }
   }
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -629,7 +661,7 @@ status node_transport::add_peer(node_address peer, const std::string& endpoint,
     c.what = command::kind::add_peer;
     c.to = {peer};
     c.endpoint = endpoint;
-    c.profile_key = server_public_z85;
+    c.profile_key = server_key;
     impl_->commands.push_back(std::move(c));
   }
   impl_->wake();

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +74,12 @@ struct inbound_message {
   ~inbound_message();
 };
 
+/// Traffic on the link to and from one peer (valid messages only on the way in).
+struct link_counters {
+  std::uint64_t sent_messages = 0, sent_bytes = 0;
+  std::uint64_t received_messages = 0, received_bytes = 0;
+};
+
 struct transport_counters {
   std::uint64_t sent_messages = 0, sent_bytes = 0;
   std::uint64_t received_messages = 0, received_bytes = 0;
@@ -86,8 +93,14 @@ struct transport_counters {
   std::uint64_t shaped_lost = 0, shaped_duplicated = 0, shaped_corrupted = 0;
   std::uint64_t peers_died = 0, reconnects = 0;
   std::uint64_t curve_accepted = 0, curve_refused = 0;  // connection handshakes
+  std::map<node_address, link_counters> links;  // per peer, heartbeats included
   std::uint64_t rejected_total() const;
 };
+
+/// The names under which the allow-list holds a node's public key, in order of
+/// preference: "broker", "shard-I", "learner-I" then "learner" (one keypair may
+/// serve every learner, so that learners can come and go), "chaos".
+std::vector<std::string> curve_key_names(node_address node);
 
 /// The transport settings of a node from the configuration knobs (wire.*, link.*).
 /// With wire.curve on and a tcp:// endpoint it loads the node's keypair
@@ -112,7 +125,9 @@ class node_transport {
   const transport_config& config() const;
 
   /// Registers (or re-points) a peer: its messages go to `endpoint`. With CURVE
-  /// on, `server_public_z85` is the peer's public key (required for tcp://).
+  /// on, `server_public_z85` is the peer's public key; empty: the allow-list's
+  /// key named after the peer (curve_key_names). A tcp:// peer without a key is
+  /// invalid_input, also said on stderr (the mesh's actors do not check).
   status add_peer(node_address peer, const std::string& endpoint, const std::string& server_public_z85 = {});
   /// A builder with this node's header and the next sequence number.
   envelope_builder make_envelope(std::uint64_t round = 0);

@@ -225,3 +225,40 @@ TEST_CASE("transport: CURVE admits allowed keys and refuses strangers") {
   CHECK(c.curve_accepted >= 1);
   CHECK(c.curve_refused >= 1);
 }
+
+TEST_CASE("transport: CURVE finds a server's key on the allow-list by the peer's name") {
+  // The mesh's actors name no keys: node processes take them from wire.allow
+  // (deploy/k8s mounts broker.pub, shard-I.pub, learner.pub there).
+  auto broker_keys = generate_keypair(), learner_keys = generate_keypair();
+  REQUIRE(broker_keys);
+  REQUIRE(learner_keys);
+  auto allow = std::make_shared<key_allow_list>();
+  REQUIRE(allow->add(broker_keys->public_z85, "broker"));
+  REQUIRE(allow->add(learner_keys->public_z85, "learner"));  // one keypair for every learner
+  CHECK(allow->key_named("broker") == broker_keys->public_z85);
+  CHECK(allow->key_named("shard-0").empty());
+  CHECK(curve_key_names(learner) == std::vector<std::string>{"learner-1", "learner"});
+
+  steady_clock_source clock;
+  inbox at_broker, at_learner;
+  auto broker_cfg = fast_config(broker, "tcp://127.0.0.1:0");
+  broker_cfg.curve = {true, *broker_keys, allow};
+  auto b = node_transport::start(broker_cfg, clock, at_broker.handler());
+  REQUIRE(b);
+  auto learner_cfg = fast_config(learner, "tcp://127.0.0.1:0");
+  learner_cfg.curve = {true, *learner_keys, allow};
+  auto l = node_transport::start(learner_cfg, clock, at_learner.handler());
+  REQUIRE(l);
+
+  // No key named shard-0 on the list: refused up front, not a silent dead link.
+  CHECK_FALSE((*l)->add_peer({role::parameter_shard, 0}, (*b)->endpoint()));
+  REQUIRE((*l)->add_peer(broker, (*b)->endpoint()));
+  REQUIRE((*b)->add_peer(learner, (*l)->endpoint()));  // learner/1 falls back to "learner"
+  std::vector<float> delta(64, 0.5f);
+  REQUIRE((*l)->send(broker, contribution(**l, delta)));
+  REQUIRE((*b)->send(learner, contribution(**b, delta)));
+  REQUIRE(at_broker.wait_for([&] { return !at_broker.messages.empty(); }));
+  REQUIRE(at_learner.wait_for([&] { return !at_learner.messages.empty(); }));
+  CHECK(at_broker.messages[0]->envelope->sender() == learner);
+  CHECK(at_learner.messages[0]->envelope->sender() == broker);
+}

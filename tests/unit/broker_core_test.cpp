@@ -733,3 +733,28 @@ TEST_CASE("a restarted broker numbers after its predecessor and takes in learner
   CHECK(h.core.counters().unknown_round == 1);
   CHECK(h.core.counters().late == 1);
 }
+
+TEST_CASE("members() shows each learner's newest incarnation, liveness and pace") {
+  harness h(make_config());
+  h.join(0);
+  h.join(1);
+  h.step(0, 3, 10 * ms);
+  h.at(5 * ms);
+  h.join(1, 2);  // learner 1 restarted
+  h.core.on_peer_lost(L(0), 6 * ms);
+  h.drain();
+  const auto m = h.core.members();
+  REQUIRE(m.size() == 2);
+  CHECK(m[0].learner == L(0));
+  CHECK(m[0].inc == I(1));
+  CHECK_FALSE(m[0].live);
+  CHECK_FALSE(m[0].eligible);
+  CHECK(m[0].steps_done == 3);
+  CHECK(m[0].step_ema_ns == doctest::Approx(10.0 * ms));
+  CHECK(m[1].inc == I(2));
+  CHECK(m[1].live);
+  CHECK_FALSE(m[1].eligible);  // no step of the new incarnation yet
+  CHECK(m[1].steps_done == 0);
+  CHECK(m[1].last_heard_ns == 5 * ms);
+  CHECK(m[1].step_ema_ns == 0);
+}

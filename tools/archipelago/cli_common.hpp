@@ -4,6 +4,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/json_line.hpp"
+#include "node/metrics_server.hpp"
+
 #include <atomic>
 #include <memory>
 #include <cstdint>
@@ -46,6 +49,9 @@ struct config_flags {
   std::vector<std::unique_ptr<std::string>> shortcut_values_;
 };
 
+/// --metrics-port PORT and --metrics-host HOST: where a node serves /metrics and /status.
+void add_metrics_flags(CLI::App& app, metrics_endpoint& where);
+
 /// Set by SIGINT/SIGTERM; long-running commands poll it and stop cleanly.
 extern std::atomic<bool> stop_requested;
 void install_stop_handlers();
@@ -65,25 +71,8 @@ class progress_line {
   bool dirty_ = false;
 };
 
-/// Builds the one-line JSON summary. Numbers that are NaN become null.
-class json_line {
- public:
-  json_line& add(const std::string& key, const std::string& value);
-  json_line& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
-  json_line& add(const std::string& key, double value);
-  json_line& add(const std::string& key, std::int64_t value);
-  json_line& add(const std::string& key, int value) { return add(key, static_cast<std::int64_t>(value)); }
-  json_line& add(const std::string& key, std::uint64_t value);
-  json_line& add(const std::string& key, bool value);
-  json_line& add_raw(const std::string& key, const std::string& json);
-  std::string str() const { return "{" + body_ + "}"; }
-
- private:
-  void key(const std::string& k);
-  std::string body_;
-};
-
-std::string json_escape(const std::string& s);
+using archipelago::json_escape;
+using archipelago::json_line;
 /// {"merged":…,"late":…,"lost":…,"rejected":…,"processed":…} in tokens.
 std::string ledger_json(const ledger_totals& l);
 std::string format_duration(double seconds);

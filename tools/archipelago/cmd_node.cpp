@@ -96,7 +96,9 @@ runner add_node_command(CLI::App& app) {
   cmd->add_option("--shards", n->options.shard_endpoints, "Every shard's endpoint, comma-separated, in index order")
       ->required()
       ->delimiter(',');
-  cmd->add_option("--listen", n->options.listen, "Learners: where to listen (default tcp://127.0.0.1:0)");
+  cmd->add_option("--listen", n->options.listen,
+                  "Where to bind. Learners announce it (default tcp://127.0.0.1:0); the broker and shards bind it "
+                  "instead of their own --broker / --shards entry, e.g. tcp://0.0.0.0:PORT behind a DNS name");
   cmd->add_option("--db", n->options.db,
                   "Shard: keep versioned snapshots in this RocksDB directory and resume from it after a crash; "
                   "broker: keep the round tape and the ledger there");
@@ -106,6 +108,7 @@ runner add_node_command(CLI::App& app) {
   n->flags.add_shortcut(*cmd, "--learners", "mesh.learners", "M", "Learners in the mesh");
   n->flags.add_shortcut(*cmd, "--steps", "train.steps", "N", "Inner steps per learner");
   n->flags.add_to(*cmd);
+  add_metrics_flags(*cmd, n->options.metrics);
   cmd->add_flag("--json", n->json, "Print a one-line JSON summary last");
   return [n] { return run_node_command(*n); };
 }

@@ -41,7 +41,7 @@ int run_mesh_command(const run_options& o) {
               cfg->data.corpus.empty() ? "synthetic" : cfg->data.corpus.c_str());
   std::fflush(stdout);
   auto summary = run_local_mesh(*cfg, [&](const std::string& line) { progress.update(line); },
-                                [] { return stop_requested.load(); }, o.snapshots);
+                                [] { return stop_requested.load(); }, o.snapshots, nullptr, o.metrics);
   progress.finish();
   if (!summary) return report(summary.err());
   const mesh_summary& s = *summary;
@@ -135,6 +135,7 @@ void add_run_flags(CLI::App& cmd, run_options& o) {
   cmd.add_option("--db", o.snapshots.db, "Keep versioned snapshots in this RocksDB directory (replay them later)");
   cmd.add_flag("--record-contributions", o.snapshots.record_contributions,
                "With --db: also record every merged contribution, for `replay verify`");
+  add_metrics_flags(cmd, o.metrics);
 }
 
 runner add_run_command(CLI::App& app) {

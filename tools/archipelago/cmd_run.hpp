@@ -15,6 +15,7 @@ struct run_options {
   std::string out = "archipelago-run.ckpt";
   bool json = false;
   mesh_snapshots snapshots;
+  metrics_endpoint metrics;
 };
 
 /// The training flags of `run` (mode, learners, steps, config, --out, --json, --db, ...).

@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
   add(add_node_command);
   add(add_replay_command);
   add(add_drill_command);
+  add(add_status_command);
+  add(add_simulate_command);
   add(add_train_command);
   add(add_sample_command);
   add(add_bench_command);

@@ -1,0 +1,22 @@
+#pragma once
+// What a running node shows of itself: Prometheus metrics (GET /metrics) and,
+// from the broker, the mesh's status (GET /status, read by `archipelago
+// status`). Each actor fills a page when asked (metrics_atom, status_atom in
+// mesh_actors.hpp); these helpers write the parts every role shares.
+
+#include "core/clock.hpp"
+#include "core/ids.hpp"
+#include "core/prometheus_text.hpp"
+#include "transport/transport.hpp"
+
+namespace archipelago {
+
+/// {role, index}: the labels every sample of one actor carries.
+metric_labels role_labels(node_address self);
+
+/// The actor's identity and uptime, and its transport: bytes and messages per
+/// link (peer), rejected and duplicate messages, peers lost, reconnects.
+void add_node_metrics(prometheus_text& page, node_address self, incarnation inc, nanos up_ns,
+                      const transport::transport_counters& wire);
+
+}  // namespace archipelago

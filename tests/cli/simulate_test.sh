@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# `archipelago simulate`: bad flags give one clear line and exit 2; one setup
+# prints goodput with its confidence interval and a JSON line last; --table
+# prints all 30 cells of paper Table 1 beside the paper's values, and its JSON
+# carries them; --calibrate fits the elastic row. Short horizons keep it fast.
+set -uo pipefail
+A=${ARCHIPELAGO:?set ARCHIPELAGO to the archipelago binary}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+passes=0
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+pass() { passes=$((passes + 1)); }
+
+expect_error() {
+  local code=$1 pattern=$2
+  shift 3
+  timeout 60 "$@" >"$work/out" 2>"$work/err"
+  local rc=$?
+  local err
+  err=$(cat "$work/err")
+  if [[ $rc -ne $code ]]; then fail "$* exited $rc, expected $code (stderr: $err)"; return; fi
+  if ! grep -qE "$pattern" "$work/err"; then fail "$*: stderr '$err' does not match '$pattern'"; return; fi
+  if [[ $(wc -l <"$work/err") -ne 1 ]]; then fail "$*: expected one error line, got: $err"; return; fi
+  pass
+}
+
+expect_error 2 "unknown policy 'elastic'" -- "$A" simulate --policy elastic
+expect_error 2 "learners applies to --policy decoupled only" -- "$A" simulate --policy dp --learners 4
+expect_error 2 "learners \(100000\) must not exceed the slices" -- "$A" simulate --learners 100000
+expect_error 2 "chips must be in" -- "$A" simulate --chips -5
+expect_error 2 "mtbi-years must be in" -- "$A" simulate --mtbi-years 0
+expect_error 2 "unknown repair law 'weibull'" -- "$A" simulate --repair-law weibull
+expect_error 2 "unknown dp recovery" -- "$A" simulate --policy dp --dp-recovery pray
+expect_error 2 "replications must be in" -- "$A" simulate --replications 0
+expect_error 2 "exclude each other" -- "$A" simulate --table --calibrate
+expect_error 2 "" -- "$A" simulate --chips many
+expect_error 2 "" -- "$A" simulate --no-such-flag
+
+if timeout 20 "$A" simulate --help >"$work/help" 2>&1 && grep -q "Usage" "$work/help"; then pass
+else fail "simulate --help"; fi
+
+# One setup: goodput with a CI, JSON last; the same seed gives the same numbers.
+for run in 1 2; do
+  if ! timeout 60 "$A" simulate --policy decoupled --learners 4 --chips 600000 --days 2 --replications 3 --seed 5 \
+      --json >"$work/one$run.out" 2>"$work/one$run.err"; then
+    fail "simulate one setup: $(cat "$work/one$run.err")"
+  fi
+done
+if grep -q "goodput .* ± " "$work/one1.out" && python3 - "$(tail -n 1 "$work/one1.out")" "$(tail -n 1 "$work/one2.out")" <<'PY'
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert a["command"] == "simulate" and a["policy"] == "decoupled" and a["learners"] == 4, a
+assert a["chips"] == 600000 and a["replications"] == 3, a
+assert 0.5 < a["goodput"] < 1 and a["goodput_ci95"] >= 0, a
+assert 0 < a["uptime"] <= 1, a
+assert a["interruptions_per_run"] > 100, a
+assert a["goodput"] == b["goodput"], (a, b)  # seeded
+PY
+then pass; else fail "simulate one setup output: $(cat "$work/one1.out")"; fi
+
+# The whole table: 30 cells, each with ours, paper, difference; a summary line.
+if timeout 120 "$A" simulate --table --days 1 --replications 2 --json >"$work/table.out" 2>"$work/table.err" &&
+   grep -qE "^[0-9]+ of 30 cells within 3 points" "$work/table.out" &&
+   python3 - "$(tail -n 1 "$work/table.out")" <<'PY'
+import json, sys
+s = json.loads(sys.argv[1])
+assert s["command"] == "simulate" and s["mode"] == "table", s
+cells = s["cells"]
+assert len(cells) == 30 and s["cells_total"] == 30, len(cells)
+rows = ["dp", "elastic_dp", "decoupled_2", "decoupled_4", "decoupled_8", "decoupled_16"]
+assert [c["row"] for c in cells] == [r for r in rows for _ in range(5)]
+assert [c["chips"] for c in cells[:5]] == [150000, 300000, 600000, 1200000, 2400000]
+paper = {("dp", 150000): 0.72, ("elastic_dp", 2400000): 0.40, ("decoupled_16", 2400000): 0.86}
+for c in cells:
+    assert 0 <= c["ours"] <= 1 and c["ours_ci95"] >= 0, c
+    assert abs(100 * (c["ours"] - c["paper"]) - c["diff_pts"]) < 1e-3, c  # 6 significant digits
+    assert c["within"] == (abs(c["diff_pts"]) <= 3), c
+    if (c["row"], c["chips"]) in paper:
+        assert abs(c["paper"] - paper[(c["row"], c["chips"])]) < 1e-9, c
+assert s["within"] == sum(c["within"] for c in cells), s
+PY
+then pass; else fail "simulate --table: $(tail -c 2000 "$work/table.out") $(cat "$work/table.err")"; fi
+
+# Calibration on the elastic row: a short one, from a far start, lands near the paper.
+if timeout 120 "$A" simulate --calibrate --days 0.3 --replications 1 --downscale-s 60 --upscale-s 60 --json \
+    >"$work/cal.out" 2>"$work/cal.err" &&
+   python3 - "$(tail -n 1 "$work/cal.out")" <<'PY'
+import json, sys
+s = json.loads(sys.argv[1])
+assert s["mode"] == "calibrate" and len(s["elastic_dp"]) == 5, s
+assert s["rms_error_pts"] < 5, s
+assert s["constants"]["downscale_s"] < 60, s
+PY
+then pass; else fail "simulate --calibrate: $(cat "$work/cal.out" "$work/cal.err")"; fi
+
+echo "simulate cli: $passes passed, $failures failed"
+[[ $failures -eq 0 ]]
