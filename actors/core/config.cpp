@@ -236,6 +236,14 @@ std::vector<knob> make_knobs() {
                   "Outer learning rate (eta_out). Default: 0.6."),
       number_knob("mesh.outer_momentum", h, &mesh_config::outer_momentum, 0.0, 0.999,
                   "Outer Nesterov momentum (mu). Default: 0.6."),
+      text_knob("mesh.merge", h, &mesh_config::merge, "rda | mean",
+                "How shards merge the learners' deltas: radial-directional averaging (rda) or the "
+                "token-weighted mean (mean, the ablation baseline); embeddings always take the mean. "
+                "Default: rda.",
+                [](std::string_view v) -> std::string {
+                  if (v == "rda" || v == "mean") return "";
+                  return "unknown merge '" + std::string(v) + "' (rda or mean)";
+                }),
       number_knob("mesh.mix", h, &mesh_config::mix, -1.0, 1.0,
                   "alpha_mix on receipt of a fragment; -1 takes the mode's (0, streaming 0.5). "
                   "Default: -1."),
@@ -536,9 +544,11 @@ expected<sync_policy> resolve_policy(const config& cfg) {
 
 std::uint64_t mesh_agreement_hash(const config& cfg) {
   const mesh_config& m = cfg.mesh;
-  const std::string text = m.mode + "|" + std::to_string(m.fragments) + "|" + std::to_string(m.shards) + "|" +
+  std::string text = m.mode + "|" + std::to_string(m.fragments) + "|" + std::to_string(m.shards) + "|" +
                            std::to_string(m.inner_steps) + "|" + std::to_string(m.rounds_in_flight) + "|" +
                            cfg.wire.encoding;
+  // Appended only when not the default, so meshes configured before the knob keep their hash.
+  if (m.merge != "rda") text += "|merge=" + m.merge;
   return checksum64(text.data(), text.size());
 }
 

@@ -68,6 +68,7 @@ struct mesh_config {
   // here syncs every ~P steps, where they overshoot (README, "The mesh").
   double outer_lr = 0.6;           // η_out
   double outer_momentum = 0.6;     // μ
+  std::string merge = "rda";       // shards' merge of deltas: rda | mean (the weighted-mean ablation)
   double mix = -1;                 // α_mix; -1: the mode's (0, streaming 0.5)
   int inner_steps = 50;            // H for diloco and streaming (paper 500, scaled)
   bool elastic = true;             // synchronous modes: stop waiting for a dead learner (false: stall)

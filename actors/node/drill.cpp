@@ -14,7 +14,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/// The drill's configuration: time-bounded, paced, obeying the chaos monkey.
+}  // namespace
+
 config drill_config(const config& base, const fault_plan_spec& plan, double step_time_ms) {
   config cfg = base;
   cfg.wire.accept_chaos = true;
@@ -25,6 +26,8 @@ config drill_config(const config& base, const fault_plan_spec& plan, double step
   cfg.train.steps = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(total_s * 1000 / step_time_ms)));
   return cfg;
 }
+
+namespace {
 
 /// A directory for the runs' snapshot stores; removed at the end unless the user named it.
 struct work_area {
@@ -292,6 +295,11 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
   r.budget_overruns = r.run.budget_overruns;
   r.chaos_commands = drill.log.commands_sent.load();
   r.chaos_commands_failed = drill.log.commands_failed.load();
+  finish_drill_report(r, drill, cfg, layout);
+  return r;
+}
+
+void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, const mesh_setup& layout) {
   nanos zero = 0;
   {
     std::lock_guard lock(drill.log.mutex);
@@ -318,7 +326,6 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
   if (r.reference) r.reference_goodput = goodput(*r.reference);
   const ledger_totals& l = r.run.broker.ledger;
   r.ledger_exact = l.balanced() && l.processed + r.unreported_tokens == r.run.tokens;
-  return r;
 }
 
 }  // namespace archipelago

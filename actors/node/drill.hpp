@@ -56,7 +56,18 @@ struct drill_sample {
   bool broker_down = false;
 };
 
+/// What the launcher of a many-process drill did to a node's process: start,
+/// kill (SIGKILL), stop (SIGSTOP), cont (SIGCONT), exit; with the pid and what
+/// was seen of it (e.g. /proc state "T" after a stop).
+struct drill_process_event {
+  double t_s = 0;  // on the drill's clock (negative: before the chaos monkey started)
+  std::string node, action, detail;
+  int pid = 0;
+};
+
 struct drill_report {
+  bool processes = false;  // the mesh ran as separate `archipelago node` processes
+  std::vector<drill_process_event> process_events;
   std::string plan, mode;
   std::uint64_t seed = 0;
   int learners = 0, shards = 0, quorum = 1;
@@ -91,5 +102,15 @@ double calibrate_step_time_ms(const config& cfg);
 
 expected<drill_report> run_drill(const config& cfg, const drill_options& options, const mesh_progress& progress,
                                  const std::function<bool()>& stop_requested);
+
+/// The configuration a drill's mesh runs with: time-bounded by the plan's phases,
+/// paced at `step_time_ms`, obeying the chaos monkey.
+config drill_config(const config& base, const fault_plan_spec& plan, double step_time_ms);
+
+/// The figures of a drill once its run (r.run, r.samples) is in: the timeline's
+/// rows and rejoin times, tokens killed learners never reported, downtime,
+/// goodput and the ledger's exactness. Shared by the one-process and the
+/// many-process drill (drill_processes).
+void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, const mesh_setup& layout);
 
 }  // namespace archipelago

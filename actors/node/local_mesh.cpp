@@ -221,7 +221,7 @@ class local_processes final : public process_control {
 
 expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested, const mesh_snapshots& snapshots,
-                                      mesh_drill* drill, const metrics_endpoint& metrics) {
+                                      mesh_drill* drill, const metrics_endpoint& metrics, const mesh_eval& eval) {
   auto policy = resolve_policy(base);
   if (!policy) return policy.err();
   mesh_setup setup = make_mesh_setup(base, *policy);
@@ -247,8 +247,8 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   };
 
   mesh_stats stats;
+  stats.learner_steps = std::vector<std::atomic<std::uint64_t>>(static_cast<std::size_t>(m));
   if (drill) {
-    stats.learner_steps = std::vector<std::atomic<std::uint64_t>>(static_cast<std::size_t>(m));
     stats.committed_version = std::vector<std::atomic<std::uint64_t>>(setup.plan.fragments.size());
   }
   steady_clock_source clock;
@@ -256,6 +256,7 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   if (!snapshots.resume_db.empty()) {  // the curve of a resumed run starts at its snapshot's loss
     out.start_eval_loss = evaluate(origin->start_params).loss;
     out.eval_curve.emplace_back(0, out.start_eval_loss);
+    out.eval_times_s.push_back(0);
   }
   out.resumed_from = origin->resumed_version;
   out.start_step = origin->start_step;
@@ -323,8 +324,9 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
     const auto start = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
     double last_eval_s = 0, last_loss = std::nan("");
-    constexpr double eval_period_s = 20;
-    while (stats.learners_done.load() < m && !stop_requested() &&
+    const double eval_period_s = eval.period_s > 0 ? eval.period_s : 20;
+    while (stats.learners_done.load() < m && !stop_requested() && out.target_reached_s < 0 &&
+           (eval.stop_tokens == 0 || stats.tokens.load() < eval.stop_tokens) &&
            (base.train.time_limit_s <= 0 || elapsed() < base.train.time_limit_s)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(drill ? 250 : 500));
       if (drill && drill->sample) drill->sample(drill_clock(), stats);
@@ -344,14 +346,26 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
         last_loss = evaluate(theta ? *theta : gather_global(self, shards, setup)).loss;
         const std::uint64_t at = head ? head->ledger.processed : tokens;
         out.eval_curve.emplace_back(at, last_loss);
+        out.eval_times_s.push_back(elapsed());
+        // When Θ was taken, not when its evaluation ended.
+        if (eval.target_loss > 0 && last_loss <= eval.target_loss) out.target_reached_s = last_eval_s;
         if (head) (void)writer->submit(storage::eval_record{head->mesh_version, wall_clock_ns(), last_loss, at});
       }
+      broker_report r;
+      {
+        std::lock_guard lock(stats.report_mutex);
+        r.ledger = stats.report.ledger;
+        r.uptime = stats.report.uptime;
+        r.first_join_ns = stats.report.first_join_ns;
+        r.xi_quorum_ms = stats.report.xi_quorum_ms;
+        r.last_grace_ms = stats.report.last_grace_ms;
+      }
+      if (!drill) {
+        run_sample sample{elapsed(), stats.tokens.load(), stats.rounds_closed.load(), r.ledger.merged_step_time_s, r.uptime, {}};
+        for (const auto& steps : stats.learner_steps) sample.learner_steps.push_back(steps.load());
+        out.timeline.push_back(std::move(sample));
+      }
       if (progress) {
-        broker_report r;
-        {
-          std::lock_guard lock(stats.report_mutex);
-          r = stats.report;
-        }
         const double rounds = static_cast<double>(stats.rounds_closed.load());
         // A drill's broker may have restarted (a new span, a restored ledger): there, the run's time.
         const double span_s = drill                  ? elapsed()
@@ -422,6 +436,7 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
     out.eval_loss = r.loss;
     out.eval_bpb = r.bits_per_byte;
     out.eval_curve.emplace_back(stats.tokens.load(), r.loss);
+    out.eval_times_s.push_back(out.wall_s);
   }
   {
     std::lock_guard lock(stats.report_mutex);

@@ -17,6 +17,15 @@
 
 namespace archipelago {
 
+/// The mesh every half second of a run (not a drill, which samples on its own).
+struct run_sample {
+  double t_s = 0;  // since the learners started
+  std::uint64_t tokens = 0, rounds = 0;
+  double merged_step_time_s = 0;  // the broker's ledger, as of its last report
+  double uptime = 1;              // the broker's, so far
+  std::vector<std::uint64_t> learner_steps;
+};
+
 struct mesh_summary {
   std::string mode;
   int learners = 0, shards = 0, fragments = 0;
@@ -32,6 +41,9 @@ struct mesh_summary {
   std::vector<float> global_params;  // Θ at the end, laid out like a learner's buffer
   /// The global model's eval loss during the run: (tokens, nats/byte).
   std::vector<std::pair<std::uint64_t, double>> eval_curve;
+  std::vector<double> eval_times_s;  // when each point of eval_curve was taken (seconds since the start)
+  double target_reached_s = -1;      // mesh_eval::target_loss: the time of the evaluation that reached it; -1: never
+  std::vector<run_sample> timeline;  // a run's (empty in a drill)
   // snapshots
   std::uint64_t resumed_from = 0;   // mesh version the run started from; 0: a fresh model
   std::int64_t start_step = 0;      // the learners' schedule started there
@@ -82,9 +94,17 @@ struct mesh_drill {
   std::vector<killed_learner> killed;  // guarded by mutex
 };
 
+/// How often a run evaluates the global model as it goes, and whether it stops
+/// at a target loss (a race to a loss, as `bench wan` runs).
+struct mesh_eval {
+  double period_s = 20;    // seconds between evaluations of Θ
+  double target_loss = 0;  // stop once an evaluation is at or below it (nats/byte); 0: never
+  std::uint64_t stop_tokens = 0;  // stop once the learners processed this many tokens; 0: never
+};
+
 expected<mesh_summary> run_local_mesh(const config& cfg, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested,
                                       const mesh_snapshots& snapshots = {}, mesh_drill* drill = nullptr,
-                                      const metrics_endpoint& metrics = {});
+                                      const metrics_endpoint& metrics = {}, const mesh_eval& eval = {});
 
 }  // namespace archipelago

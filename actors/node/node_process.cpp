@@ -54,7 +54,8 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
   std::optional<recovered_store> store;
   if (!o.db.empty()) {
     if (o.kind == role::learner) return make_error(errc::invalid_input, "--db: learners keep no snapshots");
-    auto opened = open_mesh_store(o.db, setup);
+    // A drill's shard (wire.accept_chaos): its writes can be made to fail (the chaos monkey's storage faults).
+    auto opened = open_mesh_store(o.db, setup, cfg.wire.accept_chaos && o.kind == role::parameter_shard);
     if (!opened) return opened.err();
     for (const auto& d : opened->dropped) std::fprintf(stderr, "archipelago node: recovery of %s: %s\n", o.db.c_str(), d.c_str());
     store = std::move(*opened);
@@ -82,6 +83,8 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
       snaps.restore_store = store->store.get();
       snaps.resume_from = store->head;
       snaps.broker_recovery = o.kind == role::sync_broker;
+      if (store->disk)
+        snaps.set_storage_failing = [disk = store->disk](bool failing) { disk->set_write_error_rate(failing ? 1 : 0); };
     }
     caf::scoped_actor self{sys};
     // Bound before the role starts, so a port in use stops nothing; serves until the role has ended.

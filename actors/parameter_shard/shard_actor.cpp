@@ -98,6 +98,7 @@ caf::behavior shard_actor(caf::stateful_actor<shard_state>* self, const mesh_set
   shard_config sc;
   sc.outer = {setup->cfg.mesh.outer_lr, setup->cfg.mesh.outer_momentum};
   sc.gradient_mode = setup->policy.send_gradients;
+  sc.merge_mean = setup->cfg.mesh.merge == "mean";
   sc.adamw_outer = setup->cfg.optimizer;
   sc.schedule_steps = setup->cfg.train.steps;
   sc.record_merges = snaps && snaps->writer && snaps->record_contributions;

@@ -27,8 +27,11 @@ shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, st
     for (std::size_t t : spec.tensors) f.names.push_back(layout.tensors[t].name);
     for (std::size_t i = 0; i < spec.tensors.size(); ++i) {
       const tensor_spec& ts = layout.tensors[spec.tensors[i]];
-      // Gradients are averaged on every tensor; deltas get RDA except on embeddings.
-      f.tensors.push_back({offset, ts.size(), config.gradient_mode || ts.kind == tensor_kind::embedding, f.names[i]});
+      // Gradients are averaged on every tensor; deltas get RDA except on embeddings
+      // (or nowhere, with mesh.merge = mean).
+      f.tensors.push_back({offset, ts.size(),
+                           config.gradient_mode || config.merge_mean || ts.kind == tensor_kind::embedding,
+                           f.names[i]});
       f.theta.insert(f.theta.end(), initial_params + ts.offset, initial_params + ts.offset + ts.size());
       fragment_layout.tensors.push_back(ts);
       fragment_layout.tensors.back().offset = offset;

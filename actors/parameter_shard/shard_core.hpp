@@ -26,6 +26,8 @@ struct shard_config {
   /// The dp policy: contributions are gradients, averaged per token over every
   /// tensor, and the outer step is AdamW at the inner schedule (step = version).
   bool gradient_mode = false;
+  /// mesh.merge = mean: every tensor takes the token-weighted mean instead of RDA.
+  bool merge_mean = false;
   optimizer_config adamw_outer;
   std::int64_t schedule_steps = 1;
   std::size_t max_open_rounds = 16;           // rounds with buffered contributions

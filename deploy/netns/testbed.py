@@ -246,7 +246,7 @@ class Testbed:
 def probe_serve(args):
     """Serves probe connections; each is read to its end, then answered with the
     bytes received and the span from first to last byte (the receiver's view)."""
-    srv = socket.create_server((args.host, args.port), reuse_port=False)
+    srv = socket.create_server((args.host, args.port))
     srv.settimeout(30)
     print(json.dumps({"probe": "ready"}), flush=True)
     served = 0
@@ -263,7 +263,7 @@ def probe_serve(args):
                 first = first or last
                 total += len(chunk)
             if total:  # RTT probes connect and close without data
-                conn.sendall(json.dumps({"bytes": total, "span_s": (last - first) if total else 0}).encode())
+                conn.sendall(json.dumps({"bytes": total, "span_s": last - first}).encode())
                 served += 1
 
 
@@ -618,8 +618,8 @@ def main():
             p.add_argument("--probe-seconds", type=float, default=1.0,
                            help="length of the throughput probe before training; 0 = none (default 1)")
             p.add_argument("--probe-all", action="store_true", help="probe every learner host, not only l0")
-            p.add_argument("--curve", action=argparse.BooleanOptionalAction, default=False,
-                           help="CURVE between the nodes, a keypair each made for the run (default off)")
+            p.add_argument("--curve", action=argparse.BooleanOptionalAction, default=True,
+                           help="CURVE between the nodes, a keypair each made for the run (default on)")
             p.add_argument("--timeout", type=float, default=600, metavar="SECONDS", help="bound on the training")
     p = sub.add_parser("down", help="tear one bed down")
     p.add_argument("bed", help="the bed's name, e.g. archnet-1234")

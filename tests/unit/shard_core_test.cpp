@@ -137,3 +137,33 @@ TEST_CASE("shard core: a broker restart drops the buffered rounds and round numb
   CHECK(f.shard.on_earlier_broker_round(70) == contribution_verdict::late);
   CHECK(f.shard.ledger().late == late_before + 1);
 }
+
+TEST_CASE("shard core: mesh.merge = mean takes the token-weighted mean on every tensor, not RDA") {
+  fixture f;
+  const fragment_index p{2};
+  const auto d1 = f.delta(p, 21), d2 = f.delta(p, 22);
+  shard_config mean_config;
+  mean_config.merge_mean = true;
+  shard_core mean_shard(f.layout, f.plan, {p}, mean_config, f.init.data());
+  for (shard_core* s : {&f.shard, &mean_shard}) {
+    REQUIRE(s->on_contribution(round_number{1}, p, {{1}, {1}}, 4, 400, d1) == contribution_verdict::buffered);
+    REQUIRE(s->on_contribution(round_number{1}, p, {{2}, {1}}, 2, 100, d2) == contribution_verdict::buffered);
+    REQUIRE(s->on_round_close(round_number{1}, p, {{{1}, {1}}, {{2}, {1}}}));
+  }
+  // Expected: Δ = Σ w v / Σ w with w = tokens² / steps, v = −d; then the default outer step.
+  const double w1 = 400.0 * 400 / 4, w2 = 100.0 * 100 / 2;
+  std::vector<float> grad(d1.size()), momentum(d1.size(), 0.f);
+  std::vector<float> start;  // the fragment's Θ before the merge: its tensors in plan order
+  for (std::size_t t : f.plan.fragments[p.value].tensors)
+    start.insert(start.end(), f.init.begin() + static_cast<std::ptrdiff_t>(f.layout.tensors[t].offset),
+                 f.init.begin() + static_cast<std::ptrdiff_t>(f.layout.tensors[t].offset + f.layout.tensors[t].size()));
+  for (std::size_t i = 0; i < grad.size(); ++i)
+    grad[i] = static_cast<float>((w1 * -d1[i] + w2 * -d2[i]) / (w1 + w2));
+  outer_optimizer(nesterov_config{}).step(start.data(), momentum.data(), grad.data(), start.size());
+  const std::vector<float> got = mean_shard.value(p);
+  REQUIRE(got.size() == start.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - start[i]));
+  CHECK(worst < 1e-6);
+  CHECK(mean_shard.value(p) != f.shard.value(p));  // RDA (the default) merges differently
+}

@@ -18,7 +18,9 @@
 
 #include "bench_stats.hpp"
 #include "cli_common.hpp"
+#include "cmd_bench_ablate.hpp"
 #include "cmd_bench_snapshot.hpp"
+#include "cmd_bench_wan.hpp"
 #include "cmd_bench_wire.hpp"
 #include "commands.hpp"
 #include "core/prng.hpp"
@@ -291,6 +293,8 @@ runner add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   add_bench_wire(*bench);
   add_bench_snapshot(*bench);
+  add_bench_wan(*bench);
+  add_bench_ablate(*bench);
   CLI::App* compute = bench->add_subcommand("compute", "Learner engine throughput vs a matched GEMM (and PyTorch)");
   compute->add_option("--model", o->model, "nano, micro or mini")->required();
   compute->add_option("--threads", o->threads, "Compute threads (default 2)");
@@ -307,6 +311,8 @@ runner add_bench_command(CLI::App& app) {
   return [o, compute, bench] {
     if (compute->parsed()) return run_compute(*o);
     if (bench->get_subcommand("snapshot")->parsed()) return run_bench_snapshot();
+    if (bench->get_subcommand("wan")->parsed() || bench->get_subcommand("ddp")->parsed()) return run_bench_wan();
+    if (bench->get_subcommand("ablate")->parsed()) return run_bench_ablate();
     return run_bench_wire();
   };
 }

@@ -7,8 +7,11 @@
 #include <memory>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "cli_common.hpp"
 #include "commands.hpp"
+#include "drill_processes.hpp"
 #include "drill_report.hpp"
 #include "node/drill.hpp"
 
@@ -20,6 +23,8 @@ struct drill_flags {
   std::string plan;
   std::vector<std::string> modes;
   bool json = false, no_reference = false;
+  bool processes = false;  // the mesh as separate `archipelago node` processes
+  std::string binary;      // --processes: the archipelago executable the nodes run (default: this one)
   std::string report_dir = "drill-report";
   std::string work_dir;
   double time_scale = 1;
@@ -27,8 +32,9 @@ struct drill_flags {
 };
 
 void print_report(const drill_report& r) {
-  std::printf("\n== %s, mode %s: %d learners, %d shards, K = %d; compute budget %.0f ms per step (%llu overruns)\n",
-              r.plan.c_str(), r.mode.c_str(), r.learners, r.shards, r.quorum, r.step_time_ms,
+  std::printf("\n== %s, mode %s%s: %d learners, %d shards, K = %d; compute budget %.0f ms per step (%llu overruns)\n",
+              r.plan.c_str(), r.mode.c_str(), r.processes ? ", separate processes" : "", r.learners, r.shards, r.quorum,
+              r.step_time_ms,
               static_cast<unsigned long long>(r.budget_overruns));
   std::printf("timeline (s):\n");
   for (const auto& f : r.faults) {
@@ -105,12 +111,18 @@ int run_drills(const drill_flags& o) {
   std::filesystem::create_directories(o.report_dir, ec);
   if (ec) return report(make_error(errc::io_error, "cannot create " + o.report_dir + ": " + ec.message()));
 
+  std::string binary = o.binary;
+  if (o.processes && binary.empty()) binary = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (o.processes && (binary.empty() || ::access(binary.c_str(), X_OK) != 0))
+    return report_input(make_error(errc::invalid_input, "--binary: " + (binary.empty() ? std::string("(none)") : binary) +
+                                                            " is not an executable archipelago"));
   install_stop_handlers();
   progress_line progress(8);
   std::vector<drill_report> done;
   for (const auto& cfg : configs) {
-    auto r = run_drill(cfg, opts, [&](const std::string& line) { progress.update(cfg.mesh.mode + " " + line); },
-                       [] { return stop_requested.load(); });
+    auto on_line = [&](const std::string& line) { progress.update(cfg.mesh.mode + " " + line); };
+    auto stop = [] { return stop_requested.load(); };
+    auto r = o.processes ? run_process_drill(cfg, opts, binary, on_line, stop) : run_drill(cfg, opts, on_line, stop);
     progress.finish();
     if (!r) return report(r.err());
     print_report(*r);
@@ -160,6 +172,10 @@ runner add_drill_command(CLI::App& app) {
                   "Multiply every time of the plan by this (0.2: a short form of the same drill)")
       ->capture_default_str();
   cmd->add_flag("--no-reference", o->no_reference, "Skip the fault-free reference run");
+  cmd->add_flag("--processes", o->processes,
+                "Run the mesh as separate `archipelago node` processes on loopback tcp:// (crash = SIGKILL, "
+                "pause = SIGSTOP/SIGCONT; the wire without CURVE, on loopback)");
+  cmd->add_option("--binary", o->binary, "With --processes: the archipelago executable the nodes run (default: this one)");
   cmd->add_option("--max-eval-gap", o->max_eval_gap, "Largest eval-loss excess over the reference that passes")
       ->capture_default_str();
   cmd->add_option("--report", o->report_dir, "Write the report (HTML, JSON) into this directory")->capture_default_str();

@@ -435,6 +435,7 @@ int run_verify(const replay_cli& c, const opened_store& s) {
   shard_config sc;
   sc.outer = {s.cfg.mesh.outer_lr, s.cfg.mesh.outer_momentum};
   sc.gradient_mode = s.setup.policy.send_gradients;
+  sc.merge_mean = s.cfg.mesh.merge == "mean";
   sc.adamw_outer = s.cfg.optimizer;
   sc.schedule_steps = s.cfg.train.steps;
   sc.max_contributions_per_round = SIZE_MAX;

@@ -2,12 +2,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 
 #include "cmd_run.hpp"
 #include "commands.hpp"
 #include "learner/model/checkpoint.hpp"
 #include "node/mesh_snapshots.hpp"
+#include "run_report.hpp"
 
 namespace archipelago::cli {
 namespace {
@@ -82,6 +84,12 @@ int run_mesh_command(const run_options& o) {
     if (auto ok = save_checkpoint(o.out, ckpt); !ok) return report(ok.err());
     std::printf("global model written to %s (archipelago sample --checkpoint %s)\n", o.out.c_str(), o.out.c_str());
   }
+  if (!o.report.empty()) {
+    std::ofstream html(o.report, std::ios::trunc);
+    html << run_report_html(s, *cfg);
+    if (!html.flush()) return report(make_error(errc::io_error, "--report " + o.report + ": cannot write the report"));
+    std::printf("report: %s\n", o.report.c_str());
+  }
   if (o.json) {
     json_line j;
     j.add("command", "run")
@@ -110,6 +118,7 @@ int run_mesh_command(const run_options& o) {
         .add("broker_cpu_ms_per_round", s.rounds ? 1e3 * s.broker.broker_cpu_s / static_cast<double>(s.rounds) : 0.0)
         .add("bytes_on_wire", static_cast<std::int64_t>(s.bytes_on_wire))
         .add("checkpoint", o.out)
+        .add("report", o.report)
         .add("db", o.snapshots.db)
         .add("mesh_version", s.mesh_version)
         .add("resumed_from", s.resumed_from)
@@ -131,6 +140,8 @@ void add_run_flags(CLI::App& cmd, run_options& o) {
   o.flags.add_shortcut(cmd, "--steps", "train.steps", "N", "Inner steps per learner (default 1500)");
   o.flags.add_to(cmd);
   cmd.add_option("--out", o.out, "Write the global model to this checkpoint file (\"\" to skip)")->capture_default_str();
+  cmd.add_option("--report", o.report, "Write an HTML report with plots to this file (\"\" to skip)")
+      ->capture_default_str();
   cmd.add_flag("--json", o.json, "Print a one-line JSON summary last");
   cmd.add_option("--db", o.snapshots.db, "Keep versioned snapshots in this RocksDB directory (replay them later)");
   cmd.add_flag("--record-contributions", o.snapshots.record_contributions,

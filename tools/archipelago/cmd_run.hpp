@@ -13,6 +13,7 @@ namespace archipelago::cli {
 struct run_options {
   config_flags flags;
   std::string out = "archipelago-run.ckpt";
+  std::string report = "archipelago-run.html";
   bool json = false;
   mesh_snapshots snapshots;
   metrics_endpoint metrics;

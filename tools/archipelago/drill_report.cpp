@@ -6,52 +6,10 @@
 #include <limits>
 
 #include "cli_common.hpp"
+#include "svg_chart.hpp"
 
 namespace archipelago::cli {
 namespace {
-
-std::string num(double v, const char* format = "%.4g") {
-  if (!std::isfinite(v)) return "null";
-  char text[48];
-  std::snprintf(text, sizeof text, format, v);
-  return text;
-}
-
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
-  }
-  return out;
-}
-
-/// Rate of a counter over a sliding window of `window_s`, per sample.
-template <class F>
-std::vector<std::pair<double, double>> rate(const std::vector<drill_sample>& samples, double window_s, F value) {
-  std::vector<std::pair<double, double>> out;
-  std::size_t j = 0;
-  for (std::size_t i = 0; i < samples.size(); ++i) {
-    while (j < i && samples[i].t_s - samples[j].t_s > window_s) ++j;
-    const double dt = samples[i].t_s - samples[j].t_s;
-    if (dt <= 0) continue;
-    out.emplace_back(samples[i].t_s, (value(samples[i]) - value(samples[j])) / dt);
-  }
-  return out;
-}
-
-struct series {
-  std::string name, color;
-  std::vector<std::pair<double, double>> points;
-};
-struct band {
-  double from, to;
-  std::string color, label;
-  int row = -1;  // -1: the whole height; otherwise the row of a strip chart
-};
 
 const char* fault_color(const std::string& what) {
   if (what.starts_with("crash")) return "#d62728";
@@ -64,104 +22,14 @@ const char* fault_color(const std::string& what) {
   return "#7f7f7f";
 }
 
-/// A line chart; bands shade time ranges (the faults).
-std::string chart(const std::string& title, const std::string& x_label, const std::string& y_label,
-                  const std::vector<series>& lines, const std::vector<band>& bands, double x_max = -1) {
-  constexpr double w = 860, h = 260, left = 60, right = 20, top = 28, bottom = 40;
-  double x0 = 0, x1 = x_max, y0 = 0, y1 = 0;
-  for (const auto& s : lines)
-    for (const auto& [x, y] : s.points) {
-      if (x_max < 0) x1 = std::max(x1, x);
-      if (std::isfinite(y)) y1 = std::max(y1, y);
-    }
-  if (x1 <= x0) x1 = x0 + 1;
-  if (y1 <= y0) y1 = y0 + 1;
-  y1 *= 1.08;
-  auto X = [&](double x) { return left + (x - x0) / (x1 - x0) * (w - left - right); };
-  auto Y = [&](double y) { return top + (1 - (y - y0) / (y1 - y0)) * (h - top - bottom); };
-  std::string out = "<svg width=\"" + num(w) + "\" height=\"" + num(h) + "\" xmlns=\"http://www.w3.org/2000/svg\">";
-  out += "<text x=\"" + num(left) + "\" y=\"18\" font-weight=\"bold\" font-size=\"13\">" + html_escape(title) + "</text>";
-  for (const auto& b : bands)
-    out += "<rect x=\"" + num(X(b.from)) + "\" y=\"" + num(top) + "\" width=\"" + num(std::max(1.0, X(b.to) - X(b.from))) +
-           "\" height=\"" + num(h - top - bottom) + "\" fill=\"" + b.color + "\" opacity=\"0.15\"><title>" +
-           html_escape(b.label) + "</title></rect>";
-  out += "<rect x=\"" + num(left) + "\" y=\"" + num(top) + "\" width=\"" + num(w - left - right) + "\" height=\"" +
-         num(h - top - bottom) + "\" fill=\"none\" stroke=\"#999\"/>";
-  for (int i = 0; i <= 4; ++i) {
-    const double yv = y0 + (y1 - y0) * i / 4, xv = x0 + (x1 - x0) * i / 4;
-    out += "<text x=\"" + num(left - 6) + "\" y=\"" + num(Y(yv) + 4) + "\" font-size=\"11\" text-anchor=\"end\">" +
-           num(yv, "%.3g") + "</text>";
-    out += "<text x=\"" + num(X(xv)) + "\" y=\"" + num(h - bottom + 16) + "\" font-size=\"11\" text-anchor=\"middle\">" +
-           num(xv, xv >= 100 ? "%.0f" : "%.3g") + "</text>";
-  }
-  out += "<text x=\"" + num((left + w - right) / 2) + "\" y=\"" + num(h - 6) +
-         "\" font-size=\"12\" text-anchor=\"middle\">" + html_escape(x_label) + "</text>";
-  out += "<text x=\"14\" y=\"" + num((top + h - bottom) / 2) + "\" font-size=\"12\" text-anchor=\"middle\" transform=\"rotate(-90 14 " +
-         num((top + h - bottom) / 2) + ")\">" + html_escape(y_label) + "</text>";
-  // The legend right-aligned on the title's line.
-  double legend_width = 0;
-  for (const auto& s : lines) legend_width += 12 + 7.0 * static_cast<double>(s.name.size());
-  double legend_x = w - right - legend_width;
-  for (const auto& s : lines) {
-    std::string path;
-    bool pen_down = false;  // a non-finite value breaks the line
-    for (const auto& [x, y] : s.points) {
-      if (!std::isfinite(y)) {
-        pen_down = false;
-        continue;
-      }
-      path += (pen_down ? " L" : " M") + num(X(x), "%.1f") + "," + num(Y(y), "%.1f");
-      pen_down = true;
-    }
-    out += "<path d=\"" + path + "\" fill=\"none\" stroke=\"" + s.color + "\" stroke-width=\"1.5\"/>";
-    out += "<text x=\"" + num(legend_x) + "\" y=\"18\" font-size=\"12\" fill=\"" + s.color + "\">" + html_escape(s.name) + "</text>";
-    legend_x += 12 + 7.0 * static_cast<double>(s.name.size());
-  }
-  return out + "</svg>";
-}
-
-/// Per-learner activity: one strip per learner, shaded by its step rate, faults on it marked.
 std::string activity_chart(const drill_report& r, const std::vector<band>& learner_faults) {
-  const int rows = r.learners;
-  constexpr double w = 860, left = 80, right = 20, top = 28, row_h = 22;
-  const double h = top + rows * row_h + 30;
-  const double x1 = std::max(1.0, r.samples.empty() ? 1.0 : r.samples.back().t_s);
-  auto X = [&](double x) { return left + x / x1 * (w - left - right); };
-  std::string out = "<svg width=\"" + num(w) + "\" height=\"" + num(h) + "\" xmlns=\"http://www.w3.org/2000/svg\">";
-  out += "<text x=\"" + num(left) + "\" y=\"18\" font-weight=\"bold\">Per-learner activity (steps/s, darker = faster; "
-         "faults on a learner marked below its strip)</text>";
-  double peak = 0;
-  std::vector<std::vector<std::pair<double, double>>> rates(static_cast<std::size_t>(rows));
-  for (int l = 0; l < rows; ++l) {
-    rates[static_cast<std::size_t>(l)] = rate(r.samples, 1.0, [l](const drill_sample& s) {
+  std::vector<std::vector<std::pair<double, double>>> rates;
+  for (int l = 0; l < r.learners; ++l)
+    rates.push_back(rate(r.samples, 1.0, [l](const drill_sample& s) {
       return static_cast<std::size_t>(l) < s.learner_steps.size() ? static_cast<double>(s.learner_steps[static_cast<std::size_t>(l)]) : 0.0;
-    });
-    for (const auto& [t, v] : rates[static_cast<std::size_t>(l)]) peak = std::max(peak, v);
-  }
-  for (int l = 0; l < rows; ++l) {
-    const double y = top + l * row_h;
-    out += "<text x=\"" + num(left - 6) + "\" y=\"" + num(y + 13) + "\" font-size=\"11\" text-anchor=\"end\">learner/" +
-           std::to_string(l) + "</text>";
-    double prev_t = 0;
-    for (const auto& [t, v] : rates[static_cast<std::size_t>(l)]) {
-      const double shade = peak > 0 ? v / peak : 0;
-      out += "<rect x=\"" + num(X(prev_t), "%.1f") + "\" y=\"" + num(y) + "\" width=\"" +
-             num(std::max(0.5, X(t) - X(prev_t)), "%.1f") + "\" height=\"" + num(row_h - 8) + "\" fill=\"#1f77b4\" opacity=\"" +
-             num(shade, "%.2f") + "\"/>";
-      prev_t = t;
-    }
-  }
-  for (const auto& b : learner_faults) {
-    if (b.row < 0 || b.row >= rows) continue;
-    const double y = top + b.row * row_h + row_h - 7;
-    out += "<rect x=\"" + num(X(b.from), "%.1f") + "\" y=\"" + num(y) + "\" width=\"" +
-           num(std::max(1.5, X(b.to) - X(b.from)), "%.1f") + "\" height=\"4\" fill=\"" + b.color + "\"><title>" +
-           html_escape(b.label) + "</title></rect>";
-  }
-  for (int i = 0; i <= 4; ++i)
-    out += "<text x=\"" + num(X(x1 * i / 4)) + "\" y=\"" + num(h - 12) + "\" font-size=\"11\" text-anchor=\"middle\">" +
-           num(x1 * i / 4, "%.4g") + " s</text>";
-  return out + "</svg>";
+    }));
+  return activity_strips("Per-learner activity (steps/s, darker = faster; faults on a learner marked below its strip)", rates,
+                         learner_faults, r.samples.empty() ? 1.0 : r.samples.back().t_s);
 }
 
 std::string curve_json(const std::vector<std::pair<std::uint64_t, double>>& curve) {
@@ -190,6 +58,7 @@ std::string drill_summary_json(const drill_report& r) {
   json_line j;
   j.add("plan", r.plan)
       .add("mode", r.mode)
+      .add("processes", r.processes)
       .add("seed", r.seed)
       .add("learners", r.learners)
       .add("shards", r.shards)
@@ -264,6 +133,14 @@ std::string drill_report_json(const drill_report& r) {
         .add("first_merged_s", at(rec.first_merged_ns))
         .add("left_s", at(rec.left_ns))
         .add_raw("ledger", ledger_json(rec.ledger));
+    out += (i ? "," : "") + j.str();
+  }
+  out += "],\"process_events\":[";
+  for (std::size_t i = 0; i < r.process_events.size(); ++i) {
+    const auto& e = r.process_events[i];
+    json_line j;
+    j.add("t_s", e.t_s).add("node", e.node).add("action", e.action).add("pid", static_cast<std::int64_t>(e.pid))
+        .add("detail", e.detail);
     out += (i ? "," : "") + j.str();
   }
   out += "],\"eval_curve\":" + curve_json(r.run.eval_curve);

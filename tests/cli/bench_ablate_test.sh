@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# `archipelago bench ablate`, shrunk to seconds: bad input is refused with one line
+# and exit 2; the encoding ablation's JSON has every variant, the ledger is exact in
+# every run, and int2 outer gradients move fewer bytes than fp32 and bf16; the merge
+# ablation gives every M the same tokens and each its own reference.
+set -uo pipefail
+A=${ARCHIPELAGO:?set ARCHIPELAGO to the archipelago binary}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+expect_error() {  # CODE PATTERN -- command...
+  local code=$1 pattern=$2
+  shift 3
+  timeout 60 "$@" >"$work/out" 2>"$work/err"
+  local rc=$?
+  if [[ $rc -ne $code ]]; then fail "$* exited $rc, expected $code: $(cat "$work/err")"; return; fi
+  if ! grep -qE "$pattern" "$work/err"; then fail "$*: stderr '$(cat "$work/err")' does not match '$pattern'"; fi
+}
+
+expect_error 2 "which: nonsense not in" -- "$A" bench ablate nonsense
+expect_error 2 "unknown merge 'avg'" -- "$A" bench ablate merge --set mesh.merge=avg
+expect_error 2 "variant P=9999" -- "$A" bench ablate fragments --fragments 9999 --steps 5
+expect_error 2 "unknown model size 'huge'" -- "$A" bench ablate encoding --model huge
+
+# Paced steps of 15 ms and a small eval keep each mesh run to a few seconds.
+tiny=(--steps 40 --step-time-ms 15 --set data.eval_tokens=4096 --set data.synthetic_bytes=1000000 --json)
+
+if timeout 90 "$A" bench ablate encoding --encodings fp32,bf16,int2 --learners 2 "${tiny[@]}" \
+    >"$work/enc.out" 2>"$work/enc.err"; then
+  tail -n 1 "$work/enc.out" | python3 -c '
+import json, sys
+s = json.loads(sys.stdin.read())
+assert s["command"] == "bench ablate" and s["which"] == "encoding", s
+v = {x["name"]: x for x in s["variants"]}
+assert sorted(v) == ["bf16", "fp32", "int2"], v.keys()
+assert v["fp32"]["reference"] and v["fp32"]["rel_pct"] == 0, v["fp32"]
+assert all(x["ledger_exact"] for x in v.values()) and s["ledger_exact"], s
+for x in v.values():
+    assert 0 < x["eval_loss"] < 6 and x["tokens"] == 2 * 40 * 8 * 64, x
+    assert abs(x["rel_pct"] - 100 * (x["eval_loss"] / v["fp32"]["eval_loss"] - 1)) < 1e-6, x
+assert v["int2"]["bytes_on_wire"] < v["bf16"]["bytes_on_wire"] < v["fp32"]["bytes_on_wire"], \
+    [(k, x["bytes_on_wire"]) for k, x in v.items()]
+assert [c["claim"][:10] for c in s["claims"]] == ["2-bit brea"], s["claims"]
+' || fail "bench ablate encoding --json: $(tail -n 1 "$work/enc.out")"
+  grep -q "paper" "$work/enc.out" || fail "bench ablate encoding: no paper column: $(cat "$work/enc.out")"
+else
+  fail "bench ablate encoding failed: $(tail -5 "$work/enc.err")"
+fi
+
+if timeout 90 "$A" bench ablate merge --merge-learners 2,4 "${tiny[@]}" >"$work/merge.out" 2>"$work/merge.err"; then
+  tail -n 1 "$work/merge.out" | python3 -c '
+import json, sys
+s = json.loads(sys.stdin.read())
+v = s["variants"]
+assert [(x["group"], x["name"], x["reference"]) for x in v] == \
+    [("M=2", "mean", True), ("M=2", "rda", False), ("M=4", "mean", True), ("M=4", "rda", False)], v
+assert len({x["tokens"] for x in v}) == 1, [x["tokens"] for x in v]  # the same budget at every M
+assert [x["steps"] for x in v] == [40, 40, 20, 20], v
+assert all(x["ledger_exact"] for x in v), v
+assert len(s["claims"]) == 2, s["claims"]
+' || fail "bench ablate merge --json: $(tail -n 1 "$work/merge.out")"
+else
+  fail "bench ablate merge failed: $(tail -5 "$work/merge.err")"
+fi
+
+if [[ $failures -gt 0 ]]; then echo "$failures failure(s)"; exit 1; fi
+echo "bench ablate: all passed"
