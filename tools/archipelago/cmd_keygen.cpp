@@ -23,6 +23,13 @@ struct keygen_cli {
 int run_keygen(const keygen_cli& k) {
   auto keys = transport::generate_keypair();
   if (!keys) return report(keys.err());
+  // A new key directory is made, readable by its owner only (it holds secret keys).
+  std::error_code ec;
+  if (!k.dir.empty() && !std::filesystem::exists(k.dir, ec)) {
+    if (!std::filesystem::create_directories(k.dir, ec) || ec)
+      return report(make_error(errc::io_error, "cannot create the key directory '" + k.dir + "': " + ec.message()));
+    std::filesystem::permissions(k.dir, std::filesystem::perms::owner_all, ec);
+  }
   if (auto ok = transport::save_keypair(k.dir, k.name, *keys, k.force); !ok) {
     error err = ok.err();
     if (!k.force && err.message.find("already exists") != std::string::npos)
