@@ -122,7 +122,8 @@ void send_contributions(learner_self* self, const mesh_setup& setup, mesh_stats&
     if (!cb.add_tensor_values("delta/" + std::to_string(c->fragment.value), c->delta.data(), c->delta.size(),
                               st.encoding, static_cast<std::uint32_t>(setup.cfg.wire.block_size)))
       continue;  // a non-finite delta is never sent
-    stats.bytes_sent += c->delta.size() * 4;
+    // What the encoding puts on the wire, not the fp32 delta it came from.
+    stats.bytes_sent += encoded_bytes(st.encoding, c->delta.size(), setup.cfg.wire.block_size);
     ++st.contributions;
     (void)st.wire->send({role::parameter_shard, setup.shard_of_fragment[c->fragment.value]}, cb.finish());
   }

@@ -73,9 +73,17 @@ void measure_downtime(drill_report& r, const std::vector<planned_fault>& timelin
   for (const auto& f : r.faults)
     if (!f.skipped && timeline[f.index].kind == fault_kind::broker_crash)
       outages.emplace_back(f.at_s, f.repaired_s < 0 || f.rejoin_s < 0 ? end_s : f.repaired_s + f.rejoin_s);
-  auto in_outage = [&](double t) {
-    return std::any_of(outages.begin(), outages.end(), [t](const auto& o) { return t >= o.first && t <= o.second; });
+  // Across processes a shard's restart is a process start (its store opened, the mesh
+  // rejoined: about 2 s) in which no fragment version is published: counted on its own too.
+  std::vector<std::pair<double, double>> shard_outages;
+  if (r.processes)
+    for (const auto& f : r.faults)
+      if (!f.skipped && timeline[f.index].kind == fault_kind::shard_crash)
+        shard_outages.emplace_back(f.at_s, f.repaired_s < 0 || f.rejoin_s < 0 ? end_s : f.repaired_s + f.rejoin_s);
+  auto within = [](const std::vector<std::pair<double, double>>& spans, double t) {
+    return std::any_of(spans.begin(), spans.end(), [t](const auto& o) { return t >= o.first && t <= o.second; });
   };
+  auto in_outage = [&](double t) { return within(outages, t); };
   const auto& s = r.samples;
   // Uptime counts every stall, whatever its cause: time beyond the gap without a new version.
   double stalled_s = 0;
@@ -90,6 +98,11 @@ void measure_downtime(drill_report& r, const std::vector<planned_fault>& timelin
     const double dt = s[i].t_s - s[i - 1].t_s;
     if (in_outage(s[i].t_s) || s[i].broker_down) {
       r.broker_outage_s += dt;
+      last_change = i;
+      continue;
+    }
+    if (within(shard_outages, s[i].t_s)) {
+      r.shard_outage_s += dt;
       last_change = i;
       continue;
     }

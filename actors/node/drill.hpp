@@ -81,6 +81,7 @@ struct drill_report {
   std::size_t faults_injected = 0, faults_skipped = 0;
   double downtime_s = 0;          // no new version for > downtime_gap_s while >= K learners were live, broker up
   double broker_outage_s = 0;     // the broker down, until its first round after a restart
+  double shard_outage_s = 0;      // across processes: a crashed shard, until its first version after its restart
   double downtime_gap_s = 2;
   /// Merged compute / (M × the run's wall time), the same for the reference; and
   /// the share of the run without a stall longer than the gap, whatever its cause.

@@ -22,7 +22,7 @@ expect_error() {  # CODE PATTERN -- command...
 
 expect_error 2 "which: nonsense not in" -- "$A" bench ablate nonsense
 expect_error 2 "unknown merge 'avg'" -- "$A" bench ablate merge --set mesh.merge=avg
-expect_error 2 "variant P=9999" -- "$A" bench ablate fragments --fragments 9999 --steps 5
+expect_error 2 "variant P=4000: " -- "$A" bench ablate fragments --fragments 2,4000 --steps 5
 expect_error 2 "unknown model size 'huge'" -- "$A" bench ablate encoding --model huge
 
 # Paced steps of 15 ms and a small eval keep each mesh run to a few seconds.
@@ -40,7 +40,7 @@ assert v["fp32"]["reference"] and v["fp32"]["rel_pct"] == 0, v["fp32"]
 assert all(x["ledger_exact"] for x in v.values()) and s["ledger_exact"], s
 for x in v.values():
     assert 0 < x["eval_loss"] < 6 and x["tokens"] == 2 * 40 * 8 * 64, x
-    assert abs(x["rel_pct"] - 100 * (x["eval_loss"] / v["fp32"]["eval_loss"] - 1)) < 1e-6, x
+    assert abs(x["rel_pct"] - 100 * (x["eval_loss"] / v["fp32"]["eval_loss"] - 1)) < 1e-3, x
 assert v["int2"]["bytes_on_wire"] < v["bf16"]["bytes_on_wire"] < v["fp32"]["bytes_on_wire"], \
     [(k, x["bytes_on_wire"]) for k, x in v.items()]
 assert [c["claim"][:10] for c in s["claims"]] == ["2-bit brea"], s["claims"]

@@ -140,7 +140,7 @@ TEST_CASE("shard core: a broker restart drops the buffered rounds and round numb
 
 TEST_CASE("shard core: mesh.merge = mean takes the token-weighted mean on every tensor, not RDA") {
   fixture f;
-  const fragment_index p{2};
+  const fragment_index p{0};  // matrices and vectors (the plan puts embeddings last), where RDA applies
   const auto d1 = f.delta(p, 21), d2 = f.delta(p, 22);
   shard_config mean_config;
   mean_config.merge_mean = true;

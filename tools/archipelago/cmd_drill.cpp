@@ -54,6 +54,8 @@ void print_report(const drill_report& r) {
               static_cast<unsigned long long>(s.rounds), s.wall_s > 0 ? s.rounds / s.wall_s : 0.0,
               static_cast<unsigned long long>(s.published), 100 * r.uptime, r.downtime_s, r.downtime_gap_s,
               r.broker_outage_s);
+  if (r.processes) std::printf("shard outage (a crashed shard's process until its first version after the restart) %.1f s\n",
+                               r.shard_outage_s);
   std::printf("per learner, inner steps:");
   if (!r.samples.empty())
     for (auto n : r.samples.back().learner_steps) std::printf(" %llu", static_cast<unsigned long long>(n));

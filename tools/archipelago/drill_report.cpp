@@ -75,6 +75,7 @@ std::string drill_summary_json(const drill_report& r) {
       .add("downtime_s", r.downtime_s)
       .add("downtime_gap_s", r.downtime_gap_s)
       .add("broker_outage_s", r.broker_outage_s)
+      .add("shard_outage_s", r.shard_outage_s)
       .add("committed_rounds_lost", r.committed_rounds_lost)
       .add("ledger_exact", r.ledger_exact)
       .add("unreported_tokens", r.unreported_tokens)
