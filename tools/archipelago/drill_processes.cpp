@@ -285,9 +285,13 @@ class child_processes final : public process_control {
     }
     std::vector<std::optional<std::string>> pages(asks.size());
     std::optional<std::string> status_page;
-    for (std::size_t k = 0; k < asks.size(); ++k) {
-      pages[k] = http_get(asks[k].port, "/metrics", 1000);
-      if (children_[asks[k].i].target.kind == role::sync_broker) status_page = http_get(asks[k].port, "/status", 1000);
+    {  // every node at once: a learner answers between its steps, so one by one would add up
+      std::vector<std::future<std::optional<std::string>>> asked;
+      for (const ask& a : asks)
+        asked.push_back(std::async(std::launch::async, [port = a.port] { return http_get(port, "/metrics", 1000); }));
+      for (const ask& a : asks)
+        if (children_[a.i].target.kind == role::sync_broker) status_page = http_get(a.port, "/status", 1000);
+      for (std::size_t k = 0; k < asks.size(); ++k) pages[k] = asked[k].get();
     }
     std::lock_guard lock(mutex_);
     for (std::size_t k = 0; k < asks.size(); ++k) {
@@ -378,6 +382,12 @@ class child_processes final : public process_control {
   }
 
   std::vector<child>& children() { return children_; }
+  /// Every learner has finished its steps and exited on its own (none is down for a restart).
+  bool learners_done() {
+    std::lock_guard lock(mutex_);
+    return std::all_of(children_.begin(), children_.end(),
+                       [](const child& c) { return c.target.kind != role::learner || (c.pid < 0 && c.exited); });
+  }
   std::vector<drill_process_event> events() {
     std::lock_guard lock(mutex_);
     return events_;
@@ -712,7 +722,8 @@ expected<process_run> run_processes(const config& cfg, const sync_policy& policy
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   const double run_s = cfg.train.time_limit_s;
-  while (elapsed() < run_s && !stop_requested()) {
+  // As in one process: the run ends at its time limit, or once every learner has done its steps.
+  while (elapsed() < run_s && !stop_requested() && !launcher->learners_done()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     drill_sample s;
     if (auto ok = launcher->poll(s, first_merged); !ok) return fail(ok.err());
