@@ -79,6 +79,12 @@ broker_config broker_settings(const mesh_setup& s) {
   return b;
 }
 
+/// The uptime so far: a gap between publications longer than a few planned round intervals is down time.
+double uptime_until(const broker_state& st, const mesh_setup& setup, nanos end) {
+  const auto stall = static_cast<nanos>(std::max(1e9, 4 * setup.policy.steps_per_round * static_cast<double>(st.last_xi_step_ns)));
+  return st.first_open_ns < 0 ? 1.0 : uptime_from_publications(st.published_at, st.first_open_ns, end, stall);
+}
+
 /// The learners' share of time spent on steps whose tokens were merged, since the first Join.
 double live_goodput(const broker_state& st, const ledger_totals& l, int learners, nanos now) {
   if (st.first_join_ns < 0 || now <= st.first_join_ns || learners <= 0) return 0;
@@ -140,9 +146,8 @@ void add_broker_metrics(prometheus_text& page, const broker_state& st, const mes
   page.gauge("archipelago_ledger_balanced", "1 when merged + late + lost + rejected = processed.", led.balanced() ? 1 : 0, l);
   page.gauge("archipelago_goodput", "Learner time on steps whose tokens were merged, over mesh.learners x time since the first Join.",
              live_goodput(st, led, setup.cfg.mesh.learners, now), l);
-  const auto stall = static_cast<nanos>(std::max(1e9, 4 * setup.policy.steps_per_round * static_cast<double>(st.last_xi_step_ns)));
   page.gauge("archipelago_uptime", "Share of time since the first round in which the global model advanced.",
-             st.first_open_ns < 0 ? 1.0 : uptime_from_publications(st.published_at, st.first_open_ns, now, stall), l);
+             uptime_until(st, setup, now), l);
 }
 
 /// The broker's view of the mesh as one JSON object (GET /status; `archipelago status`).
@@ -345,14 +350,12 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
     if (st.wire->add_peer(learner, it->second)) send_welcome(st, *setup, learner);
   }
 
-  // A gap between publications longer than a few planned round intervals is down time.
   // `final`: asked for with report_atom (the end of a run); also adds the rounds' latencies.
   auto report = [self, stats, setup, snaps](nanos now, bool final) {
     auto& st = self->state;
     st.last_report_ns = now;
     st.last_xi_step_ns = st.core->xi_step_ns().value_or(st.last_xi_step_ns);
     const auto step_ns = static_cast<double>(st.last_xi_step_ns);
-    const auto stall = static_cast<nanos>(std::max(1e9, 4 * setup->policy.steps_per_round * step_ns));
     std::lock_guard lock(stats->report_mutex);
     broker_report& r = stats->report;
     r.started_ns = st.started_ns;
@@ -366,7 +369,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
       r.learners.push_back(rec);
     }
     const nanos end = st.last_leave_ns >= 0 ? st.last_leave_ns : now;
-    r.uptime = st.first_open_ns < 0 ? 1.0 : uptime_from_publications(st.published_at, st.first_open_ns, end, stall);
+    r.uptime = uptime_until(st, *setup, end);
     r.first_join_ns = st.first_join_ns;
     r.last_leave_ns = st.last_leave_ns;
     r.xi_step_ms = step_ns * 1e-6;
