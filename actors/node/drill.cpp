@@ -29,24 +29,6 @@ config drill_config(const config& base, const fault_plan_spec& plan, double step
 
 namespace {
 
-/// A directory for the runs' snapshot stores; removed at the end unless the user named it.
-struct work_area {
-  fs::path dir;
-  bool owned = false;
-  ~work_area() {
-    std::error_code ec;
-    if (owned) fs::remove_all(dir, ec);
-  }
-};
-
-expected<fs::path> fresh_store(work_area& area, const std::string& name) {
-  std::error_code ec;
-  const fs::path p = area.dir / name;
-  fs::remove_all(p, ec);
-  if (ec) return make_error(errc::io_error, "cannot clear " + p.string() + ": " + ec.message());
-  return p;
-}
-
 /// When the first sample at or after `from_s` satisfies `reached`; -1: never.
 template <class F>
 double first_after(const std::vector<drill_sample>& samples, double from_s, F reached) {
@@ -225,6 +207,56 @@ double calibrate_step_time_ms(const config& cfg) {
   return std::ceil(std::max(1.5 * step_ms, 3.0 * step_ms * cfg.mesh.learners / cores));
 }
 
+drill_work_area::~drill_work_area() {
+  std::error_code ec;
+  if (owned && !keep) fs::remove_all(dir, ec);
+}
+
+expected<std::unique_ptr<drill_work_area>> drill_work_area::open(const std::string& work_dir) {
+  auto area = std::make_unique<drill_work_area>();
+  if (work_dir.empty()) {
+    std::string pattern = (fs::temp_directory_path() / "archipelago-drill-XXXXXX").string();
+    if (!::mkdtemp(pattern.data())) return make_error(errc::io_error, "cannot create a temporary directory");
+    area->dir = pattern;
+    area->owned = true;
+  } else {
+    area->dir = work_dir;
+    std::error_code ec;
+    fs::create_directories(area->dir, ec);
+    if (ec) return make_error(errc::io_error, "cannot create " + area->dir.string() + ": " + ec.message());
+  }
+  return area;
+}
+
+expected<fs::path> drill_work_area::fresh(const std::string& name) const {
+  std::error_code ec;
+  const fs::path p = dir / name;
+  fs::remove_all(p, ec);
+  if (ec) return make_error(errc::io_error, "cannot clear " + p.string() + ": " + ec.message());
+  return p;
+}
+
+drill_report new_drill_report(const drill_options& o, const config& cfg, const fault_plan_spec& plan,
+                              const sync_policy& policy, double step_time_ms) {
+  drill_report r;
+  r.plan = o.plan_origin;
+  r.mode = cfg.mesh.mode;
+  r.seed = plan.seed;
+  r.learners = cfg.mesh.learners;
+  r.shards = policy.shards;
+  r.quorum = policy.wait_for_all ? cfg.mesh.learners : policy.quorum;
+  r.safety_s = static_cast<double>(plan.duration_ns) * 1e-9;
+  r.liveness_s = static_cast<double>(plan.liveness_ns) * 1e-9;
+  r.step_time_ms = step_time_ms;
+  return r;
+}
+
+mesh_progress phase_progress(const mesh_progress& progress, const char* name) {
+  return [&progress, name](const std::string& line) {
+    if (progress) progress(std::string(name) + ": " + line);
+  };
+}
+
 expected<drill_report> run_drill(const config& base, const drill_options& o, const mesh_progress& progress,
                                  const std::function<bool()>& stop_requested) {
   auto plan = load_drill_plan(base, o);
@@ -236,47 +268,21 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
   if (auto ok = validate_mesh(cfg); !ok) return ok.err();
   const mesh_setup layout = make_mesh_setup(cfg, *policy);
 
-  work_area area;
-  if (o.work_dir.empty()) {
-    std::string pattern = (fs::temp_directory_path() / "archipelago-drill-XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) return make_error(errc::io_error, "cannot create a temporary directory");
-    area.dir = pattern;
-    area.owned = true;
-  } else {
-    area.dir = o.work_dir;
-    std::error_code ec;
-    fs::create_directories(area.dir, ec);
-    if (ec) return make_error(errc::io_error, "cannot create " + area.dir.string() + ": " + ec.message());
-  }
-
-  drill_report r;
-  r.plan = o.plan_origin;
-  r.mode = cfg.mesh.mode;
-  r.seed = plan->seed;
-  r.learners = cfg.mesh.learners;
-  r.shards = policy->shards;
-  r.quorum = policy->wait_for_all ? cfg.mesh.learners : policy->quorum;
-  r.safety_s = static_cast<double>(plan->duration_ns) * 1e-9;
-  r.liveness_s = static_cast<double>(plan->liveness_ns) * 1e-9;
-  r.step_time_ms = step_ms;
-
-  auto phase = [&](const char* name) {
-    return [&progress, name](const std::string& line) {
-      if (progress) progress(std::string(name) + ": " + line);
-    };
-  };
+  auto area = drill_work_area::open(o.work_dir);
+  if (!area) return area.err();
+  drill_report r = new_drill_report(o, cfg, *plan, *policy, step_ms);
   if (o.reference) {
-    auto db = fresh_store(area, "reference.db");
+    auto db = (*area)->fresh("reference.db");
     if (!db) return db.err();
     mesh_snapshots snaps;
     snaps.db = db->string();
-    auto ref = run_local_mesh(cfg, phase("reference (no faults)"), stop_requested, snaps);
+    auto ref = run_local_mesh(cfg, phase_progress(progress, "reference (no faults)"), stop_requested, snaps);
     if (!ref) return make_error(ref.err().code, "the fault-free reference run: " + ref.err().message);
     r.reference = std::move(*ref);
     if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");
   }
 
-  auto db = fresh_store(area, "drill.db");
+  auto db = (*area)->fresh("drill.db");
   if (!db) return db.err();
   mesh_snapshots snaps;
   snaps.db = db->string();
@@ -302,7 +308,7 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
     s.broker_down = drill.log.broker_down.load();
     r.samples.push_back(std::move(s));
   };
-  auto run = run_local_mesh(cfg, phase("drill"), stop_requested, snaps, &drill);
+  auto run = run_local_mesh(cfg, phase_progress(progress, "drill"), stop_requested, snaps, &drill);
   if (!run) return make_error(run.err().code, "the drill: " + run.err().message);
   r.run = std::move(*run);
   r.budget_overruns = r.run.budget_overruns;

@@ -11,6 +11,8 @@
 // flatter goodput. The report says which budget was used.
 
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <functional>
 #include <optional>
 #include <string>
@@ -107,6 +109,27 @@ expected<drill_report> run_drill(const config& cfg, const drill_options& options
 /// The configuration a drill's mesh runs with: time-bounded by the plan's phases,
 /// paced at `step_time_ms`, obeying the chaos monkey.
 config drill_config(const config& base, const fault_plan_spec& plan, double step_time_ms);
+
+/// A directory for a drill's stores (and logs): removed at the end when the drill
+/// made it (no --work-dir) unless `keep` is set (a failed run keeps its logs).
+struct drill_work_area {
+  std::filesystem::path dir;
+  bool owned = false, keep = false;
+  drill_work_area() = default;
+  drill_work_area(const drill_work_area&) = delete;
+  drill_work_area& operator=(const drill_work_area&) = delete;
+  ~drill_work_area();
+  /// `work_dir`, created if missing; empty: a new temporary directory.
+  static expected<std::unique_ptr<drill_work_area>> open(const std::string& work_dir);
+  /// The path `name` inside it, cleared of what an earlier drill left there.
+  expected<std::filesystem::path> fresh(const std::string& name) const;
+};
+
+/// A drill's report before its runs: plan, mode, seed, the mesh's shape, the phases, the pace.
+drill_report new_drill_report(const drill_options& o, const config& cfg, const fault_plan_spec& plan,
+                              const sync_policy& policy, double step_time_ms);
+/// `progress` with every line prefixed by the phase's name.
+mesh_progress phase_progress(const mesh_progress& progress, const char* name);
 
 /// The figures of a drill once its run (r.run, r.samples) is in: the timeline's
 /// rows and rejoin times, tokens killed learners never reported, downtime,

@@ -885,70 +885,32 @@ expected<drill_report> run_process_drill(const config& base, const drill_options
   if (auto ok = validate_mesh(cfg); !ok) return ok.err();
   const mesh_setup layout = make_mesh_setup(cfg, *policy);
 
-  fs::path dir;
-  bool owned = false;
-  if (o.work_dir.empty()) {
-    std::string pattern = (fs::temp_directory_path() / "archipelago-drill-XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) return make_error(errc::io_error, "cannot create a temporary directory");
-    dir = pattern;
-    owned = true;
-  } else {
-    dir = o.work_dir;
-  }
-  struct cleanup {
-    fs::path dir;
-    bool owned;
-    bool keep = false;
-    ~cleanup() {
-      std::error_code ec;
-      if (owned && !keep) fs::remove_all(dir, ec);
-    }
-  } area{dir, owned};
-
-  drill_report r;
+  auto area = drill_work_area::open(o.work_dir);
+  if (!area) return area.err();
+  drill_report r = new_drill_report(o, cfg, *plan, *policy, step_ms);
   r.processes = true;
-  r.plan = o.plan_origin;
-  r.mode = cfg.mesh.mode;
-  r.seed = plan->seed;
-  r.learners = cfg.mesh.learners;
-  r.shards = policy->shards;
-  r.quorum = policy->wait_for_all ? cfg.mesh.learners : policy->quorum;
-  r.safety_s = static_cast<double>(plan->duration_ns) * 1e-9;
-  r.liveness_s = static_cast<double>(plan->liveness_ns) * 1e-9;
-  r.step_time_ms = step_ms;
-  auto phase = [&](const char* name) {
-    return [&progress, name](const std::string& line) {
-      if (progress) progress(std::string(name) + ": " + line);
-    };
-  };
-  auto fresh = [&](const char* name) -> expected<fs::path> {
-    std::error_code ec;
-    fs::remove_all(dir / name, ec);
-    if (ec) return make_error(errc::io_error, "cannot clear " + (dir / name).string() + ": " + ec.message());
-    return dir / name;
-  };
   if (o.reference) {
-    auto d = fresh("reference");
+    auto d = (*area)->fresh("reference");
     if (!d) return d.err();
     mesh_drill none;
     none.safety_ns = plan->duration_ns;
-    auto ref = run_processes(cfg, *policy, *d, binary, none, phase("reference (no faults)"), stop_requested);
+    auto ref = run_processes(cfg, *policy, *d, binary, none, phase_progress(progress, "reference (no faults)"), stop_requested);
     if (!ref) {
-      area.keep = true;
+      (*area)->keep = true;
       return make_error(ref.err().code, "the fault-free reference run: " + ref.err().message + " (logs kept in " +
                                             (*d / "logs").string() + ")");
     }
     r.reference = std::move(ref->summary);
     if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");
   }
-  auto d = fresh("drill");
+  auto d = (*area)->fresh("drill");
   if (!d) return d.err();
   mesh_drill drill;
   drill.timeline = expand_fault_plan(*plan, cfg.mesh.learners);
   drill.safety_ns = plan->duration_ns;
-  auto run = run_processes(cfg, *policy, *d, binary, drill, phase("drill"), stop_requested);
+  auto run = run_processes(cfg, *policy, *d, binary, drill, phase_progress(progress, "drill"), stop_requested);
   if (!run) {
-    area.keep = true;
+    (*area)->keep = true;
     return make_error(run.err().code, "the drill: " + run.err().message + " (logs kept in " + (*d / "logs").string() + ")");
   }
   r.run = std::move(run->summary);
