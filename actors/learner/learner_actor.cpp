@@ -33,6 +33,7 @@ struct learner_state {
   std::vector<std::uint64_t> shard_incarnations;  // as last seen; 0: not yet
   std::uint64_t broker_incarnation = 0;           // as last seen; 0: not yet
   bool broker_silent = false;                     // the transport found the broker silent; Join is re-sent
+  bool welcomed = false;                          // the broker's first Welcome of this incarnation arrived
   chaos_receiver chaos;                           // link shaping and slow-down from the chaos monkey
   // This incarnation's own figures, for its metrics (mesh_stats sums every learner of the process).
   nanos started_ns = 0, last_step_ns = 0, waited_ns = 0;
@@ -265,6 +266,9 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
                       static_cast<double>(st.contributions), l);
         page->counter("archipelago_learner_budget_overruns_total", "Steps whose compute exceeded mesh.step_time_ms.",
                       static_cast<double>(st.overruns), l);
+        page->gauge("archipelago_learner_schedule_step",
+                    "Where this learner is in the learning-rate schedule (a new incarnation starts at the mesh's).",
+                    static_cast<double>(st.eng->steps_done()), l);
         page->gauge("archipelago_learner_pending_rounds", "Rounds opened that this learner has not answered yet.",
                     static_cast<double>(st.core->pending_rounds()), l);
         for (std::uint32_t p = 0; p < st.core->fragments(); ++p) {
@@ -315,7 +319,16 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
           self->quit(caf::exit_reason::user_shutdown);
           return;
         }
-        if (env.body() == wire::Envelope::Body::ROUND_OPEN) {
+        if (env.body() == wire::Envelope::Body::WELCOME && env.sender().kind == role::sync_broker) {
+          // A new incarnation (a restart, a late join) takes up the mesh's schedule
+          // where the others are, not at its warm-up: only forward, only once (a
+          // slow learner keeps its own pace through later broker restarts).
+          if (!st.welcomed) {
+            const auto mesh_step = static_cast<std::int64_t>(body.getWelcome().getScheduleStep());
+            if (mesh_step > st.eng->steps_done()) st.eng->start_at_step(mesh_step);
+          }
+          st.welcomed = true;
+        } else if (env.body() == wire::Envelope::Body::ROUND_OPEN) {
           auto open = body.getRoundOpen();
           if (shard_restarted(self, *setup, open.getShard(), open.getShardIncarnation()))
             fetch_all(self, *setup, open.getShard());

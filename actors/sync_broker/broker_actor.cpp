@@ -310,6 +310,8 @@ void send_welcome(broker_state& st, const mesh_setup& setup, node_address to) {
   w.setFragments(static_cast<std::uint32_t>(setup.plan.fragments.size()));
   w.setHeartbeatIntervalMs(static_cast<std::uint32_t>(setup.cfg.wire.heartbeat_interval_ms));
   w.setCurrentRound(st.core->next_round().value);
+  if (to.kind == role::learner && setup.cfg.mesh.learners > 0)
+    w.setScheduleStep(st.ledger.totals().steps / static_cast<std::uint64_t>(setup.cfg.mesh.learners));
   (void)st.wire->send(to, b.finish());
 }
 

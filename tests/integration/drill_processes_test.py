@@ -8,7 +8,8 @@ link, a shard SIGKILLed and restarted on its store. While the drill runs, this
 test watches the drill's children itself in /proc and the broker's /status:
 
 - the killed learner's process is really gone and a new pid runs after the restart;
-  the shard likewise;
+  the shard likewise; the new learner starts its learning-rate schedule where the
+  mesh is (the broker's Welcome), not at step 0;
 - the paused learner's process was really stopped (/proc state T), and runs again;
 - the partitioned learner went silent at the broker (ChaosCommands took effect);
 - the drill passes: no committed round lost, the ledger exact, zero global
@@ -118,6 +119,23 @@ def broker_status(port):
         return None
 
 
+def learner_schedule(port):
+    """(schedule step, this incarnation's steps) from a learner's /metrics; None if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        for name in ("archipelago_learner_schedule_step", "archipelago_learner_steps_total"):
+            if line.startswith(name + "{"):
+                values[name] = float(line.rsplit(" ", 1)[1])
+    if len(values) < 2:
+        return None
+    return values["archipelago_learner_schedule_step"], values["archipelago_learner_steps_total"]
+
+
 def run_drill(name, interrupt_after_s=None, bound_s=100):
     """Runs the plan; watches the children until the drill exits. Returns what was seen."""
     plan = os.path.join(WORK, f"{name}.toml")
@@ -132,6 +150,7 @@ def run_drill(name, interrupt_after_s=None, bound_s=100):
     stopped = set()   # nodes seen in state T
     silent_max = {}   # learner -> the longest silence the broker reported
     first_child_at = None  # when all 6 nodes were first seen
+    start_step = {}   # learner pid -> where its schedule started (schedule step - its own steps)
     deadline = time.time() + bound_s
     interrupted = False
     while drill.poll() is None:
@@ -147,6 +166,10 @@ def run_drill(name, interrupt_after_s=None, bound_s=100):
                 pids.append(pid)
             if state == "T":
                 stopped.add(node)
+            if node.startswith("learner") and pid not in start_step:
+                schedule = learner_schedule(port)
+                if schedule and schedule[1] > 0:
+                    start_step[pid] = schedule[0] - schedule[1]
             if node == "broker":
                 status = broker_status(port)
                 for l in (status or {}).get("learners", []):
@@ -164,12 +187,12 @@ def run_drill(name, interrupt_after_s=None, bound_s=100):
     output = log.read()
     left = [(node, pid) for node, pids in seen.items() for pid in pids if alive(pid)]
     check(not left, f"{name}: child processes left behind after the drill exited: {left}", output)
-    return drill.returncode, output, seen, stopped, silent_max
+    return drill.returncode, output, seen, stopped, silent_max, start_step
 
 
 def main():
     started = time.time()
-    code, output, seen, stopped, silent = run_drill("drill")
+    code, output, seen, stopped, silent, start_step = run_drill("drill")
     lines = [line for line in output.splitlines() if line.startswith("{")]
     check(lines, "the drill printed no JSON summary", output)
     summary = json.loads(lines[-1])
@@ -186,6 +209,12 @@ def main():
     check(len(seen.get("shard-1", [])) >= 2, f"shard-1 ran as a new process after its kill: {seen}", output)
     for node in ("broker", "shard-0", "learner-0", "learner-2"):
         check(len(seen.get(node, [])) == 1, f"{node} ran as one process throughout: {seen}", output)
+    # The restarted learner took up the mesh's learning-rate schedule (the broker's Welcome),
+    # about 6 s of 150 ms steps in, not its warm-up at step 0; the first incarnations start at 0.
+    first, restarted = seen["learner-1"][0], seen["learner-1"][-1]
+    check(start_step.get(first) == 0, f"learner-1's first process started its schedule at 0 ({start_step})", output)
+    check(start_step.get(restarted, 0) >= 15,
+          f"learner-1's new process started its schedule at the mesh's position, not 0 ({start_step})", output)
     check("learner-2" in stopped, f"learner-2 was seen stopped (state T) while paused; stopped: {stopped}", output)
     check(silent.get(0, 0) >= 2.0, f"the broker heard nothing from partitioned learner 0 for >= 2 s ({silent})", output)
 
@@ -208,11 +237,11 @@ def main():
     check(report["eval_loss"] > 0, "Θ was evaluated from the shards' stores", output)
 
     # Ctrl-C mid-drill: the drill stops its children and exits; none is left behind.
-    code, output, seen_interrupted, _, _ = run_drill("interrupted", interrupt_after_s=5)
+    code, output, seen_interrupted, _, _, _ = run_drill("interrupted", interrupt_after_s=5)
     check(code != 0, f"an interrupted drill does not pass (exit {code})", output)
     check(len(seen_interrupted) == 6, f"all 6 nodes ran before the interrupt: {sorted(seen_interrupted)}", output)
     print(f"ok: drill across processes in {time.time() - started:.0f} s; rounds {summary['rounds']}, "
-          f"goodput {summary['goodput']:.3f}, ledger {summary['ledger']}; pids {seen}")
+          f"goodput {summary['goodput']:.3f}, ledger {summary['ledger']}; pids {seen}; schedule starts {start_step}")
 
 
 main()
