@@ -39,7 +39,7 @@ struct snapshot_start {
   std::shared_ptr<storage::faulty_kv> disk;  // a drill's: the store's writes can be made to fail
   std::optional<storage::manifest> from;
   std::uint64_t resumed_version = 0;  // the version resumed, as the resumed store numbers it
-  std::vector<float> start_params;    // a resumed run: its model at that version
+  std::vector<float> start_params;    // a resumed run: its model at that version; empty: the initial model
   std::int64_t start_step = 0;
 };
 
@@ -253,11 +253,10 @@ expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& p
   }
   steady_clock_source clock;
   mesh_summary out;
-  if (!snapshots.resume_db.empty()) {  // the curve of a resumed run starts at its snapshot's loss
-    out.start_eval_loss = evaluate(origin->start_params).loss;
-    out.eval_curve.emplace_back(0, out.start_eval_loss);
-    out.eval_times_s.push_back(0);
-  }
+  // The curve starts at the loss of Θ the run starts from (a resumed run's: its snapshot's).
+  out.start_eval_loss = evaluate(origin->start_params.empty() ? initial : origin->start_params).loss;
+  out.eval_curve.emplace_back(0, out.start_eval_loss);
+  out.eval_times_s.push_back(0);
   out.resumed_from = origin->resumed_version;
   out.start_step = origin->start_step;
   nanos stopped_ns = 0;

@@ -24,6 +24,7 @@ expect_error 2 "which: nonsense not in" -- "$A" bench ablate nonsense
 expect_error 2 "unknown merge 'avg'" -- "$A" bench ablate merge --set mesh.merge=avg
 expect_error 2 "variant P=4000: " -- "$A" bench ablate fragments --fragments 2,4000 --steps 5
 expect_error 2 "unknown model size 'huge'" -- "$A" bench ablate encoding --model huge
+expect_error 2 "plot $work: is a directory" -- "$A" bench ablate quorum --plot "$work"
 
 # Paced steps of 15 ms and a small eval keep each mesh run to a few seconds.
 tiny=(--steps 40 --step-time-ms 15 --set data.eval_tokens=4096 --set data.synthetic_bytes=1000000 --json)
@@ -50,7 +51,7 @@ else
   fail "bench ablate encoding failed: $(tail -5 "$work/enc.err")"
 fi
 
-if timeout 90 "$A" bench ablate merge --merge-learners 2,4 "${tiny[@]}" >"$work/merge.out" 2>"$work/merge.err"; then
+if timeout 90 "$A" bench ablate merge --merge-learners 2,4 --plot "$work/merge.svg" --eval-every-s 0.5 "${tiny[@]}" >"$work/merge.out" 2>"$work/merge.err"; then
   tail -n 1 "$work/merge.out" | python3 -c '
 import json, sys
 s = json.loads(sys.stdin.read())
@@ -62,6 +63,9 @@ assert [x["steps"] for x in v] == [40, 40, 20, 20], v
 assert all(x["ledger_exact"] for x in v), v
 assert len(s["claims"]) == 2, s["claims"]
 ' || fail "bench ablate merge --json: $(tail -n 1 "$work/merge.out")"
+  # One chart per M, a line per variant, the reference (mean) dashed.
+  python3 "$(dirname "$0")/svg_check.py" "$work/merge.svg" --charts 2 --legend mean,rda --dashed mean --min-points 3 \
+    >"$work/svg.out" 2>&1 || fail "bench ablate merge --plot: $(cat "$work/svg.out")"
 else
   fail "bench ablate merge failed: $(tail -5 "$work/merge.err")"
 fi

@@ -61,7 +61,7 @@ PY
 then pass; else fail "simulate one setup output: $(cat "$work/one1.out")"; fi
 
 # The whole table: 30 cells, each with ours, paper, difference; a summary line.
-if timeout 120 "$A" simulate --table --days 1 --replications 2 --json >"$work/table.out" 2>"$work/table.err" &&
+if timeout 120 "$A" simulate --table --days 1 --replications 2 --plot "$work/table.svg" --json >"$work/table.out" 2>"$work/table.err" &&
    grep -qE "^[0-9]+ of 30 cells within 3 points" "$work/table.out" &&
    python3 - "$(tail -n 1 "$work/table.out")" <<'PY'
 import json, sys
@@ -82,6 +82,13 @@ for c in cells:
 assert s["within"] == sum(c["within"] for c in cells), s
 PY
 then pass; else fail "simulate --table: $(tail -c 2000 "$work/table.out") $(cat "$work/table.err")"; fi
+# Its plot: a solid line per row (ours) and a dashed one (the paper's), five points each.
+if python3 "$(dirname "$0")/svg_check.py" "$work/table.svg" --charts 1 --min-points 5 \
+     --legend dp,elastic_dp,decoupled_2,decoupled_4,decoupled_8,decoupled_16 >"$work/svg.out" 2>&1 &&
+   [[ $(grep -o 'stroke-dasharray' "$work/table.svg" | wc -l) -eq 6 ]]; then pass
+else fail "simulate --table --plot: $(cat "$work/svg.out")"; fi
+expect_error 2 "plot draws the table: add --table" -- "$A" simulate --plot "$work/x.svg"
+expect_error 2 "plot /nonexistent/t.svg: no directory /nonexistent" -- "$A" simulate --table --plot /nonexistent/t.svg
 
 # Calibration on the elastic row: a short one, from a far start, lands near the paper.
 if timeout 120 "$A" simulate --calibrate --days 0.3 --replications 1 --downscale-s 60 --upscale-s 60 --json \

@@ -29,6 +29,7 @@
 #include "cli_common.hpp"
 #include "node/drill.hpp"
 #include "node/local_mesh.hpp"
+#include "svg_chart.hpp"
 
 namespace archipelago::cli {
 namespace {
@@ -44,7 +45,9 @@ struct ablate_options {
   std::vector<std::string> encodings{"fp32", "bf16", "int8", "int4", "int2"};
   int seeds = 1;
   double step_time_ms = 0;  // 0: calibrated per M
+  double eval_period_s = 10;  // evaluations of Θ during a run (the plot's points)
   bool json = false;
+  std::string plot;  // an SVG of eval loss against tokens per variant (the first seed's runs)
   config_flags flags;
   CLI::App* command = nullptr;
 };
@@ -73,7 +76,26 @@ struct outcome {
   std::vector<double> rel_second;  // vs the second reference (encoding: bf16), in %
   double step_time_ms = 0;
   bool ledger_exact = true;
+  std::vector<std::pair<double, double>> curve;  // the first seed's (tokens, eval loss)
 };
+
+/// Eval loss against tokens, one chart per group, one line per variant (the reference dashed).
+std::string ablation_plot(const std::string& which, const std::vector<variant>& variants,
+                          const std::vector<outcome>& results) {
+  static const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
+  std::vector<std::string> charts;
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    const std::string& group = variants[i].group;
+    if (i > 0 && variants[i - 1].group == group) continue;
+    std::vector<series> lines;
+    for (std::size_t j = i; j < variants.size() && variants[j].group == group; ++j)
+      lines.push_back(series{variants[j].name, colors[lines.size() % 6], results[j].curve, variants[j].reference});
+    charts.push_back(chart("bench ablate " + which + (group.empty() ? "" : ", " + group) +
+                               ": eval loss (the reference dashed)",
+                           "tokens", "eval loss, nats/byte", lines, {}));
+  }
+  return stack_charts(charts);
+}
 
 double mean(const std::vector<double>& v) {
   if (v.empty()) return std::nan("");
@@ -171,6 +193,7 @@ int run_ablate() {
     progress.finish();
     return report(e);
   };
+  if (auto ok = check_plot_path(o.plot); !ok) return fail(ok.err());
   config defaults;
   defaults.model.size = o.model;
   defaults.data.batch = o.batch;
@@ -234,7 +257,7 @@ int run_ablate() {
       progress.update(label, true);
       auto s = run_local_mesh(
           c, [&](const std::string& line) { progress.update(label + ": " + line.substr(0, std::min<std::size_t>(line.size(), 80))); },
-          [] { return stop_requested.load(); });
+          [] { return stop_requested.load(); }, {}, nullptr, {}, mesh_eval{o.eval_period_s});
       if (!s) return fail(make_error(s.err().code, v.name + ": " + s.err().message));
       if (stop_requested.load()) return fail(make_error(errc::internal, "interrupted"));
       outcome& r = results[i];
@@ -251,6 +274,8 @@ int run_ablate() {
       r.overruns.push_back(static_cast<double>(s->budget_overruns));
       r.step_time_ms = c.mesh.step_time_ms;
       r.ledger_exact = r.ledger_exact && s->ledger_exact;
+      if (seed == 1)
+        for (const auto& [tokens, loss] : s->eval_curve) r.curve.emplace_back(static_cast<double>(tokens), loss);
     }
   }
   progress.finish();
@@ -355,6 +380,10 @@ int run_ablate() {
   std::printf("  ledger exact in every run: %s; paced steps over budget: %.0f of %.0f (%.1f %%)\n",
               all_exact ? "yes" : "NO", overruns, steps_total, steps_total > 0 ? 100 * overruns / steps_total : 0.0);
 
+  if (!o.plot.empty()) {
+    if (auto ok = write_svg(o.plot, ablation_plot(o.which, variants, results)); !ok) return report(ok.err());
+    std::printf("plot: %s\n", o.plot.c_str());
+  }
   if (o.json) {
     std::string list = "[";
     for (std::size_t i = 0; i < variants.size(); ++i) {
@@ -438,6 +467,9 @@ void add_bench_ablate(CLI::App& bench) {
   cmd->add_option("--seeds", o.seeds, "Seeds per variant, train.seed, +1, ... (default 1)")->check(CLI::Range(1, 20));
   cmd->add_option("--step-time-ms", o.step_time_ms, "Paced compute budget per step (default: calibrated per M)")
       ->check(CLI::Range(0.0, 3.6e6));
+  cmd->add_option("--eval-every-s", o.eval_period_s, "Seconds between evaluations of Θ during a run (default 10)")
+      ->check(CLI::Range(0.2, 3600.0));
+  cmd->add_option("--plot", o.plot, "Also draw eval loss against tokens per variant (first seed) as an SVG file");
   o.flags.add_to(*cmd);
   cmd->add_flag("--json", o.json, "Print a one-line JSON summary last");
 }

@@ -30,6 +30,7 @@
 
 #include "bench_stats.hpp"
 #include "cli_common.hpp"
+#include "svg_chart.hpp"
 #include "learner/model/gpt.hpp"
 #include "node/local_mesh.hpp"
 
@@ -104,6 +105,7 @@ struct wan_options {
   double ref_chip_tflops = 200;    // sustained, per chip
   double ref_gbit = 5;             // the link the race reproduces
   double ref_latency_ms = 20;      // one way
+  std::string plot;  // an SVG of eval loss against wall-clock per mode
   config_flags flags;
   CLI::App* command = nullptr;
 };
@@ -201,7 +203,39 @@ struct race_result {
   double bytes = 0, tokens = 0;  // to the target (dp: projected)
   double steps_per_learner = 0;  // to the target
   std::string note;
+  std::vector<std::pair<double, double>> curve;  // (seconds, eval loss); dp: projected from its uncapped run
 };
+
+/// Eval loss against wall-clock: each racing mode as measured, dp projected
+/// (dashed: its uncapped curve at its capped step time), the target across.
+std::string race_plot(const std::vector<race_result>& results, double target) {
+  static const char* colors[] = {"#d62728", "#ff7f0e", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b"};
+  double x_max = 0;
+  for (const auto& r : results)
+    if (!r.projected)
+      for (const auto& [t, loss] : r.curve) x_max = std::max(x_max, t);
+  std::vector<series> lines;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    series s{r.mode + (r.projected ? " (projected)" : ""), colors[i % 6], {}, r.projected};
+    // A projection far beyond the race is cut where the race ends.
+    for (std::size_t k = 0; k < r.curve.size(); ++k) {
+      const auto [t, loss] = r.curve[k];
+      if (t <= x_max) {
+        s.points.emplace_back(t, loss);
+      } else {
+        if (k > 0 && r.curve[k - 1].first < x_max) {
+          const auto [t0, l0] = r.curve[k - 1];
+          s.points.emplace_back(x_max, l0 + (loss - l0) * (x_max - t0) / (t - t0));
+        }
+        break;
+      }
+    }
+    lines.push_back(std::move(s));
+  }
+  lines.push_back(series{"target", "#777", {{0, target}, {x_max, target}}, true});
+  return chart("WAN race: eval loss under the capped links", "seconds", "eval loss, nats/byte", lines, {}, x_max);
+}
 
 int run_wan(wan_options& o) {
   if (o.learners < 1) return report(make_error(errc::invalid_input, "--learners must be at least 1"));
@@ -215,6 +249,7 @@ int run_wan(wan_options& o) {
   if (!(o.ref_gbit > 0 && o.ref_params > 0 && o.ref_bytes_per_param > 0 && o.ref_tokens > 0 && o.ref_chips > 0 &&
         o.ref_chip_tflops > 0))
     return report(make_error(errc::invalid_input, "the --ref-* figures must be positive"));
+  if (auto ok = check_plot_path(o.plot); !ok) return report(ok.err());
   config defaults;
   defaults.model.size = o.model;
   defaults.mesh.learners = o.learners;
@@ -307,6 +342,8 @@ int run_wan(wan_options& o) {
   dp.final_loss = target;
   dp.wall_s = dp_capped->wall_s;
   dp.speedup = 1;
+  for (const auto& [tokens, loss] : dp_free->eval_curve)
+    dp.curve.emplace_back(static_cast<double>(tokens) / tokens_per_step * dp_step_s, loss);
   dp.note = fmt("%.0f steps", dp_steps) + " x " + fmt("%.2f s", dp_step_s) + " per step under the cap (" +
             std::to_string(dp_capped->rounds) + " rounds in " + fmt("%.0f s", dp_capped->wall_s) + ")";
   // dp as a bandwidth-optimal exchange would make it: both directions at once.
@@ -330,6 +367,8 @@ int run_wan(wan_options& o) {
     r.wall_s = s->wall_s;
     r.bytes = static_cast<double>(s->bytes_on_wire);
     r.tokens = static_cast<double>(s->tokens);
+    for (std::size_t i = 0; i < s->eval_curve.size() && i < s->eval_times_s.size(); ++i)
+      r.curve.emplace_back(s->eval_times_s[i], s->eval_curve[i].second);
     if (s->target_reached_s >= 0) {
       r.reached = true;
       r.time_s = s->target_reached_s;
@@ -370,6 +409,10 @@ int run_wan(wan_options& o) {
     if (r.mode != "dp") std::printf("%s %s  ", r.mode.c_str(), r.reached ? fmt("%.1fx", dp_duplex_s / r.time_s).c_str() : "-");
   std::printf("\n  paper (Decoupled DiLoCo): more than 20x over data-parallel training on 2-5 Gbit/s WAN links\n");
   std::printf("  load average before the run: %.2f (this machine's 2 cores are shared)\n", load_before);
+  if (!o.plot.empty()) {
+    if (auto ok = write_svg(o.plot, race_plot(results, target)); !ok) return report(ok.err());
+    std::printf("plot: %s\n", o.plot.c_str());
+  }
 
   if (o.json) {
     std::string modes = "[";
@@ -570,6 +613,7 @@ void add_bench_wan(CLI::App& bench) {
   w->add_option("--ref-chip-tflops", o.ref_chip_tflops, "Sustained TFLOP/s per accelerator (default 200)");
   w->add_option("--ref-gbit", o.ref_gbit, "The reference link the race reproduces, Gbit/s (default 5)");
   w->add_option("--ref-latency-ms", o.ref_latency_ms, "Reference one-way latency, ms (default 20)");
+  w->add_option("--plot", o.plot, "Also draw eval loss against wall-clock per mode as an SVG file");
   o.flags.add_to(*w);
   w->add_flag("--json", o.json, "Print a one-line JSON summary last");
 

@@ -12,6 +12,7 @@
 #include "cli_common.hpp"
 #include "commands.hpp"
 #include "goodput_sim.hpp"
+#include "svg_chart.hpp"
 
 namespace archipelago::cli {
 namespace {
@@ -32,6 +33,7 @@ struct simulate_options {
   constants k = calibrated_constants();
   bool table = false, calibrate = false, json = false;
   double tolerance_pts = 3.0;
+  std::string plot;  // --table: an SVG of ours beside the paper's
 };
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -113,6 +115,28 @@ int run_one(const simulate_options& o, const params& p) {
   return exit_ok;
 }
 
+/// Goodput against chips, one colour per row: ours solid, the paper's dashed.
+std::string table_plot(const std::vector<table_cell>& cells) {
+  static const char* colors[] = {"#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#9467bd", "#8c564b"};
+  std::vector<series> lines;
+  std::vector<std::pair<double, std::string>> ticks;
+  for (std::size_t i = 0; i < table_chips.size(); ++i) ticks.emplace_back(static_cast<double>(i), chips_label(table_chips[i]));
+  for (std::size_t r = 0; r < paper_table().size(); ++r) {
+    const std::string row = paper_table()[r].name;
+    series ours{row, colors[r % 6], {}}, paper{"", colors[r % 6], {}, true};
+    for (const auto& c : cells) {
+      if (c.row != row) continue;
+      const double x = std::log2(c.chips / table_chips.front());  // the table doubles the chips per column
+      ours.points.emplace_back(x, 100 * c.ours.goodput.mean);
+      paper.points.emplace_back(x, c.paper_pct);
+    }
+    lines.push_back(std::move(ours));
+    lines.push_back(std::move(paper));
+  }
+  return chart("Table 1: goodput, ours (solid) vs the paper (dashed)", "chips", "goodput %", lines, {},
+               static_cast<double>(table_chips.size() - 1), ticks);
+}
+
 int run_table_cmd(const simulate_options& o, const params& base) {
   std::printf("Table 1: goodput (%%), chip MTBI %g years; ours = mean ± 95 %% CI over %d replications of %g days, "
               "seed %llu\n",
@@ -134,6 +158,10 @@ int run_table_cmd(const simulate_options& o, const params& base) {
     if (!c.within)
       std::printf("not reproduced: %s at %s chips: ours %.1f %%, paper %.0f %% (%+.1f points)\n", c.row.c_str(),
                   chips_label(c.chips).c_str(), 100 * c.ours.goodput.mean, c.paper_pct, c.diff_pts);
+  if (!o.plot.empty()) {
+    if (auto ok = write_svg(o.plot, table_plot(cells)); !ok) return report(ok.err());
+    std::printf("plot: %s\n", o.plot.c_str());
+  }
   if (o.json) {
     std::string arr = "[";
     for (std::size_t i = 0; i < cells.size(); ++i) {
@@ -214,6 +242,8 @@ int run_calibrate(const simulate_options& o, const params& base) {
 
 int run_simulate(simulate_options& o) {
   if (o.table && o.calibrate) return report(make_error(errc::invalid_input, "--table and --calibrate exclude each other"));
+  if (!o.plot.empty() && !o.table) return report(make_error(errc::invalid_input, "--plot draws the table: add --table"));
+  if (auto ok = check_plot_path(o.plot); !ok) return report(ok.err());
   auto kind = parse_setup(o.policy);
   if (!kind) return report(kind.err());
   auto law = parse_repair_law(o.repair_law_name);
@@ -295,6 +325,7 @@ runner add_simulate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--calibrate", o->calibrate,
                 "Fit downscale-s, upscale-s, upscale-hold-s to the paper's elastic_dp row only");
+  cmd->add_option("--plot", o->plot, "--table: also draw ours beside the paper's as an SVG file");
   cmd->add_flag("--json", o->json, "Print a one-line JSON summary last");
   return [o] { return run_simulate(*o); };
 }

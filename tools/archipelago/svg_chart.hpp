@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.hpp"
+
 namespace archipelago::cli {
 
 /// A number for SVG and JSON; non-finite values become "null".
@@ -14,8 +16,9 @@ std::string num(double v, const char* format = "%.4g");
 std::string html_escape(const std::string& s);
 
 struct series {
-  std::string name, color;
+  std::string name, color;  // an empty name stays out of the legend
   std::vector<std::pair<double, double>> points;
+  bool dashed = false;  // with a dot at every point (a reference beside a measurement)
 };
 struct band {
   double from, to;
@@ -24,8 +27,19 @@ struct band {
 };
 
 /// A line chart; bands shade time ranges (faults). x_max < 0: the data's largest x.
+/// x_ticks: labels at chosen x positions instead of five evenly spaced numbers.
 std::string chart(const std::string& title, const std::string& x_label, const std::string& y_label,
-                  const std::vector<series>& lines, const std::vector<band>& bands, double x_max = -1);
+                  const std::vector<series>& lines, const std::vector<band>& bands, double x_max = -1,
+                  const std::vector<std::pair<double, std::string>>& x_ticks = {});
+
+/// Charts one above the other in one standalone SVG document (for BENCHMARKS.md).
+std::string stack_charts(const std::vector<std::string>& charts);
+
+/// Refuse a --plot path whose directory does not exist before any work starts.
+status check_plot_path(const std::string& path);
+
+/// Write a standalone SVG file; an error names the path.
+status write_svg(const std::string& path, const std::string& svg);
 
 /// One strip per learner over time, shaded by its rate (darker = faster); bands
 /// with a row mark something that happened to that learner below its strip.
