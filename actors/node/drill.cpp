@@ -311,7 +311,6 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
   auto run = run_local_mesh(cfg, phase_progress(progress, "drill"), stop_requested, snaps, &drill);
   if (!run) return make_error(run.err().code, "the drill: " + run.err().message);
   r.run = std::move(*run);
-  r.budget_overruns = r.run.budget_overruns;
   r.chaos_commands = drill.log.commands_sent.load();
   r.chaos_commands_failed = drill.log.commands_failed.load();
   finish_drill_report(r, drill, cfg, layout);
@@ -325,6 +324,7 @@ void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, 
     zero = drill.log.started_ns;
   }
   r.clock_zero_ns = zero;
+  r.budget_overruns = r.run.budget_overruns;
   {
     std::lock_guard lock(drill.mutex);
     fault_rows(r, drill, zero);

@@ -158,6 +158,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
   }
   out.steps = stats.steps;
   out.tokens = stats.tokens;
+  out.budget_overruns = stats.budget_overruns;
   out.wait_s = static_cast<double>(stats.wait_ns.load()) * 1e-9;
   out.rounds = stats.rounds_closed;
   out.published = stats.published;

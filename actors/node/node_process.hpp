@@ -36,6 +36,7 @@ struct node_result {
   double wall_s = 0;
   // learner
   std::uint64_t steps = 0, tokens = 0;
+  std::uint64_t budget_overruns = 0;  // steps whose compute exceeded mesh.step_time_ms
   double wait_s = 0;
   // broker
   broker_report broker;

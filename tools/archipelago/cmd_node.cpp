@@ -54,7 +54,7 @@ int run_node_command(node_cli& n) {
         .add("incarnation", static_cast<std::int64_t>(r.inc.value)).add("wall_s", r.wall_s);
     if (o.kind == role::learner) {
       j.add("steps", static_cast<std::int64_t>(r.steps)).add("tokens", static_cast<std::int64_t>(r.tokens))
-          .add("wait_s", r.wait_s);
+          .add("wait_s", r.wait_s).add("budget_overruns", static_cast<std::int64_t>(r.budget_overruns));
     } else if (o.kind == role::sync_broker) {
       // Times in seconds since the broker started (-1: never).
       auto since_start = [&](nanos t) { return t < 0 ? -1.0 : static_cast<double>(t - r.broker.started_ns) * 1e-9; };

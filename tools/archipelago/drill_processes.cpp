@@ -143,7 +143,8 @@ struct child {
   bool exited = false;  // ended on its own (a learner done); its status below
   int status = 0;
   // What the sampler last saw of the current incarnation.
-  std::uint64_t inc = 0, steps = 0, tokens = 0;
+  std::uint64_t inc = 0, steps = 0, tokens = 0, overruns = 0;
+  std::uint64_t spawned_ms = 0;  // wall-clock ms just before its fork: its incarnation is at or after it
   std::vector<std::uint64_t> versions;  // shard: per fragment of the mesh (0: not its)
 };
 
@@ -190,6 +191,7 @@ class child_processes final : public process_control {
         const prom_page p = parse_prometheus(*page);
         c->steps = std::max<std::uint64_t>(c->steps, static_cast<std::uint64_t>(metric_sum(p, "archipelago_learner_steps_total")));
         c->tokens = std::max<std::uint64_t>(c->tokens, static_cast<std::uint64_t>(metric_sum(p, "archipelago_learner_tokens_total")));
+        c->overruns = std::max<std::uint64_t>(c->overruns, static_cast<std::uint64_t>(metric_sum(p, "archipelago_learner_budget_overruns_total")));
         if (const auto inc = incarnation_of(p)) c->inc = inc;
       }
     }
@@ -201,13 +203,14 @@ class child_processes final : public process_control {
     if (t.kind == role::learner) {
       steps_before_[t.index] += c->steps;
       tokens_before_[t.index] += c->tokens;
+      overruns_killed_ += c->overruns;
       std::lock_guard record(drill_.mutex);
       drill_.killed.push_back({t.index, c->inc, c->steps});
-      killed_ms_.push_back(wall_ms());
+      killed_spans_.push_back({c->spawned_ms, wall_ms()});
     }
     if (t.kind == role::parameter_shard) durable_at_kill_[t.index] = durable_versions(*c);
     c->inc = 0;
-    c->steps = c->tokens = 0;
+    c->steps = c->tokens = c->overruns = 0;
   }
 
   void restart(const fault_target& t) override {
@@ -302,6 +305,7 @@ class child_processes final : public process_control {
       if (c.target.kind == role::learner) {
         c.steps = static_cast<std::uint64_t>(metric_sum(p, "archipelago_learner_steps_total"));
         c.tokens = static_cast<std::uint64_t>(metric_sum(p, "archipelago_learner_tokens_total"));
+        c.overruns = static_cast<std::uint64_t>(metric_sum(p, "archipelago_learner_budget_overruns_total"));
       } else if (c.target.kind == role::parameter_shard) {
         for (auto [it, end] = p.equal_range("archipelago_fragment_version"); it != end; ++it) {
           const auto f = std::strtoul(label(it->second.first, "fragment").c_str(), nullptr, 10);
@@ -397,10 +401,18 @@ class child_processes final : public process_control {
     return merged_tokens_;
   }
 
-  /// When each killed learner (drill.killed, in order) was killed, wall-clock ms.
-  std::vector<std::uint64_t> killed_ms() {
+  /// Budget overruns of the killed learner incarnations (their last scrape).
+  std::uint64_t overruns_killed() {
     std::lock_guard lock(mutex_);
-    return killed_ms_;
+    return overruns_killed_;
+  }
+  /// When each killed learner (drill.killed, in order) was started and killed, wall-clock ms.
+  struct lifetime {
+    std::uint64_t spawned_ms, killed_ms;
+  };
+  std::vector<lifetime> killed_spans() {
+    std::lock_guard lock(mutex_);
+    return killed_spans_;
   }
 
   /// Each restart's wall-clock time (ms): a node's incarnation is its start's wall-clock ms.
@@ -485,6 +497,7 @@ class child_processes final : public process_control {
   /// fork + exec on this launcher's own thread; the child is in a process group of
   /// its own (a Ctrl-C reaches the drill, which stops it) and dies with the drill.
   expected<pid_t> spawn(child& c) {
+    c.spawned_ms = wall_ms();
     c.log = logs_ + "/" + c.name + "." + std::to_string(c.starts + 1) + ".log";
     const int fd = ::open(c.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return make_error(errc::io_error, "cannot create " + c.log);
@@ -571,8 +584,9 @@ class child_processes final : public process_control {
   std::vector<drill_process_event> events_;
   std::map<std::uint32_t, std::vector<std::uint64_t>> durable_at_kill_;
   std::vector<pending_restart> pending_restarts_;
-  std::vector<std::uint64_t> killed_ms_;
+  std::vector<lifetime> killed_spans_;
   std::vector<std::uint64_t> steps_before_, tokens_before_;
+  std::uint64_t overruns_killed_ = 0;  // budget overruns of killed learners, as last scraped
   std::uint64_t broker_inc_ = 0, rounds_before_ = 0, rounds_seen_ = 0, merged_tokens_ = 0;
   std::thread thread_;  // last: it starts once everything above is built
 };
@@ -810,14 +824,17 @@ expected<process_run> run_processes(const config& cfg, const sync_policy& policy
 
   // Which incarnation each kill and restart was: a node's incarnation is its start's wall-clock ms.
   {
-    const auto killed_ms = launcher->killed_ms();
+    const auto killed = launcher->killed_spans();
     const auto restarts_done = launcher->restarts_done();
     std::lock_guard lock(drill.mutex);
     for (std::size_t k = 0; k < drill.killed.size(); ++k) {
       auto& kl = drill.killed[k];
-      if (kl.incarnation != 0 || k >= killed_ms.size()) continue;
-      for (const auto& r : b.learners)  // never scraped: the newest incarnation started before the kill
-        if (r.who.learner.value == kl.learner && r.who.inc.value < killed_ms[k] && r.who.inc.value > kl.incarnation)
+      if (kl.incarnation != 0 || k >= killed.size()) continue;
+      // Never scraped: the broker's record of an incarnation that started within this
+      // process's life, if it ever joined (one killed before joining has none: 0 stays).
+      for (const auto& r : b.learners)
+        if (r.who.learner.value == kl.learner && r.who.inc.value >= killed[k].spawned_ms &&
+            r.who.inc.value <= killed[k].killed_ms)
           kl.incarnation = r.who.inc.value;
     }
     for (const auto& p : restarts_done) {
@@ -840,6 +857,7 @@ expected<process_run> run_processes(const config& cfg, const sync_policy& policy
     if (auto j = last_json_line(entry.path().string())) {
       tokens += j->value("tokens", std::uint64_t{0});
       steps += j->value("steps", std::uint64_t{0});
+      sum.budget_overruns += j->value("budget_overruns", std::uint64_t{0});
     }
   }
   {
@@ -851,6 +869,7 @@ expected<process_run> run_processes(const config& cfg, const sync_policy& policy
       tokens += st * tps;
     }
   }
+  sum.budget_overruns += launcher->overruns_killed();
   sum.tokens = tokens;
   sum.steps = steps;
   sum.mode = cfg.mesh.mode;
