@@ -39,6 +39,13 @@ void add_node_metrics(prometheus_text& page, node_address self, incarnation inc,
                static_cast<double>(wire.reconnects), me);
   page.counter("archipelago_wire_dropped_total", "Outbound messages dropped: the outbox or a peer's queue was full.",
                static_cast<double>(wire.outbox_full + wire.peer_queue_full), me);
+  for (const auto& [outcome, n] : {std::pair{"accepted", wire.curve_accepted}, std::pair{"refused", wire.curve_refused}}) {
+    metric_labels l = me;
+    l.emplace_back("outcome", outcome);
+    page.counter("archipelago_wire_curve_handshakes_total",
+                 "CURVE handshakes of clients with this node: accepted, or refused (a key not on the allow-list).",
+                 static_cast<double>(n), l);
+  }
 }
 
 }  // namespace archipelago

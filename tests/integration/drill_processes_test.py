@@ -14,6 +14,7 @@ test watches the drill's children itself in /proc and the broker's /status:
 - the partitioned learner went silent at the broker (ChaosCommands took effect);
 - the drill passes: no committed round lost, the ledger exact, zero global
   downtime while >= K learners live, the restarted learner merged again;
+- the wire runs with CURVE (keys made for the run): the nodes accept handshakes;
 - no child process is left behind; nor after a Ctrl-C (SIGINT) mid-drill.
 
 Usage: drill_processes_test.py ARCHIPELAGO_BINARY
@@ -119,6 +120,17 @@ def broker_status(port):
         return None
 
 
+def curve_accepted(port):
+    """CURVE handshakes the node accepted, from its /metrics; None if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("archipelago_wire_curve_handshakes_total{") and 'outcome="accepted"' in line)
+
+
 def learner_schedule(port):
     """(schedule step, this incarnation's steps) from a learner's /metrics; None if it does not answer."""
     try:
@@ -151,6 +163,7 @@ def run_drill(name, interrupt_after_s=None, bound_s=100):
     silent_max = {}   # learner -> the longest silence the broker reported
     first_child_at = None  # when all 6 nodes were first seen
     start_step = {}   # learner pid -> where its schedule started (schedule step - its own steps)
+    curve = {}        # node -> the most CURVE handshakes it accepted
     deadline = time.time() + bound_s
     interrupted = False
     while drill.poll() is None:
@@ -170,6 +183,10 @@ def run_drill(name, interrupt_after_s=None, bound_s=100):
                 schedule = learner_schedule(port)
                 if schedule and schedule[1] > 0:
                     start_step[pid] = schedule[0] - schedule[1]
+            if node in ("broker", "shard-0"):
+                accepted = curve_accepted(port)
+                if accepted is not None:
+                    curve[node] = max(curve.get(node, 0), accepted)
             if node == "broker":
                 status = broker_status(port)
                 for l in (status or {}).get("learners", []):
@@ -187,12 +204,12 @@ def run_drill(name, interrupt_after_s=None, bound_s=100):
     output = log.read()
     left = [(node, pid) for node, pids in seen.items() for pid in pids if alive(pid)]
     check(not left, f"{name}: child processes left behind after the drill exited: {left}", output)
-    return drill.returncode, output, seen, stopped, silent_max, start_step
+    return drill.returncode, output, seen, stopped, silent_max, start_step, curve
 
 
 def main():
     started = time.time()
-    code, output, seen, stopped, silent, start_step = run_drill("drill")
+    code, output, seen, stopped, silent, start_step, curve = run_drill("drill")
     lines = [line for line in output.splitlines() if line.startswith("{")]
     check(lines, "the drill printed no JSON summary", output)
     summary = json.loads(lines[-1])
@@ -209,6 +226,8 @@ def main():
     check(len(seen.get("shard-1", [])) >= 2, f"shard-1 ran as a new process after its kill: {seen}", output)
     for node in ("broker", "shard-0", "learner-0", "learner-2"):
         check(len(seen.get(node, [])) == 1, f"{node} ran as one process throughout: {seen}", output)
+    # The wire ran with CURVE: broker and shard accepted handshakes (3 learners, the chaos monkey, ...).
+    check(curve.get("broker", 0) >= 4 and curve.get("shard-0", 0) >= 3, f"CURVE handshakes accepted: {curve}", output)
     # The restarted learner took up the mesh's learning-rate schedule (the broker's Welcome),
     # about 6 s of 150 ms steps in, not its warm-up at step 0; the first incarnations start at 0.
     first, restarted = seen["learner-1"][0], seen["learner-1"][-1]
@@ -237,11 +256,11 @@ def main():
     check(report["eval_loss"] > 0, "Θ was evaluated from the shards' stores", output)
 
     # Ctrl-C mid-drill: the drill stops its children and exits; none is left behind.
-    code, output, seen_interrupted, _, _, _ = run_drill("interrupted", interrupt_after_s=5)
+    code, output, seen_interrupted, _, _, _, _ = run_drill("interrupted", interrupt_after_s=5)
     check(code != 0, f"an interrupted drill does not pass (exit {code})", output)
     check(len(seen_interrupted) == 6, f"all 6 nodes ran before the interrupt: {sorted(seen_interrupted)}", output)
     print(f"ok: drill across processes in {time.time() - started:.0f} s; rounds {summary['rounds']}, "
-          f"goodput {summary['goodput']:.3f}, ledger {summary['ledger']}; pids {seen}; schedule starts {start_step}")
+          f"goodput {summary['goodput']:.3f}, ledger {summary['ledger']}; pids {seen}; schedule starts {start_step}; CURVE handshakes accepted {curve}")
 
 
 main()

@@ -29,6 +29,7 @@
 #include "learner/learner_core.hpp"
 #include "learner/model/trainer.hpp"
 #include "node/mesh_snapshots.hpp"
+#include "transport/curve_keys.hpp"
 
 namespace archipelago::cli {
 namespace {
@@ -655,6 +656,29 @@ expected<process_run> run_processes(const config& cfg, const sync_policy& policy
   }
   for (int l = 0; l < m; ++l) setup.learner_endpoints.push_back(tcp(ports[1 + shards + l]));
 
+  // With wire.curve, every node gets a keypair of its own (the learners share one, as
+  // learners that come and go would) and the chaos monkey one too; every node allows
+  // the public keys of the run's key directory and finds its peers' there by name.
+  const fs::path keys = dir / "keys";
+  auto key_flags = [&](const std::string& name) -> std::vector<std::string> {
+    if (!cfg.wire.curve) return {};
+    return {"--set", "wire.key_file=" + (keys / (name + ".key")).string(), "--set", "wire.allow=" + keys.string()};
+  };
+  if (cfg.wire.curve) {
+    fs::create_directories(keys, ec);
+    if (ec) return make_error(errc::io_error, "cannot create " + keys.string() + ": " + ec.message());
+    fs::permissions(keys, fs::perms::owner_all, ec);
+    std::vector<std::string> names{"broker", "learner", "chaos"};
+    for (int s = 0; s < shards; ++s) names.push_back("shard-" + std::to_string(s));
+    for (const auto& name : names) {
+      auto pair = transport::generate_keypair();
+      if (!pair) return pair.err();
+      if (auto ok = transport::save_keypair(keys.string(), name, *pair); !ok) return ok.err();
+    }
+    setup.cfg.wire.key_file = (keys / "chaos.key").string();
+    setup.cfg.wire.allow = keys.string();
+  }
+
   std::vector<child> children;
   std::vector<std::string> shard_dbs;
   auto add = [&](std::string name, role kind, std::uint32_t index, int slot) {
@@ -665,6 +689,8 @@ expected<process_run> run_processes(const config& cfg, const sync_policy& policy
     c.argv = {binary, "node", "--role", kind == role::sync_broker ? "broker" : kind == role::parameter_shard ? "shard" : "learner",
               "--index", std::to_string(index), "--config", toml, "--broker", setup.broker_endpoint, "--shards",
               shard_list, "--metrics-host", "127.0.0.1", "--metrics-port", std::to_string(c.metrics_port), "--json"};
+    const auto curve = key_flags(kind == role::learner ? "learner" : c.name);
+    c.argv.insert(c.argv.end(), curve.begin(), curve.end());
     if (kind == role::learner) {
       c.argv.insert(c.argv.end(), {"--listen", setup.learner_endpoints[index]});
     } else {
@@ -899,8 +925,6 @@ expected<drill_report> run_process_drill(const config& base, const drill_options
   if (!policy) return policy.err();
   const double step_ms = base.mesh.step_time_ms > 0 ? base.mesh.step_time_ms : calibrate_step_time_ms(base);
   config cfg = drill_config(base, *plan, step_ms);
-  // Loopback only, and the chaos monkey is a peer of its own: the wire runs without CURVE here.
-  cfg.wire.curve = false;
   if (auto ok = validate_mesh(cfg); !ok) return ok.err();
   const mesh_setup layout = make_mesh_setup(cfg, *policy);
 
