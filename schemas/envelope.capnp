@@ -92,8 +92,8 @@ struct Welcome {
   shards @1 :List(ShardInfo);        # who owns which fragment
   heartbeatIntervalMs @2 :UInt32;    # the mesh's heartbeat interval
   currentRound @3 :UInt64;           # next round the broker will open
-  scheduleStep @4 :UInt64;           # the mesh's learning-rate schedule position (its ledger's inner
-                                     # steps / M); a learner's new incarnation starts there, not at 0
+  scheduleStep @4 :UInt64;           # to a restarted learner (an earlier incarnation is known): the
+                                     # mesh's schedule position, its ledger's inner steps / M; else 0
 }
 
 struct Heartbeat {

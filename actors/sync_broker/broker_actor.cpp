@@ -304,14 +304,14 @@ void lease_round(broker_state& st, const snapshot_context* snaps, std::uint64_t 
 }
 
 /// Tells `to` this broker's incarnation (the header) and where its rounds stand.
-void send_welcome(broker_state& st, const mesh_setup& setup, node_address to) {
+/// `schedule_step`: where a restarted learner takes up the learning-rate schedule (0: its start).
+void send_welcome(broker_state& st, const mesh_setup& setup, node_address to, std::uint64_t schedule_step = 0) {
   auto b = st.wire->make_envelope();
   auto w = b.body().initWelcome();
   w.setFragments(static_cast<std::uint32_t>(setup.plan.fragments.size()));
   w.setHeartbeatIntervalMs(static_cast<std::uint32_t>(setup.cfg.wire.heartbeat_interval_ms));
   w.setCurrentRound(st.core->next_round().value);
-  if (to.kind == role::learner && setup.cfg.mesh.learners > 0)
-    w.setScheduleStep(st.ledger.totals().steps / static_cast<std::uint64_t>(setup.cfg.mesh.learners));
+  w.setScheduleStep(schedule_step);
   (void)st.wire->send(to, b.finish());
 }
 
@@ -529,7 +529,14 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
             if (std::find(st.learners.begin(), st.learners.end(), from) == st.learners.end()) st.learners.push_back(from);
             st.core->on_join({from.index}, incarnation{env.header().getIncarnation()}, now);
             st.endpoints[{{from.index}, incarnation{env.header().getIncarnation()}}] = join.getEndpoint().cStr();
-            send_welcome(st, *setup, from);  // after a broker restart: the learner drops the old broker's rounds
+            // A restart (an earlier incarnation of this learner is known) takes up the mesh's
+            // schedule: the ledger's steps / M. A first start begins at the schedule's start,
+            // however late it joins (at a mesh's start the learners come up a few steps apart).
+            std::uint64_t schedule_step = 0;
+            for (const auto& [who, rec] : st.records)
+              if (who.learner.value == from.index && who.inc.value < env.header().getIncarnation())
+                schedule_step = st.ledger.totals().steps / static_cast<std::uint64_t>(std::max(1, setup->cfg.mesh.learners));
+            send_welcome(st, *setup, from, schedule_step);  // after a broker restart: the learner drops the old broker's rounds
             if (st.first_join_ns < 0) st.first_join_ns = now;
             for (auto& [who, rec] : st.records)  // a restart ends the earlier incarnations
               if (who.learner.value == from.index && who.inc.value < env.header().getIncarnation() && rec.left_ns < 0)

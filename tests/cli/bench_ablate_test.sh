@@ -70,5 +70,24 @@ else
   fail "bench ablate merge failed: $(tail -5 "$work/merge.err")"
 fi
 
+# Quorum: the four decoupled variants share a wall time; dp runs its whole schedule and is the
+# quality reference, K=1 + grace compared with it at the same tokens.
+if timeout 120 "$A" bench ablate quorum --learners 2 --eval-every-s 0.5 "${tiny[@]}" >"$work/quorum.out" 2>"$work/quorum.err"; then
+  tail -n 1 "$work/quorum.out" | python3 -c '
+import json, math, sys
+s = json.loads(sys.stdin.read())
+v = {x["name"]: x for x in s["variants"]}
+assert list(v) == ["K=1 + grace", "K=1, no grace", "K=M", "K=M lock-step", "dp"], list(v)
+assert v["dp"]["tokens"] == 2 * 40 * 8 * 64, v["dp"]  # every step of its schedule
+assert all(x["tokens"] < v["dp"]["tokens"] for k, x in v.items() if k != "dp"), v  # the rest: a common wall time
+assert all(x["ledger_exact"] for x in v.values()), v
+c = [x["claim"] for x in s["claims"]]
+assert len(c) == 5 and "dp-level quality" in c[4], c
+assert "nan" not in c[4], c  # dp'"'"'s loss at the same tokens was found on its curve
+' || fail "bench ablate quorum --json: $(tail -n 1 "$work/quorum.out")"
+else
+  fail "bench ablate quorum failed: $(tail -5 "$work/quorum.err")"
+fi
+
 if [[ $failures -gt 0 ]]; then echo "$failures failure(s)"; exit 1; fi
 echo "bench ablate: all passed"
