@@ -75,7 +75,9 @@ std::string chart(const std::string& title, const std::string& x_label, const st
     const double yv = y0 + (y1 - y0) * i / 4, xv = x0 + (x1 - x0) * i / 4;
     out += "<text x=\"" + num(left - 6) + "\" y=\"" + num(Y(yv) + 4) + "\" font-size=\"11\" text-anchor=\"end\">" +
            num(yv, "%.3g") + "</text>";
-    if (x_ticks.empty()) x_tick(xv, num(xv, xv >= 100 ? "%.0f" : "%.3g"));
+    if (x_ticks.empty())  // large counts (tokens) as 1.23M, 456k
+      x_tick(xv, xv >= 1e6 ? num(xv / 1e6, "%.3g") + "M" : xv >= 1e4 ? num(xv / 1e3, "%.3g") + "k"
+                 : num(xv, xv >= 100 ? "%.0f" : "%.3g"));
   }
   for (const auto& [xv, label] : x_ticks) x_tick(xv, label);
   out += "<text x=\"" + num((left + w - right) / 2) + "\" y=\"" + num(h - 6) +
