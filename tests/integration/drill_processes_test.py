@@ -120,29 +120,29 @@ def broker_status(port):
         return None
 
 
-def curve_accepted(port):
-    """CURVE handshakes the node accepted, from its /metrics; None if it does not answer."""
+def metrics(port):
+    """A node's /metrics as [(series with labels, value)]; None if it does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
             text = r.read().decode()
     except OSError:
         return None
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("archipelago_wire_curve_handshakes_total{") and 'outcome="accepted"' in line)
+    return [(line.rsplit(" ", 1)[0], float(line.rsplit(" ", 1)[1]))
+            for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def curve_accepted(port):
+    """CURVE handshakes the node accepted; None if it does not answer."""
+    page = metrics(port)
+    if page is None:
+        return None
+    return sum(v for k, v in page if k.startswith("archipelago_wire_curve_handshakes_total{") and 'outcome="accepted"' in k)
 
 
 def learner_schedule(port):
-    """(schedule step, this incarnation's steps) from a learner's /metrics; None if it does not answer."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
-            text = r.read().decode()
-    except OSError:
-        return None
-    values = {}
-    for line in text.splitlines():
-        for name in ("archipelago_learner_schedule_step", "archipelago_learner_steps_total"):
-            if line.startswith(name + "{"):
-                values[name] = float(line.rsplit(" ", 1)[1])
+    """(schedule step, this incarnation's steps) of a learner; None if it does not answer yet."""
+    values = {k.split("{")[0]: v for k, v in metrics(port) or []
+              if k.split("{")[0] in ("archipelago_learner_schedule_step", "archipelago_learner_steps_total")}
     if len(values) < 2:
         return None
     return values["archipelago_learner_schedule_step"], values["archipelago_learner_steps_total"]
