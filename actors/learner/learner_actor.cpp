@@ -320,9 +320,9 @@ caf::behavior learner_actor(learner_self* self, const mesh_setup* setup, std::ui
           return;
         }
         if (env.body() == wire::Envelope::Body::WELCOME && env.sender().kind == role::sync_broker) {
-          // A new incarnation (a restart, a late join) takes up the mesh's schedule
-          // where the others are, not at its warm-up: only forward, only once (a
-          // slow learner keeps its own pace through later broker restarts).
+          // A restarted learner takes up the mesh's schedule where the others are, not
+          // at its warm-up (the broker sends 0 to a first start): only forward, only
+          // once (a slow learner keeps its own pace through later broker restarts).
           if (!st.welcomed) {
             const auto mesh_step = static_cast<std::int64_t>(body.getWelcome().getScheduleStep());
             if (mesh_step > st.eng->steps_done()) st.eng->start_at_step(mesh_step);

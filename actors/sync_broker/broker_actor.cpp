@@ -2,6 +2,7 @@
 // turns its effects into RoundOpen / RoundClose messages; keeps the token
 // ledger and the publication times (uptime) and reports them to mesh_stats.
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <map>
@@ -532,10 +533,11 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, const mesh_s
             // A restart (an earlier incarnation of this learner is known) takes up the mesh's
             // schedule: the ledger's steps / M. A first start begins at the schedule's start,
             // however late it joins (at a mesh's start the learners come up a few steps apart).
-            std::uint64_t schedule_step = 0;
-            for (const auto& [who, rec] : st.records)
-              if (who.learner.value == from.index && who.inc.value < env.header().getIncarnation())
-                schedule_step = st.ledger.totals().steps / static_cast<std::uint64_t>(std::max(1, setup->cfg.mesh.learners));
+            const bool restarted = std::any_of(st.records.begin(), st.records.end(), [&](const auto& r) {
+              return r.first.learner.value == from.index && r.first.inc.value < env.header().getIncarnation();
+            });
+            const std::uint64_t schedule_step =
+                restarted ? st.ledger.totals().steps / static_cast<std::uint64_t>(std::max(1, setup->cfg.mesh.learners)) : 0;
             send_welcome(st, *setup, from, schedule_step);  // after a broker restart: the learner drops the old broker's rounds
             if (st.first_join_ns < 0) st.first_join_ns = now;
             for (auto& [who, rec] : st.records)  // a restart ends the earlier incarnations

@@ -222,7 +222,6 @@ class child_processes final : public process_control {
       if (!c || c->pid >= 0) return;
     }
     const auto i = static_cast<std::size_t>(c - children_.data());
-    const std::uint64_t spawned_ms = wall_ms();  // before the fork: the node's incarnation is at or after it
     auto pid = on_thread([this, i] { return spawn(children_[i]); });
     if (!pid) {
       std::fprintf(stderr, "archipelago drill: cannot restart %s: %s\n", c->name.c_str(), pid.err().message.c_str());
@@ -236,7 +235,7 @@ class child_processes final : public process_control {
     std::lock_guard lock(mutex_);
     std::lock_guard record(drill_.mutex);
     drill_.restarts.push_back(r);
-    pending_restarts_.push_back({drill_.restarts.size() - 1, i, spawned_ms});
+    pending_restarts_.push_back({drill_.restarts.size() - 1, i, children_[i].spawned_ms});
   }
 
   void pause(const fault_target& t, nanos duration) override {
