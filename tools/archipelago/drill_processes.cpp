@@ -37,21 +37,36 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-/// A loopback port free right now (the kernel's pick); the node binds it soon after.
-expected<int> free_port() {
+/// Whether a listener could bind 127.0.0.1:`port` right now.
+bool loopback_port_free(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return make_error(errc::io_error, "cannot open a socket to pick a port");
+  if (fd < 0) return false;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
   ::close(fd);
-  if (port < 0) return make_error(errc::io_error, "cannot pick a free loopback port");
-  return port;
+  return free;
+}
+
+/// `count` distinct loopback ports free right now, which the nodes bind soon after.
+/// Taken below the kernel's ephemeral range (ip_local_port_range): the mesh's own
+/// outgoing connections draw their local ports from that range and could take one
+/// between this pick and a node's bind (a node then exits: "cannot listen ... in use").
+expected<std::vector<int>> free_ports(std::size_t count) {
+  constexpr int lowest = 10000;
+  int ephemeral_low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  const int span = ephemeral_low - lowest;
+  if (span < static_cast<int>(count)) return make_error(errc::io_error, "no loopback ports below the ephemeral range");
+  std::vector<int> out;
+  // Probing starts at a place set by the pid, so that two drills at once rarely meet.
+  const int start = static_cast<int>((static_cast<long>(::getpid()) * 7919) % span);
+  for (int k = 0; k < span && out.size() < count; ++k)
+    if (const int port = lowest + (start + k) % span; loopback_port_free(port)) out.push_back(port);
+  if (out.size() < count) return make_error(errc::io_error, "cannot find " + std::to_string(count) + " free loopback ports");
+  return out;
 }
 
 std::optional<std::string> http_get(int port, const char* path, int timeout_ms) {
@@ -147,6 +162,17 @@ struct child {
   std::uint64_t inc = 0, steps = 0, tokens = 0, overruns = 0;
   std::uint64_t spawned_ms = 0;  // wall-clock ms just before its fork: its incarnation is at or after it
   std::vector<std::uint64_t> versions;  // shard: per fragment of the mesh (0: not its)
+
+  /// A learner's counters from a scrape of the current incarnation; they only grow,
+  /// so a scrape older than one already taken changes nothing.
+  void learner_seen(const prom_page& p) {
+    auto grow = [&](std::uint64_t& v, const char* name) {
+      v = std::max<std::uint64_t>(v, static_cast<std::uint64_t>(metric_sum(p, name)));
+    };
+    grow(steps, "archipelago_learner_steps_total");
+    grow(tokens, "archipelago_learner_tokens_total");
+    grow(overruns, "archipelago_learner_budget_overruns_total");
+  }
 };
 
 /// The launcher of a many-process mesh: owns the children (process_control for
@@ -190,9 +216,7 @@ class child_processes final : public process_control {
       lock.lock();
       if (page) {
         const prom_page p = parse_prometheus(*page);
-        c->steps = std::max<std::uint64_t>(c->steps, static_cast<std::uint64_t>(metric_sum(p, "archipelago_learner_steps_total")));
-        c->tokens = std::max<std::uint64_t>(c->tokens, static_cast<std::uint64_t>(metric_sum(p, "archipelago_learner_tokens_total")));
-        c->overruns = std::max<std::uint64_t>(c->overruns, static_cast<std::uint64_t>(metric_sum(p, "archipelago_learner_budget_overruns_total")));
+        c->learner_seen(p);
         if (const auto inc = incarnation_of(p)) c->inc = inc;
       }
     }
@@ -303,9 +327,7 @@ class child_processes final : public process_control {
       const prom_page p = parse_prometheus(*pages[k]);
       const std::uint64_t inc = incarnation_of(p);
       if (c.target.kind == role::learner) {
-        c.steps = static_cast<std::uint64_t>(metric_sum(p, "archipelago_learner_steps_total"));
-        c.tokens = static_cast<std::uint64_t>(metric_sum(p, "archipelago_learner_tokens_total"));
-        c.overruns = static_cast<std::uint64_t>(metric_sum(p, "archipelago_learner_budget_overruns_total"));
+        c.learner_seen(p);
       } else if (c.target.kind == role::parameter_shard) {
         for (auto [it, end] = p.equal_range("archipelago_fragment_version"); it != end; ++it) {
           const auto f = std::strtoul(label(it->second.first, "fragment").c_str(), nullptr, 10);
@@ -639,12 +661,9 @@ expected<process_run> run_processes(const config& cfg, const sync_policy& policy
   const std::string toml = (dir / "mesh.toml").string();
   std::ofstream(toml) << to_toml(cfg);
 
-  std::vector<int> ports;
-  for (int i = 0; i < 2 * (1 + shards + m); ++i) {
-    auto p = free_port();
-    if (!p) return p.err();
-    ports.push_back(*p);
-  }
+  auto picked = free_ports(static_cast<std::size_t>(2 * (1 + shards + m)));
+  if (!picked) return picked.err();
+  const std::vector<int>& ports = *picked;
   auto tcp = [](int port) { return "tcp://127.0.0.1:" + std::to_string(port); };
   mesh_setup setup = make_mesh_setup(cfg, policy);
   setup.broker_endpoint = tcp(ports[0]);
