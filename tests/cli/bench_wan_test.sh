@@ -4,21 +4,8 @@
 # and its JSON has the four modes, bytes moved by each, dp's time projected from its
 # capped step time, and dp moving more bytes than decoupled.
 set -uo pipefail
-A=${ARCHIPELAGO:?set ARCHIPELAGO to the archipelago binary}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-
-expect_error() {  # CODE PATTERN -- command...
-  local code=$1 pattern=$2
-  shift 3
-  timeout 60 "$@" >"$work/out" 2>"$work/err"
-  local rc=$?
-  if [[ $rc -ne $code ]]; then fail "$* exited $rc, expected $code: $(cat "$work/err")"; return; fi
-  if ! grep -qE "$pattern" "$work/err"; then fail "$*: stderr '$(cat "$work/err")' does not match '$pattern'"; fi
-}
+ONE_ERROR_LINE=0  # these checks ask for the code and the message, not for a single line
+source "$(dirname "$0")/lib.sh"
 
 expect_error 2 "'dp' is not one of diloco" -- "$A" bench wan --modes dp
 expect_error 2 "ref-\* figures must be positive" -- "$A" bench wan --ref-gbit 0

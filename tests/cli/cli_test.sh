@@ -3,28 +3,7 @@
 # a short training run lowers the loss, prints a JSON summary last, writes a
 # checkpoint that `sample` reads back.
 set -uo pipefail
-A=${ARCHIPELAGO:?set ARCHIPELAGO to the archipelago binary}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-passes=0
-
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-pass() { passes=$((passes + 1)); }
-
-# expect_error CODE PATTERN -- command...: exit code CODE, one stderr line matching PATTERN.
-expect_error() {
-  local code=$1 pattern=$2
-  shift 3
-  local err
-  timeout 60 "$@" >"$work/out" 2>"$work/err"
-  local rc=$?
-  err=$(cat "$work/err")
-  if [[ $rc -ne $code ]]; then fail "$* exited $rc, expected $code (stderr: $err)"; return; fi
-  if ! grep -qE "$pattern" "$work/err"; then fail "$*: stderr '$err' does not match '$pattern'"; return; fi
-  if [[ $(wc -l <"$work/err") -ne 1 ]]; then fail "$*: expected one error line, got: $err"; return; fi
-  pass
-}
+source "$(dirname "$0")/lib.sh"
 
 printf 'short' >"$work/short.txt"
 : >"$work/empty.txt"

@@ -4,24 +4,8 @@
 # PyTorch when installed —, resume from a middle version starting at that
 # version's loss), and bad stores refused with exit 2, left as they were.
 set -uo pipefail
-A=${ARCHIPELAGO:?set ARCHIPELAGO to the archipelago binary}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-passes=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-pass() { passes=$((passes + 1)); }
-
-# expect_error CODE PATTERN -- command...: exit code CODE, stderr matching PATTERN.
-expect_error() {
-  local code=$1 pattern=$2
-  shift 3
-  timeout 120 "$@" >"$work/out" 2>"$work/err"
-  local rc=$?
-  if [[ $rc -ne $code ]]; then fail "$* exited $rc, expected $code (stderr: $(cat "$work/err"))"; return; fi
-  if ! grep -qE "$pattern" "$work/err"; then fail "$*: stderr '$(cat "$work/err")' does not match '$pattern'"; return; fi
-  pass
-}
+ONE_ERROR_LINE=0 ERROR_TIMEOUT=120  # the code and the message, not a single line; whole runs take longer
+source "$(dirname "$0")/lib.sh"
 # json FIELD-EXPRESSION: evaluates a Python expression over the last JSON line of $work/out (as s).
 json() { tail -n 1 "$work/out" | python3 -c "import json,sys; s=json.loads(sys.stdin.read()); print($1)"; }
 # Debian's python3 has numpy (tools/setup.sh installs python3-numpy); prefer it to another one on PATH.

@@ -4,27 +4,7 @@
 # prints all 30 cells of paper Table 1 beside the paper's values, and its JSON
 # carries them; --calibrate fits the elastic row. Short horizons keep it fast.
 set -uo pipefail
-A=${ARCHIPELAGO:?set ARCHIPELAGO to the archipelago binary}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-passes=0
-
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-pass() { passes=$((passes + 1)); }
-
-expect_error() {
-  local code=$1 pattern=$2
-  shift 3
-  timeout 60 "$@" >"$work/out" 2>"$work/err"
-  local rc=$?
-  local err
-  err=$(cat "$work/err")
-  if [[ $rc -ne $code ]]; then fail "$* exited $rc, expected $code (stderr: $err)"; return; fi
-  if ! grep -qE "$pattern" "$work/err"; then fail "$*: stderr '$err' does not match '$pattern'"; return; fi
-  if [[ $(wc -l <"$work/err") -ne 1 ]]; then fail "$*: expected one error line, got: $err"; return; fi
-  pass
-}
+source "$(dirname "$0")/lib.sh"
 
 expect_error 2 "unknown policy 'elastic'" -- "$A" simulate --policy elastic
 expect_error 2 "learners applies to --policy decoupled only" -- "$A" simulate --policy dp --learners 4

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -105,6 +107,24 @@ std::string ledger_json(const ledger_totals& l) {
       .add("rejected", static_cast<std::int64_t>(l.rejected))
       .add("processed", static_cast<std::int64_t>(l.processed));
   return j.str();
+}
+
+status check_output_path(const std::string& flag, const std::string& path) {
+  if (path.empty()) return {};
+  const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    return make_error(errc::invalid_input, flag + " " + path + ": no directory " + dir.string());
+  if (std::filesystem::is_directory(path, ec))
+    return make_error(errc::invalid_input, flag + " " + path + ": is a directory, not a file");
+  return {};
+}
+
+status write_text_file(const std::string& flag, const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  f << text;
+  if (!f.flush()) return make_error(errc::io_error, flag + " " + path + ": cannot write the file");
+  return {};
 }
 
 }  // namespace archipelago::cli

@@ -49,6 +49,12 @@ struct config_flags {
   std::vector<std::unique_ptr<std::string>> shortcut_values_;
 };
 
+/// An output file named by `flag` (--plot, --report): refused before any work starts when
+/// its directory does not exist or it is a directory (invalid_input); empty: none asked for.
+status check_output_path(const std::string& flag, const std::string& path);
+/// Writes `text` to the file `flag` named; an error names both.
+status write_text_file(const std::string& flag, const std::string& path, const std::string& text);
+
 /// --metrics-port PORT and --metrics-host HOST: where a node serves /metrics and /status.
 void add_metrics_flags(CLI::App& app, metrics_endpoint& where);
 

@@ -212,7 +212,7 @@ int run_ablate() {
     progress.finish();
     return report(e);
   };
-  if (auto ok = check_plot_path(o.plot); !ok) return fail(ok.err());
+  if (auto ok = check_output_path("--plot", o.plot); !ok) return fail(ok.err());
   config defaults;
   defaults.model.size = o.model;
   defaults.data.batch = o.batch;
@@ -410,7 +410,7 @@ int run_ablate() {
               all_exact ? "yes" : "NO", overruns, steps_total, steps_total > 0 ? 100 * overruns / steps_total : 0.0);
 
   if (!o.plot.empty()) {
-    if (auto ok = write_svg(o.plot, ablation_plot(o.which, variants, results)); !ok) return report(ok.err());
+    if (auto ok = write_text_file("--plot", o.plot, ablation_plot(o.which, variants, results)); !ok) return report(ok.err());
     std::printf("plot: %s\n", o.plot.c_str());
   }
   if (o.json) {

@@ -249,7 +249,7 @@ int run_wan(wan_options& o) {
   if (!(o.ref_gbit > 0 && o.ref_params > 0 && o.ref_bytes_per_param > 0 && o.ref_tokens > 0 && o.ref_chips > 0 &&
         o.ref_chip_tflops > 0))
     return report(make_error(errc::invalid_input, "the --ref-* figures must be positive"));
-  if (auto ok = check_plot_path(o.plot); !ok) return report(ok.err());
+  if (auto ok = check_output_path("--plot", o.plot); !ok) return report(ok.err());
   config defaults;
   defaults.model.size = o.model;
   defaults.mesh.learners = o.learners;
@@ -410,7 +410,7 @@ int run_wan(wan_options& o) {
   std::printf("\n  paper (Decoupled DiLoCo): more than 20x over data-parallel training on 2-5 Gbit/s WAN links\n");
   std::printf("  load average before the run: %.2f (this machine's 2 cores are shared)\n", load_before);
   if (!o.plot.empty()) {
-    if (auto ok = write_svg(o.plot, race_plot(results, target)); !ok) return report(ok.err());
+    if (auto ok = write_text_file("--plot", o.plot, race_plot(results, target)); !ok) return report(ok.err());
     std::printf("plot: %s\n", o.plot.c_str());
   }
 

@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 
 #include "cmd_run.hpp"
@@ -85,9 +84,7 @@ int run_mesh_command(const run_options& o) {
     std::printf("global model written to %s (archipelago sample --checkpoint %s)\n", o.out.c_str(), o.out.c_str());
   }
   if (!o.report.empty()) {
-    std::ofstream html(o.report, std::ios::trunc);
-    html << run_report_html(s, *cfg);
-    if (!html.flush()) return report(make_error(errc::io_error, "--report " + o.report + ": cannot write the report"));
+    if (auto ok = write_text_file("--report", o.report, run_report_html(s, *cfg)); !ok) return report(ok.err());
     std::printf("report: %s\n", o.report.c_str());
   }
   if (o.json) {

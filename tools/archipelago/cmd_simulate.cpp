@@ -159,7 +159,7 @@ int run_table_cmd(const simulate_options& o, const params& base) {
       std::printf("not reproduced: %s at %s chips: ours %.1f %%, paper %.0f %% (%+.1f points)\n", c.row.c_str(),
                   chips_label(c.chips).c_str(), 100 * c.ours.goodput.mean, c.paper_pct, c.diff_pts);
   if (!o.plot.empty()) {
-    if (auto ok = write_svg(o.plot, table_plot(cells)); !ok) return report(ok.err());
+    if (auto ok = write_text_file("--plot", o.plot, table_plot(cells)); !ok) return report(ok.err());
     std::printf("plot: %s\n", o.plot.c_str());
   }
   if (o.json) {
@@ -243,7 +243,7 @@ int run_calibrate(const simulate_options& o, const params& base) {
 int run_simulate(simulate_options& o) {
   if (o.table && o.calibrate) return report(make_error(errc::invalid_input, "--table and --calibrate exclude each other"));
   if (!o.plot.empty() && !o.table) return report(make_error(errc::invalid_input, "--plot draws the table: add --table"));
-  if (auto ok = check_plot_path(o.plot); !ok) return report(ok.err());
+  if (auto ok = check_output_path("--plot", o.plot); !ok) return report(ok.err());
   auto kind = parse_setup(o.policy);
   if (!kind) return report(kind.err());
   auto law = parse_repair_law(o.repair_law_name);

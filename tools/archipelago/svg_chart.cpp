@@ -4,8 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 
 namespace archipelago::cli {
 
@@ -118,24 +116,6 @@ std::string stack_charts(const std::vector<std::string>& charts) {
     y += h;
   }
   return "<svg width=\"860\" height=\"" + num(y) + "\" xmlns=\"http://www.w3.org/2000/svg\">" + body + "</svg>";
-}
-
-status check_plot_path(const std::string& path) {
-  if (path.empty()) return {};
-  const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec))
-    return make_error(errc::invalid_input, "--plot " + path + ": no directory " + dir.string());
-  if (std::filesystem::is_directory(path, ec))
-    return make_error(errc::invalid_input, "--plot " + path + ": is a directory, not a file");
-  return {};
-}
-
-status write_svg(const std::string& path, const std::string& svg) {
-  std::ofstream f(path, std::ios::trunc);
-  f << svg << "\n";
-  if (!f.flush()) return make_error(errc::io_error, "--plot " + path + ": cannot write the SVG file");
-  return {};
 }
 
 std::string activity_strips(const std::string& title, const std::vector<std::vector<std::pair<double, double>>>& rates,

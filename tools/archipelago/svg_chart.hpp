@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.hpp"
 
 namespace archipelago::cli {
 
@@ -35,11 +34,6 @@ std::string chart(const std::string& title, const std::string& x_label, const st
 /// Charts one above the other in one standalone SVG document (for BENCHMARKS.md).
 std::string stack_charts(const std::vector<std::string>& charts);
 
-/// Refuse a --plot path whose directory does not exist before any work starts.
-status check_plot_path(const std::string& path);
-
-/// Write a standalone SVG file; an error names the path.
-status write_svg(const std::string& path, const std::string& svg);
 
 /// One strip per learner over time, shaded by its rate (darker = faster); bands
 /// with a row mark something that happened to that learner below its strip.
