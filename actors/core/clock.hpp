@@ -37,6 +37,13 @@ class manual_clock final : public clock_source {
   nanos now_;
 };
 
+/// Wall-clock time (nanoseconds since the Unix epoch): what snapshots, the tape
+/// and process incarnations are stamped with. Shells and storage read it; cores never do.
+inline std::int64_t wall_clock_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 inline double to_seconds(nanos t) { return static_cast<double>(t) * 1e-9; }
 
 }  // namespace archipelago

@@ -160,4 +160,10 @@ expected<model_shape> model_preset(const std::string& name) {
   return make_error(errc::invalid_input, "unknown model size '" + name + "' (known: " + known + ")");
 }
 
+std::vector<std::uint32_t> round_robin_shards(int fragments, std::uint32_t shards) {
+  std::vector<std::uint32_t> out;
+  for (int p = 0; p < fragments; ++p) out.push_back(shards == 0 ? 0 : static_cast<std::uint32_t>(p) % shards);
+  return out;
+}
+
 }  // namespace archipelago

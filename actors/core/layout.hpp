@@ -78,6 +78,9 @@ struct fragment_plan {
 /// the layout alone. P larger than the tensors can fill is invalid_input.
 expected<fragment_plan> make_fragment_plan(const param_layout& layout, int fragments);
 
+/// Maps P fragments round-robin onto `shards` parameter shards: fragment p → p mod shards.
+std::vector<std::uint32_t> round_robin_shards(int fragments, std::uint32_t shards);
+
 /// Checks a shape's invariants and bounds; the error names the offending field.
 status validate(const model_shape& shape);
 

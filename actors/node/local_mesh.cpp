@@ -7,11 +7,15 @@
 #include <deque>
 #include <thread>
 
+#include "chaos_monkey/chaos_actor.hpp"
 #include "learner/learner_core.hpp"
-#include "node/mesh_actors.hpp"
+#include "learner/model/trainer.hpp"
 #include "node/mesh_snapshots.hpp"
+#include "node/process_roles.hpp"
+#include "node/role_handles.hpp"
+#include "parameter_shard/shard_snapshots.hpp"
 #include "storage/snapshot_writer.hpp"
-#include "transport/caf_bridge.hpp"
+#include "transport/actor_bridge.hpp"
 
 namespace archipelago {
 namespace {
@@ -43,54 +47,66 @@ struct snapshot_start {
   std::int64_t start_step = 0;
 };
 
-expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_snapshots& o,
-                                           const std::vector<float>& initial, bool failing_disk) {
-  snapshot_start out;
-  std::optional<recovered_store> target;
-  if (!o.db.empty() && o.db != o.resume_db) {
-    // A store that already holds a run is refused before it is opened for writing.
+/// The run's own store (--db), opened and recovered; a store that already holds
+/// another run is refused before it is opened for writing.
+expected<std::optional<recovered_store>> open_target(const mesh_setup& setup, const mesh_snapshots& o, bool failing_disk) {
+  if (o.db.empty()) return std::optional<recovered_store>{};
+  if (o.db != o.resume_db)
     if (auto existing = open_store_read_only(o.db); existing)
       if (auto head = (*existing)->latest_manifest(); !head || *head)
         return make_error(errc::invalid_input, o.db + " already holds a run: continue it with --resume " + o.db +
                                                    " or pick a new --db");
+  auto opened = open_mesh_store(o.db, setup, failing_disk);
+  if (!opened) return opened.err();
+  for (const auto& d : opened->dropped) std::fprintf(stderr, "archipelago run: recovery of %s: %s\n", o.db.c_str(), d.c_str());
+  return std::optional<recovered_store>{std::move(*opened)};
+}
+
+/// The starting point of a resumed run (--resume): the same lineage from its
+/// recovered head, or a manifest of another store.
+status pick_resume_point(const mesh_setup& setup, const mesh_snapshots& o, const std::optional<recovered_store>& target,
+                         snapshot_start& out) {
+  if (o.resume_db == o.db) {  // continue the same lineage, from its recovered head
+    if (!target->head) return make_error(errc::not_found, o.db + ": the store holds no snapshot to resume from");
+    if (o.resume_version && *o.resume_version != target->head->mesh_version)
+      return make_error(errc::invalid_input, "resuming " + o.db + " from version " + std::to_string(*o.resume_version) +
+                                                 " (not its newest) would overwrite its later history: "
+                                                 "resume into another --db");
+    out.source = out.store;
+    out.from = target->head;
+  } else {
+    auto source = open_store_read_only(o.resume_db);
+    if (!source) return source.err();
+    if ((*source)->info().layout_fingerprint != setup.layout.fingerprint())
+      return make_error(errc::invalid_input, o.resume_db + " holds another model (model.* knobs differ)");
+    auto m = pick_manifest(**source, o.resume_version);
+    if (!m) return make_error(m.err().code, o.resume_db + ": " + m.err().message);
+    out.source = *source;
+    out.from = std::move(*m);
   }
-  if (!o.db.empty()) {
-    auto opened = open_mesh_store(o.db, setup, failing_disk);
-    if (!opened) return opened.err();
-    for (const auto& d : opened->dropped) std::fprintf(stderr, "archipelago run: recovery of %s: %s\n", o.db.c_str(), d.c_str());
-    target = std::move(*opened);
-    out.store = target->store;
-    out.disk = target->disk;
+  // Before anything is written: the plan must match fragment by fragment (read_params
+  // checks counts and sizes); the model read is the resumed run's starting point.
+  auto params = out.source->read_params(*out.from, setup.layout, setup.plan);
+  if (!params) return make_error(params.err().code, o.resume_db + ": " + params.err().message);
+  out.start_params = std::move(*params);
+  out.start_step = static_cast<std::int64_t>(out.from->learner_steps);
+  out.resumed_version = out.from->mesh_version;
+  return {};
+}
+
+expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_snapshots& o,
+                                           const std::vector<float>& initial, bool failing_disk) {
+  snapshot_start out;
+  auto target = open_target(setup, o, failing_disk);
+  if (!target) return target.err();
+  if (*target) {
+    out.store = (*target)->store;
+    out.disk = (*target)->disk;
   }
-  if (!o.resume_db.empty()) {
-    if (o.resume_db == o.db) {  // continue the same lineage, from its recovered head
-      if (!target->head) return make_error(errc::not_found, o.db + ": the store holds no snapshot to resume from");
-      if (o.resume_version && *o.resume_version != target->head->mesh_version)
-        return make_error(errc::invalid_input, "resuming " + o.db + " from version " + std::to_string(*o.resume_version) +
-                                                   " (not its newest) would overwrite its later history: "
-                                                   "resume into another --db");
-      out.source = out.store;
-      out.from = target->head;
-    } else {
-      auto source = open_store_read_only(o.resume_db);
-      if (!source) return source.err();
-      if ((*source)->info().layout_fingerprint != setup.layout.fingerprint())
-        return make_error(errc::invalid_input, o.resume_db + " holds another model (model.* knobs differ)");
-      auto m = pick_manifest(**source, o.resume_version);
-      if (!m) return make_error(m.err().code, o.resume_db + ": " + m.err().message);
-      out.source = *source;
-      out.from = std::move(*m);
-    }
-    // Before anything is written: the plan must match fragment by fragment (read_params
-    // checks counts and sizes); the model read is the resumed run's starting point.
-    auto params = out.source->read_params(*out.from, setup.layout, setup.plan);
-    if (!params) return make_error(params.err().code, o.resume_db + ": " + params.err().message);
-    out.start_params = std::move(*params);
-    out.start_step = static_cast<std::int64_t>(out.from->learner_steps);
-    out.resumed_version = out.from->mesh_version;
-  }
+  if (!o.resume_db.empty())
+    if (auto ok = pick_resume_point(setup, o, *target, out); !ok) return ok.err();
   if (!out.store) return out;
-  if (!target->head || out.source != out.store) {
+  if (!(*target)->head || out.source != out.store) {
     // A new store starts with every fragment's state: the initial model, or the copied starting point.
     storage::commit_job first = initial_commit(setup, initial);
     if (out.source) {
@@ -116,34 +132,24 @@ expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_s
 /// The launcher of a one-process mesh: its "processes" are the actors.
 class local_processes final : public process_control {
  public:
-  struct world {
-    caf::actor_system& sys;
-    const mesh_setup& setup;
-    const dataset& data;
-    mesh_stats& stats;
-    const clock_source& clock;
-    const snapshot_context& snaps;
-    storage::snapshot_writer& writer;
-    const std::vector<float>& initial;
-    mesh_drill& drill;
-  };
-  local_processes(world w, std::vector<caf::actor>& learners, std::vector<caf::actor>& shards, caf::actor& broker)
-      : w_(w), learners_(learners), shards_(shards), broker_(broker),
-        learner_inc_(learners.size(), 1), shard_inc_(shards.size(), 1), learner_steps_at_start_(learners.size(), 0) {}
+  local_processes(const process_roles& roles, mesh_drill& drill, std::vector<caf::actor>& learners,
+                  std::vector<caf::actor>& shards, caf::actor& broker)
+      : roles_(roles), drill_(drill), learners_(learners), shards_(shards), broker_(broker),
+        learner_inc_(learners.size(), 1), shard_inc_(shards.size(), 1) {}
 
   void crash(const fault_target& t) override {
     std::lock_guard lock(mutex);
     caf::actor& a = slot(t);
     if (!a) return;
-    caf::scoped_actor self{w_.sys};
+    caf::scoped_actor self{roles_.sys};
     self->monitor(a);
     self->send_exit(a, caf::exit_reason::kill);
     self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(30)) >> [] {});
     a = caf::actor{};
-    if (t.kind == role::learner && t.index < w_.stats.learner_steps.size()) {
-      const std::uint64_t steps = w_.stats.learner_steps[t.index].load() - learner_steps_at_start_[t.index];
-      std::lock_guard record(w_.drill.mutex);
-      w_.drill.killed.push_back({t.index, learner_inc_[t.index], steps});
+    if (t.kind == role::learner) {  // the steps it took, as it counted them: its status after every step
+      const auto e = roles_.board.find({role::learner, t.index});
+      std::lock_guard record(drill_.mutex);
+      drill_.killed.push_back({t.index, learner_inc_[t.index], e ? e->now.counts.steps : 0});
     }
   }
 
@@ -154,43 +160,30 @@ class local_processes final : public process_control {
     mesh_drill::restart r{t, 0, 0, 0, 0};
     if (t.kind == role::learner) {
       r.incarnation = ++learner_inc_[t.index];
-      if (t.index < w_.stats.learner_steps.size()) learner_steps_at_start_[t.index] = w_.stats.learner_steps[t.index].load();
       const auto m = static_cast<std::uint64_t>(learners_.size());
-      a = spawn_learner(w_.sys, w_.setup, t.index, w_.data, w_.stats, w_.clock, incarnation{r.incarnation},
-                        w_.setup.start_step + static_cast<std::int64_t>(w_.stats.steps.load() / m));
+      a = roles_.learner(t.index, incarnation{r.incarnation},
+                         roles_.setup.start_step + static_cast<std::int64_t>(roles_.board.total(role::learner).steps / m));
     } else if (t.kind == role::parameter_shard) {
       // What the dead incarnation handed to the disk lands first; then the newest manifest is what it left.
-      (void)w_.writer.drain(std::chrono::seconds(30));
-      auto head = w_.writer.store().latest_manifest();
-      contexts_.push_back(w_.snaps);
-      snapshot_context& ctx = contexts_.back();
+      (void)roles_.writer->drain(std::chrono::seconds(30));
+      auto head = roles_.writer->store().latest_manifest();
+      std::optional<storage::manifest> from;
       if (head && *head) {
-        ctx.resume_from = **head;
-        ctx.restore_store = &w_.writer.store();
+        from = **head;
         r.restored_version = (*head)->mesh_version;
-        for (std::uint32_t p = 0; p < w_.setup.shard_of_fragment.size(); ++p) {
-          if (w_.setup.shard_of_fragment[p] != t.index || p >= w_.stats.committed_version.size()) continue;
-          const storage::manifest_entry* e = (*head)->find(p);
-          const std::uint64_t restored = e ? e->version : 0, committed = w_.stats.committed_version[p].load();
-          if (committed > restored) r.versions_lost += committed - restored;
-        }
+        r.versions_lost = versions_lost(t.index, **head);
       }
       r.incarnation = ++shard_inc_[t.index];
-      a = spawn_shard(w_.sys, w_.setup, t.index, w_.initial, w_.stats, w_.clock, &ctx, incarnation{r.incarnation});
+      a = roles_.shard(t.index, incarnation{r.incarnation}, std::move(from));
     } else {
-      r.incarnation = ++broker_inc_;
       // Like `node --role broker --db` restarted: the ledger and the learners' endpoints its
       // predecessor wrote to the run's store are restored (it greets the learners at once).
-      contexts_.push_back(w_.snaps);
-      contexts_.back().broker_recovery = true;
-      a = spawn_broker(w_.sys, w_.setup, w_.stats, w_.clock, &contexts_.back(), incarnation{r.incarnation});
+      r.incarnation = ++broker_inc_;
+      a = roles_.broker(incarnation{r.incarnation}, std::nullopt, true);
     }
-    std::lock_guard record(w_.drill.mutex);
-    {
-      std::lock_guard started(w_.drill.log.mutex);
-      r.at_ns = w_.clock.now() - w_.drill.log.started_ns;
-    }
-    w_.drill.restarts.push_back(r);
+    std::lock_guard record(drill_.mutex);
+    r.at_ns = drill_.log.since_start(roles_.clock.now());
+    drill_.restarts.push_back(r);
   }
 
   void pause(const fault_target& t, nanos duration) override {
@@ -207,265 +200,320 @@ class local_processes final : public process_control {
     return broker_;
   }
 
-  world w_;
+  /// Committed versions of the shard's fragments newer than the manifest it restarts from.
+  std::uint64_t versions_lost(std::uint32_t shard, const storage::manifest& head) const {
+    const auto e = roles_.board.find({role::parameter_shard, shard});
+    if (!e) return 0;
+    std::uint64_t lost = 0;
+    for (fragment_index p : roles_.setup.fragments_of(shard)) {
+      const storage::manifest_entry* m = head.find(p.value);
+      const std::uint64_t restored = m ? m->version : 0;
+      const auto& committed = e->now.committed_versions;
+      if (p.value < committed.size() && committed[p.value] > restored) lost += committed[p.value] - restored;
+    }
+    return lost;
+  }
+
+  const process_roles& roles_;
+  mesh_drill& drill_;
   std::vector<caf::actor>& learners_;
   std::vector<caf::actor>& shards_;
   caf::actor& broker_;
   std::vector<std::uint64_t> learner_inc_, shard_inc_;
-  std::vector<std::uint64_t> learner_steps_at_start_;  // the index's step count when its incarnation started
   std::uint64_t broker_inc_ = 1;
-  std::deque<snapshot_context> contexts_;  // restarted shards keep a pointer to theirs
 };
 
+/// What the mesh's status board says right now, for the progress line and the run's timeline.
+struct mesh_figures {
+  node_counters learners, shards, broker;
+  broker_report report;
+  std::vector<std::uint64_t> learner_steps;  // per learner index, over its incarnations
+
+  static mesh_figures of(const status_board& board, int m) {
+    mesh_figures f;
+    f.learners = board.total(role::learner);
+    f.shards = board.total(role::parameter_shard);
+    f.broker = board.total(role::sync_broker);
+    if (auto b = board.find(broker_address); b && b->now.report) f.report = *b->now.report;
+    f.learner_steps.assign(static_cast<std::size_t>(m), 0);
+    for (const auto& e : board.entries())
+      if (e.now.node.kind == role::learner && e.now.node.index < f.learner_steps.size())
+        f.learner_steps[e.now.node.index] = e.total().steps;
+    return f;
+  }
+};
+
+/// One run of a one-process mesh, from its configuration to its summary.
+class local_run {
+ public:
+  local_run(const config& base, const mesh_snapshots& snapshots, mesh_drill* drill, const mesh_eval& eval)
+      : base_(base), snapshots_(snapshots), drill_(drill), eval_(eval), m_(base.mesh.learners) {}
+
+  status prepare();
+  expected<mesh_summary> run(const mesh_progress& progress, const std::function<bool()>& stop_requested,
+                             const metrics_endpoint& metrics);
+
+ private:
+  eval_result evaluate(const std::vector<float>& theta) {
+    std::copy(theta.begin(), theta.end(), evaluator_->model().params());
+    return evaluator_->evaluate();
+  }
+  void evaluate_now(caf::scoped_actor& self, double elapsed_s, storage::snapshot_writer* writer);
+  std::string progress_text(double elapsed_s, const mesh_figures& f) const;
+  void stop_roles(caf::scoped_actor& self, storage::snapshot_writer* writer);
+  void summarize(bool all_done, nanos stopped_ns);
+
+  const config& base_;
+  const mesh_snapshots& snapshots_;
+  mesh_drill* drill_;
+  const mesh_eval& eval_;
+  const int m_;
+  mesh_setup setup_;
+  std::optional<dataset> data_;
+  std::vector<float> initial_;
+  snapshot_start origin_;
+  std::unique_ptr<engine> evaluator_;  // evaluations of Θ run on the calling thread, with one compute thread
+  status_board board_;
+  steady_clock_source clock_;
+  mesh_summary out_;
+  std::vector<caf::actor> shards_, learners_;
+  caf::actor broker_;
+  double last_loss_ = std::nan("");
+};
+
+status local_run::prepare() {
+  auto policy = resolve_policy(base_);
+  if (!policy) return policy.err();
+  setup_ = make_mesh_setup(base_, *policy);
+  setup_.broker_endpoint = "inproc://broker";
+  for (int i = 0; i < policy->shards; ++i) setup_.shard_endpoints.push_back("inproc://shard-" + std::to_string(i));
+  for (int i = 0; i < m_; ++i) setup_.learner_endpoints.push_back("inproc://learner-" + std::to_string(i));
+  auto data = load_dataset(base_.data, m_, setup_.shape.context, base_.train.seed);
+  if (!data) return data.err();
+  data_ = std::move(*data);
+  initial_ = initial_global_params(setup_.cfg, setup_.shape, *data_);
+  if (drill_ && snapshots_.db.empty()) return make_error(errc::invalid_input, "a drill needs a snapshot store (--db)");
+  auto origin = prepare_snapshots(setup_, snapshots_, initial_, drill_ != nullptr);
+  if (!origin) return origin.err();
+  origin_ = std::move(*origin);
+  setup_.start_step = origin_.start_step;
+  evaluator_ = std::make_unique<engine>(setup_.cfg, setup_.shape, *data_, 0);
+  set_compute_threads(1);
+  // The curve starts at the loss of Θ the run starts from (a resumed run's: its snapshot's).
+  out_.start_eval_loss = evaluate(origin_.start_params.empty() ? initial_ : origin_.start_params).loss;
+  out_.eval_curve.emplace_back(0, out_.start_eval_loss);
+  out_.eval_times_s.push_back(0);
+  out_.resumed_from = origin_.resumed_version;
+  out_.start_step = origin_.start_step;
+  return {};
+}
+
+/// Evaluates Θ now. With snapshots, exactly the newest committed version is evaluated, so the
+/// loss recorded for it is that version's (replay list shows it).
+void local_run::evaluate_now(caf::scoped_actor& self, double elapsed_s, storage::snapshot_writer* writer) {
+  const std::uint64_t tokens = board_.total(role::learner).tokens;
+  std::optional<storage::manifest> head;
+  std::optional<std::vector<float>> theta;
+  if (origin_.store)
+    if (auto m = origin_.store->latest_manifest(); m && *m)
+      if (auto p = origin_.store->read_params(**m, setup_.layout, setup_.plan); p) {
+        head = std::move(**m);
+        theta = std::move(*p);
+      }
+  last_loss_ = evaluate(theta ? *theta : gather_global(self, shards_, setup_)).loss;
+  const std::uint64_t at = head ? head->ledger.processed : tokens;
+  out_.eval_curve.emplace_back(at, last_loss_);
+  out_.eval_times_s.push_back(elapsed_s);
+  // When Θ was taken, not when its evaluation ended.
+  if (eval_.target_loss > 0 && last_loss_ <= eval_.target_loss) out_.target_reached_s = elapsed_s;
+  if (head) (void)writer->submit(storage::eval_record{head->mesh_version, wall_clock_ns(), last_loss_, at});
+}
+
+std::string local_run::progress_text(double elapsed_s, const mesh_figures& f) const {
+  const double rounds = static_cast<double>(f.broker.rounds_closed);
+  const broker_report& r = f.report;
+  // A drill's broker may have restarted (a new span, a restored ledger): there, the run's time.
+  const double span_s = drill_                 ? elapsed_s
+                        : r.first_join_ns < 0 ? 0
+                                              : static_cast<double>(clock_.now() - r.first_join_ns) * 1e-9;
+  char eval[32] = "-";  // until the first evaluation
+  if (!std::isnan(last_loss_)) std::snprintf(eval, sizeof eval, "%.3f", last_loss_);
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "%.0fs  round %.0f  version %llu  tokens %llu  eval %s  goodput %.1f%%  uptime %.1f%%  "
+                "members %.2f  quorum %.0fms  grace %.0fms  late %llu",
+                elapsed_s, rounds, static_cast<unsigned long long>(f.shards.published),
+                static_cast<unsigned long long>(f.learners.tokens), eval,
+                span_s > 0 ? 100 * r.ledger.merged_step_time_s / (m_ * span_s) : 0.0, 100 * r.uptime,
+                rounds > 0 ? static_cast<double>(f.broker.members) / rounds : 0.0, r.xi_quorum_ms, r.last_grace_ms,
+                static_cast<unsigned long long>(r.ledger.late));
+  return line;
+}
+
+expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::function<bool()>& stop_requested,
+                                      const metrics_endpoint& metrics) {
+  nanos stopped_ns = 0;
+  bool all_done = false;
+  caf::actor_system_config sys_cfg;
+  sys_cfg.set("scheduler.max-threads", 2);
+  caf::actor_system sys{sys_cfg};
+  // Declared after the actor system: it is gone before the system, and the
+  // actors that use it are gone before it (see stop_roles()).
+  std::unique_ptr<storage::snapshot_writer> writer;
+  if (origin_.store)
+    writer = std::make_unique<storage::snapshot_writer>(
+        origin_.store, storage::writer_options{static_cast<std::size_t>(base_.storage.queue_mb) << 20});
+  process_roles roles{sys, setup_, transport::make_io_context(), clock_, board_, &*data_, &initial_};
+  roles.writer = writer.get();
+  roles.record_contributions = snapshots_.record_contributions;
+  roles.restore_store = origin_.source.get();
+  roles.learner_steps = [this, first = origin_.start_step] {
+    return static_cast<std::uint64_t>(first) + board_.total(role::learner).steps / static_cast<std::uint64_t>(m_);
+  };
+  roles.tokens = [this, first = origin_.from ? origin_.from->ledger.processed : 0] {
+    return first + board_.total(role::learner).tokens;
+  };
+  if (origin_.disk)
+    roles.set_storage_failing = [disk = origin_.disk](bool failing) { disk->set_write_error_rate(failing ? 1 : 0); };
+  // Bound before the roles start, so a port in use stops nothing. A drill's
+  // restarts would replace the roles: a drill serves no metrics.
+  served_roles served;
+  served.board = &board_;
+  std::unique_ptr<metrics_server> metrics_http;
+  if (metrics.port >= 0 && !drill_) {
+    auto started = metrics_server::start(metrics, served.pages(sys, true));
+    if (!started) return started.err();
+    metrics_http = std::move(*started);
+  }
+  for (int i = 0; i < setup_.policy.shards; ++i) shards_.push_back(roles.shard(static_cast<std::uint32_t>(i), incarnation{1}, origin_.from));
+  broker_ = roles.broker(incarnation{1}, origin_.from, false);
+  for (int i = 0; i < m_; ++i) learners_.push_back(roles.learner(static_cast<std::uint32_t>(i)));
+  if (metrics_http) {
+    std::vector<caf::actor> all = shards_;
+    all.push_back(broker_);
+    all.insert(all.end(), learners_.begin(), learners_.end());
+    served.set(std::move(all), broker_);
+  }
+  caf::scoped_actor self{sys};
+  std::unique_ptr<local_processes> processes;
+  caf::actor chaos;
+  if (drill_) {
+    processes = std::make_unique<local_processes>(roles, *drill_, learners_, shards_, broker_);
+    chaos = spawn_chaos_monkey(sys, {&setup_, roles.io, &clock_, "inproc://chaos", drill_->timeline, drill_->safety_ns,
+                                     processes.get(), &drill_->log});
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  double last_eval_s = 0;
+  const double eval_period_s = eval_.period_s > 0 ? eval_.period_s : 20;
+  while (board_.learners_left() < m_ && !stop_requested() && out_.target_reached_s < 0 &&
+         (eval_.stop_tokens == 0 || board_.total(role::learner).tokens < eval_.stop_tokens) &&
+         (base_.train.time_limit_s <= 0 || elapsed() < base_.train.time_limit_s)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(drill_ ? 250 : 500));
+    if (drill_ && drill_->sample) drill_->sample(drill_->log.since_start(clock_.now()), board_);
+    if (elapsed() - last_eval_s >= eval_period_s) {
+      last_eval_s = elapsed();
+      evaluate_now(self, last_eval_s, writer.get());
+    }
+    const mesh_figures f = mesh_figures::of(board_, m_);
+    if (!drill_)
+      out_.timeline.push_back({elapsed(), f.learners.tokens, f.broker.rounds_closed, f.report.ledger.merged_step_time_s,
+                               f.report.uptime, f.learner_steps});
+    if (progress) progress(progress_text(elapsed(), f));
+  }
+  out_.wall_s = elapsed();
+  stopped_ns = clock_.now();
+  all_done = board_.learners_left() == m_;
+  if (chaos) end_actors(self, {chaos});  // no fault and no restart from here on
+  stop_roles(self, writer.get());
+  if (writer) {
+    if (auto ok = writer->drain(std::chrono::seconds(60)); !ok)
+      std::fprintf(stderr, "archipelago run: %s\n", ok.err().message.c_str());
+    out_.snapshot_errors = writer->stats().failed + writer->stats().refused;
+    writer.reset();
+    out_.mesh_version = origin_.store->last_mesh_version();
+  }
+  summarize(all_done, stopped_ns);
+  return std::move(out_);
+}
+
+/// The end: learners still running (a stop or a time limit) leave after their
+/// current step, so the broker's last report covers every step they took; the
+/// last versions become durable (the broker hears of them and writes the tape);
+/// the broker's final report; Θ gathered from the shards and evaluated; every
+/// actor ended (no handle outlives the actor system).
+void local_run::stop_roles(caf::scoped_actor& self, storage::snapshot_writer* writer) {
+  // A drill stopped early (a signal) may leave actors down: only the running ones are stopped.
+  std::erase_if(learners_, [](const caf::actor& a) { return !a; });
+  std::erase_if(shards_, [](const caf::actor& a) { return !a; });
+  stop_learners(self, learners_, board_);
+  end_actors(self, learners_);
+  if (writer) {
+    (void)writer->drain(std::chrono::seconds(30));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (broker_)
+    self->request(broker_, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
+  const std::vector<float> theta = gather_global(self, shards_, setup_);
+  std::vector<caf::actor> rest = shards_;
+  if (broker_) rest.push_back(broker_);
+  end_actors(self, rest, std::chrono::seconds(10));
+  learners_.clear();
+  shards_.clear();
+  broker_ = caf::actor{};
+  const eval_result r = evaluate(theta);
+  const std::uint64_t tokens = board_.total(role::learner).tokens;
+  if (writer)
+    (void)writer->submit(storage::eval_record{origin_.store->last_mesh_version(), wall_clock_ns(), r.loss, tokens});
+  out_.global_params = theta;
+  out_.eval_loss = r.loss;
+  out_.eval_bpb = r.bits_per_byte;
+  out_.eval_curve.emplace_back(tokens, r.loss);
+  out_.eval_times_s.push_back(out_.wall_s);
+}
+
+/// The run's figures from the status board once every role is down.
+void local_run::summarize(bool all_done, nanos stopped_ns) {
+  fill_mesh_counts(board_, m_, out_);
+  out_.mode = base_.mesh.mode;
+  out_.shards = setup_.policy.shards;
+  out_.fragments = static_cast<int>(setup_.fragments());
+  out_.entropy_floor_bpb = data_->entropy_floor_bpb;
+  const ledger_totals& l = out_.broker.ledger;
+  // The learners' span: from the first Join to the last Leave, or to the stop
+  // when a time limit or a signal ended the run.
+  const nanos end_ns = all_done && out_.broker.last_leave_ns > 0 ? out_.broker.last_leave_ns : stopped_ns;
+  const double span_s = out_.broker.first_join_ns >= 0 && end_ns > out_.broker.first_join_ns
+                            ? static_cast<double>(end_ns - out_.broker.first_join_ns) * 1e-9
+                            : out_.wall_s;
+  out_.goodput = l.merged_step_time_s / (m_ * span_s);
+  out_.wait_share = static_cast<double>(board_.total(role::learner).wait_ns) * 1e-9 / (m_ * span_s);
+  out_.ledger_exact = l.balanced() && l.processed == out_.tokens;
+}
+
 }  // namespace
+
+void fill_mesh_counts(const status_board& board, int learners, mesh_summary& out) {
+  const mesh_figures f = mesh_figures::of(board, learners);
+  out.broker = f.report;
+  out.learners = learners;
+  out.steps = f.learners.steps;
+  out.tokens = f.learners.tokens;
+  out.rounds = f.broker.rounds_closed;
+  out.published = f.shards.published;
+  out.bytes_on_wire = f.learners.bytes_sent + f.shards.bytes_sent;
+  out.refetches = f.learners.refetches;
+  out.committed = f.broker.committed;
+  out.budget_overruns = f.learners.budget_overruns;
+  out.mean_members = out.rounds ? static_cast<double>(f.broker.members) / static_cast<double>(out.rounds) : 0;
+}
 
 expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested, const mesh_snapshots& snapshots,
                                       mesh_drill* drill, const metrics_endpoint& metrics, const mesh_eval& eval) {
-  auto policy = resolve_policy(base);
-  if (!policy) return policy.err();
-  mesh_setup setup = make_mesh_setup(base, *policy);
-  const int m = base.mesh.learners, s = policy->shards;
-  setup.broker_endpoint = "inproc://broker";
-  for (int i = 0; i < s; ++i) setup.shard_endpoints.push_back("inproc://shard-" + std::to_string(i));
-  for (int i = 0; i < m; ++i) setup.learner_endpoints.push_back("inproc://learner-" + std::to_string(i));
-
-  auto data = load_dataset(base.data, m, setup.shape.context, base.train.seed);
-  if (!data) return data.err();
-
-  const std::vector<float> initial = initial_global_params(setup, *data);
-  if (drill && snapshots.db.empty()) return make_error(errc::invalid_input, "a drill needs a snapshot store (--db)");
-  auto origin = prepare_snapshots(setup, snapshots, initial, drill != nullptr);
-  if (!origin) return origin.err();
-  setup.start_step = origin->start_step;
-  // Evaluations of Θ run on this thread, with one compute thread.
-  engine evaluator(setup.cfg, setup.shape, *data, 0);
-  set_compute_threads(1);
-  auto evaluate = [&](const std::vector<float>& theta) {
-    std::copy(theta.begin(), theta.end(), evaluator.model().params());
-    return evaluator.evaluate();
-  };
-
-  mesh_stats stats;
-  stats.learner_steps = std::vector<std::atomic<std::uint64_t>>(static_cast<std::size_t>(m));
-  if (drill) {
-    stats.committed_version = std::vector<std::atomic<std::uint64_t>>(setup.plan.fragments.size());
-  }
-  steady_clock_source clock;
-  mesh_summary out;
-  // The curve starts at the loss of Θ the run starts from (a resumed run's: its snapshot's).
-  out.start_eval_loss = evaluate(origin->start_params.empty() ? initial : origin->start_params).loss;
-  out.eval_curve.emplace_back(0, out.start_eval_loss);
-  out.eval_times_s.push_back(0);
-  out.resumed_from = origin->resumed_version;
-  out.start_step = origin->start_step;
-  nanos stopped_ns = 0;
-  bool all_done = false;
-  {
-    caf::actor_system_config sys_cfg;
-    sys_cfg.set("scheduler.max-threads", 2);
-    caf::actor_system sys{sys_cfg};
-    // Declared after the actor system: it is gone before the system, and the
-    // actors that use it are gone before it (see the end of this block).
-    std::unique_ptr<storage::snapshot_writer> writer;
-    if (origin->store)
-      writer = std::make_unique<storage::snapshot_writer>(
-          origin->store, storage::writer_options{static_cast<std::size_t>(base.storage.queue_mb) << 20});
-    snapshot_context snaps;
-    snaps.writer = writer.get();
-    snaps.record_contributions = snapshots.record_contributions;
-    snaps.restore_store = origin->source.get();
-    snaps.resume_from = origin->from;
-    snaps.learner_steps = [&stats, m, first = origin->start_step] {
-      return static_cast<std::uint64_t>(first) + stats.steps.load() / static_cast<std::uint64_t>(m);
-    };
-    snaps.tokens = [&stats, first = origin->from ? origin->from->ledger.processed : 0] {
-      return first + stats.tokens.load();
-    };
-    if (origin->disk)
-      snaps.set_storage_failing = [disk = origin->disk](bool failing) { disk->set_write_error_rate(failing ? 1 : 0); };
-    // Bound before the roles start, so a port in use stops nothing. A drill's
-    // restarts would replace the roles: a drill serves no metrics.
-    served_roles served;
-    std::unique_ptr<metrics_server> metrics_http;
-    if (metrics.port >= 0 && !drill) {
-      auto started = metrics_server::start(metrics, served.pages(sys, true));
-      if (!started) return started.err();
-      metrics_http = std::move(*started);
-    }
-    std::vector<caf::actor> shards, actors;
-    for (int i = 0; i < s; ++i)
-      shards.push_back(spawn_shard(sys, setup, static_cast<std::uint32_t>(i), initial, stats, clock, &snaps));
-    caf::actor broker = spawn_broker(sys, setup, stats, clock, &snaps);
-    for (int i = 0; i < m; ++i) actors.push_back(spawn_learner(sys, setup, static_cast<std::uint32_t>(i), *data, stats, clock));
-    if (metrics_http) {
-      std::lock_guard lock(served.mutex);
-      served.roles = shards;
-      served.roles.push_back(broker);
-      served.roles.insert(served.roles.end(), actors.begin(), actors.end());
-      served.broker = broker;
-    }
-    caf::scoped_actor self{sys};
-    std::unique_ptr<local_processes> processes;
-    caf::actor chaos;
-    if (drill) {
-      processes = std::make_unique<local_processes>(
-          local_processes::world{sys, setup, *data, stats, clock, snaps, *writer, initial, *drill}, actors, shards,
-          broker);
-      chaos = spawn_chaos_monkey(sys, setup, "inproc://chaos", drill->timeline, drill->safety_ns, *processes,
-                                 drill->log, clock);
-    }
-    auto drill_clock = [&] {
-      std::lock_guard lock(drill->log.mutex);
-      return drill->log.started_ns < 0 ? nanos{0} : clock.now() - drill->log.started_ns;
-    };
-
-    const auto start = std::chrono::steady_clock::now();
-    auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-    double last_eval_s = 0, last_loss = std::nan("");
-    const double eval_period_s = eval.period_s > 0 ? eval.period_s : 20;
-    while (stats.learners_done.load() < m && !stop_requested() && out.target_reached_s < 0 &&
-           (eval.stop_tokens == 0 || stats.tokens.load() < eval.stop_tokens) &&
-           (base.train.time_limit_s <= 0 || elapsed() < base.train.time_limit_s)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(drill ? 250 : 500));
-      if (drill && drill->sample) drill->sample(drill_clock(), stats);
-      if (elapsed() - last_eval_s >= eval_period_s) {
-        last_eval_s = elapsed();
-        const std::uint64_t tokens = stats.tokens.load();
-        // With snapshots, exactly the newest committed version is evaluated, so the loss
-        // recorded for it is that version's (replay list shows it).
-        std::optional<storage::manifest> head;
-        std::optional<std::vector<float>> theta;
-        if (origin->store)
-          if (auto m = origin->store->latest_manifest(); m && *m)
-            if (auto p = origin->store->read_params(**m, setup.layout, setup.plan); p) {
-              head = std::move(**m);
-              theta = std::move(*p);
-            }
-        last_loss = evaluate(theta ? *theta : gather_global(self, shards, setup)).loss;
-        const std::uint64_t at = head ? head->ledger.processed : tokens;
-        out.eval_curve.emplace_back(at, last_loss);
-        out.eval_times_s.push_back(elapsed());
-        // When Θ was taken, not when its evaluation ended.
-        if (eval.target_loss > 0 && last_loss <= eval.target_loss) out.target_reached_s = last_eval_s;
-        if (head) (void)writer->submit(storage::eval_record{head->mesh_version, wall_clock_ns(), last_loss, at});
-      }
-      broker_report r;
-      {
-        std::lock_guard lock(stats.report_mutex);
-        r.ledger = stats.report.ledger;
-        r.uptime = stats.report.uptime;
-        r.first_join_ns = stats.report.first_join_ns;
-        r.xi_quorum_ms = stats.report.xi_quorum_ms;
-        r.last_grace_ms = stats.report.last_grace_ms;
-      }
-      if (!drill) {
-        run_sample sample{elapsed(), stats.tokens.load(), stats.rounds_closed.load(), r.ledger.merged_step_time_s, r.uptime, {}};
-        for (const auto& steps : stats.learner_steps) sample.learner_steps.push_back(steps.load());
-        out.timeline.push_back(std::move(sample));
-      }
-      if (progress) {
-        const double rounds = static_cast<double>(stats.rounds_closed.load());
-        // A drill's broker may have restarted (a new span, a restored ledger): there, the run's time.
-        const double span_s = drill                  ? elapsed()
-                              : r.first_join_ns < 0 ? 0
-                                                    : static_cast<double>(clock.now() - r.first_join_ns) * 1e-9;
-        char eval[32] = "-";  // until the first evaluation, every 20 s
-        if (!std::isnan(last_loss)) std::snprintf(eval, sizeof eval, "%.3f", last_loss);
-        char line[320];
-        std::snprintf(line, sizeof line,
-                      "%.0fs  round %.0f  version %llu  tokens %llu  eval %s  goodput %.1f%%  uptime %.1f%%  "
-                      "members %.2f  quorum %.0fms  grace %.0fms  late %llu",
-                      elapsed(), rounds, static_cast<unsigned long long>(stats.published.load()),
-                      static_cast<unsigned long long>(stats.tokens.load()), eval,
-                      span_s > 0 ? 100 * r.ledger.merged_step_time_s / (m * span_s) : 0.0, 100 * r.uptime,
-                      rounds > 0 ? static_cast<double>(stats.members.load()) / rounds : 0.0, r.xi_quorum_ms,
-                      r.last_grace_ms, static_cast<unsigned long long>(r.ledger.late));
-        progress(line);
-      }
-    }
-    out.wall_s = elapsed();
-    stopped_ns = clock.now();
-    all_done = stats.learners_done.load() == m;
-    if (chaos) {  // no fault and no restart from here on
-      self->monitor(chaos);
-      self->send_exit(chaos, caf::exit_reason::user_shutdown);
-      self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(30)) >> [] {});
-    }
-    // A drill stopped early (a signal) may leave actors down: only the running ones are stopped.
-    std::erase_if(actors, [](const caf::actor& a) { return !a; });
-    std::erase_if(shards, [](const caf::actor& a) { return !a; });
-
-    // Learners still running (a stop or time limit) leave after their current
-    // step, so the broker's last report covers every step they took.
-    stop_learners(self, actors, stats);
-    for (auto& a : actors) self->send_exit(a, caf::exit_reason::user_shutdown);
-    for (auto& a : actors) {
-      self->monitor(a);
-      self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(30)) >> [] {});
-    }
-    if (writer) {  // the last versions become durable, the broker hears of them and writes the tape
-      (void)writer->drain(std::chrono::seconds(30));
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    if (broker)
-      self->request(broker, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
-    const std::vector<float> theta = gather_global(self, shards, setup);
-    for (auto& a : shards) self->monitor(a);
-    if (broker) {
-      self->monitor(broker);
-      self->send_exit(broker, caf::exit_reason::user_shutdown);
-    }
-    for (auto& a : shards) self->send_exit(a, caf::exit_reason::user_shutdown);
-    for (std::size_t i = 0; i < shards.size() + (broker ? 1 : 0); ++i)
-      self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(10)) >> [] {});
-    actors.clear();
-    shards.clear();
-    const eval_result r = evaluate(theta);
-    if (writer) {
-      (void)writer->submit(storage::eval_record{origin->store->last_mesh_version(), wall_clock_ns(), r.loss,
-                                                stats.tokens.load()});
-      if (auto ok = writer->drain(std::chrono::seconds(60)); !ok)
-        std::fprintf(stderr, "archipelago run: %s\n", ok.err().message.c_str());
-      out.snapshot_errors = writer->stats().failed + writer->stats().refused;
-      writer.reset();
-      out.mesh_version = origin->store->last_mesh_version();
-    }
-    out.global_params = theta;
-    out.eval_loss = r.loss;
-    out.eval_bpb = r.bits_per_byte;
-    out.eval_curve.emplace_back(stats.tokens.load(), r.loss);
-    out.eval_times_s.push_back(out.wall_s);
-  }
-  {
-    std::lock_guard lock(stats.report_mutex);
-    out.broker = stats.report;
-  }
-  out.mode = base.mesh.mode;
-  out.learners = m;
-  out.shards = s;
-  out.fragments = static_cast<int>(setup.plan.fragments.size());
-  out.steps = stats.steps;
-  out.tokens = stats.tokens;
-  out.rounds = stats.rounds_closed;
-  out.published = stats.published;
-  out.bytes_on_wire = stats.bytes_sent;
-  out.refetches = stats.refetches;
-  out.committed = stats.committed;
-  out.budget_overruns = stats.budget_overruns;
-  out.mean_members = out.rounds ? static_cast<double>(stats.members.load()) / static_cast<double>(out.rounds) : 0;
-  out.entropy_floor_bpb = data->entropy_floor_bpb;
-  const ledger_totals& l = out.broker.ledger;
-  // The learners' span: from the first Join to the last Leave, or to the stop
-  // when a time limit or a signal ended the run.
-  const nanos end_ns = all_done && out.broker.last_leave_ns > 0 ? out.broker.last_leave_ns : stopped_ns;
-  const double span_s = out.broker.first_join_ns >= 0 && end_ns > out.broker.first_join_ns
-                            ? static_cast<double>(end_ns - out.broker.first_join_ns) * 1e-9
-                            : out.wall_s;
-  out.goodput = l.merged_step_time_s / (m * span_s);
-  out.wait_share = static_cast<double>(stats.wait_ns.load()) * 1e-9 / (m * span_s);
-  out.ledger_exact = l.balanced() && l.processed == out.tokens;
-  return out;
+  local_run run(base, snapshots, drill, eval);
+  if (auto ok = run.prepare(); !ok) return ok.err();
+  return run.run(progress, stop_requested, metrics);
 }
 
 }  // namespace archipelago

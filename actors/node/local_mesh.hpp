@@ -9,10 +9,11 @@
 #include <utility>
 #include <vector>
 
-#include "chaos_monkey/chaos_actor.hpp"
+#include "chaos_monkey/chaos_wire.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
-#include "node/mesh_setup.hpp"
+#include "core/mesh_setup.hpp"
+#include "core/node_status.hpp"
 #include "node/metrics_server.hpp"
 
 namespace archipelago {
@@ -74,7 +75,7 @@ struct mesh_drill {
   nanos safety_ns = 0;
   chaos_log log;
   /// Called about four times a second with the time since the chaos monkey started.
-  std::function<void(nanos since_start, mesh_stats&)> sample;
+  std::function<void(nanos since_start, const status_board&)> sample;
 
   struct restart {
     fault_target target;
@@ -101,6 +102,12 @@ struct mesh_eval {
   double target_loss = 0;  // stop once an evaluation is at or below it (nats/byte); 0: never
   std::uint64_t stop_tokens = 0;  // stop once the learners processed this many tokens; 0: never
 };
+
+/// The counts of a mesh's summary from its nodes' statuses, over every
+/// incarnation: the broker's report, the learners' steps and tokens, rounds,
+/// versions, bytes on the wire, refetches, committed versions, budget overruns,
+/// members per round. The same for a mesh in one process and across processes.
+void fill_mesh_counts(const status_board& board, int learners, mesh_summary& out);
 
 expected<mesh_summary> run_local_mesh(const config& cfg, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested,

@@ -3,14 +3,9 @@
 #include <chrono>
 #include <filesystem>
 
-#include "parameter_shard/shard_core.hpp"
+#include "core/clock.hpp"
 
 namespace archipelago {
-
-std::int64_t wall_clock_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 storage::store_info store_info_of(const mesh_setup& setup) {
   storage::store_info info;
@@ -66,29 +61,6 @@ expected<storage::manifest> pick_manifest(const storage::snapshot_store& store, 
   if (!latest) return latest.err();
   if (!*latest) return make_error(errc::not_found, "the store holds no complete snapshot");
   return std::move(**latest);
-}
-
-storage::fragment_state stored_state(fragment_index p, fragment_outer_state&& s, std::int64_t time_ns) {
-  return {p.value, s.version, s.round.value, time_ns, std::move(s.theta), std::move(s.momentum),
-          std::move(s.adam_m), std::move(s.adam_v), s.adam_steps};
-}
-
-fragment_outer_state outer_state_of(storage::fragment_state&& f) {
-  return {f.version, round_number{f.round}, std::move(f.theta), std::move(f.momentum),
-          std::move(f.adam_m), std::move(f.adam_v), f.adam_steps};
-}
-
-storage::commit_job initial_commit(const mesh_setup& setup, const std::vector<float>& params) {
-  std::vector<fragment_index> all;
-  for (std::uint32_t p = 0; p < setup.plan.fragments.size(); ++p) all.push_back({p});
-  shard_config sc;
-  sc.gradient_mode = setup.policy.send_gradients;
-  sc.adamw_outer = setup.cfg.optimizer;
-  const shard_core core(setup.layout, setup.plan, all, sc, params.data());
-  storage::commit_job job;
-  job.time_ns = wall_clock_ns();
-  for (fragment_index p : all) job.fragments.push_back(stored_state(p, core.outer_state(p), job.time_ns));
-  return job;
 }
 
 }  // namespace archipelago

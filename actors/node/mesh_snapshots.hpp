@@ -10,7 +10,7 @@
 
 #include "core/config.hpp"
 #include "core/ids.hpp"
-#include "node/mesh_setup.hpp"
+#include "core/mesh_setup.hpp"
 #include "storage/snapshot_store.hpp"
 
 namespace archipelago {
@@ -42,16 +42,5 @@ expected<config> config_of(const storage::store_info& info);
 
 /// A manifest of the store: `version`, or the newest valid one.
 expected<storage::manifest> pick_manifest(const storage::snapshot_store& store, std::optional<std::uint64_t> version);
-
-struct fragment_outer_state;
-
-/// A shard core's fragment state as the store keeps it, and back.
-storage::fragment_state stored_state(fragment_index p, fragment_outer_state&& s, std::int64_t time_ns);
-fragment_outer_state outer_state_of(storage::fragment_state&& f);
-
-/// The initial outer state of every fragment (version 0), as the shards start it.
-storage::commit_job initial_commit(const mesh_setup& setup, const std::vector<float>& params);
-
-std::int64_t wall_clock_ns();
 
 }  // namespace archipelago

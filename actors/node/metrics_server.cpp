@@ -41,8 +41,13 @@ expected<std::unique_ptr<metrics_server>> metrics_server::start(const metrics_en
     }
     res.set_content(*body, "application/json");
   });
+  srv.Get("/node", [n = h.nodes](const httplib::Request&, httplib::Response& res) {
+    res.set_content(n ? n() : "[]", "application/json");
+  });
   srv.Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("archipelago node: /metrics (Prometheus), /status (the broker's view of the mesh)\n", "text/plain");
+    res.set_content("archipelago node: /metrics (Prometheus), /node (this process's roles: their own figures), "
+                    "/status (the broker's view of the mesh)\n",
+                    "text/plain");
   });
   if (port == 0) {
     p->port = srv.bind_to_any_port(host);

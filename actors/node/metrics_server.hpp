@@ -1,6 +1,7 @@
 #pragma once
 // A node's HTTP side door (`--metrics-port`): GET /metrics serves Prometheus
-// text, GET /status the broker's view of the mesh as JSON. It runs on threads
+// text, GET /node the process's roles' own figures (a JSON array of node
+// statuses, core/node_status.hpp), GET /status the broker's view of the mesh as JSON. It runs on threads
 // of its own and only calls the handlers it was given; httplib stays out of
 // every other translation unit.
 
@@ -25,6 +26,8 @@ class metrics_server {
     std::function<std::string()> metrics;
     /// nullopt: this node has no status page (only the broker has one): 404.
     std::function<std::optional<std::string>()> status;
+    /// A JSON array of the node statuses of this process's roles.
+    std::function<std::string()> nodes;
   };
 
   /// Binds host:port (port 0: any free one) and serves until destroyed. A port

@@ -4,32 +4,36 @@
 #include <cstdio>
 #include <thread>
 
-#include "node/mesh_actors.hpp"
+#include "learner/model/trainer.hpp"
 #include "node/mesh_snapshots.hpp"
 #include "node/metrics_server.hpp"
+#include "node/process_roles.hpp"
+#include "node/role_handles.hpp"
 #include "storage/snapshot_writer.hpp"
-#include "transport/caf_bridge.hpp"
+#include "transport/actor_bridge.hpp"
 
 namespace archipelago {
+namespace {
 
-expected<node_result> run_node(const config& cfg, const node_options& o,
-                               const std::function<void(const std::string&)>& progress,
-                               const std::function<bool()>& stop_requested) {
-  auto policy = resolve_policy(cfg);
-  if (!policy) return policy.err();
+status check_options(const config& cfg, const sync_policy& policy, const node_options& o) {
   if (o.broker_endpoint.empty()) return make_error(errc::invalid_input, "--broker: the broker's endpoint is required");
-  if (static_cast<int>(o.shard_endpoints.size()) != policy->shards)
+  if (static_cast<int>(o.shard_endpoints.size()) != policy.shards)
     return make_error(errc::invalid_input, "--shards lists " + std::to_string(o.shard_endpoints.size()) +
-                                               " endpoints; the configuration has " +
-                                               std::to_string(policy->shards) + " shard(s)");
+                                               " endpoints; the configuration has " + std::to_string(policy.shards) +
+                                               " shard(s)");
   if (o.kind == role::parameter_shard && o.index >= o.shard_endpoints.size())
     return make_error(errc::invalid_input, "--index " + std::to_string(o.index) + ": there are only " +
                                                std::to_string(o.shard_endpoints.size()) + " shards");
   if (o.kind == role::learner && o.index >= static_cast<std::uint32_t>(cfg.mesh.learners))
     return make_error(errc::invalid_input, "--index " + std::to_string(o.index) + ": mesh.learners is " +
                                                std::to_string(cfg.mesh.learners));
+  if (!o.db.empty() && o.kind == role::learner) return make_error(errc::invalid_input, "--db: learners keep no snapshots");
+  return {};
+}
 
-  mesh_setup setup = make_mesh_setup(cfg, *policy);
+/// The node's setup: every process gets the same configuration and endpoints.
+mesh_setup node_setup(const config& cfg, const sync_policy& policy, const node_options& o) {
+  mesh_setup setup = make_mesh_setup(cfg, policy);
   setup.broker_endpoint = o.broker_endpoint;
   setup.shard_endpoints = o.shard_endpoints;
   setup.learner_endpoints.assign(o.index + 1, o.listen.empty() ? "tcp://127.0.0.1:0" : o.listen);
@@ -38,134 +42,145 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
   // (ZeroMQ binds no names) they listen on tcp://0.0.0.0:PORT.
   if (!o.listen.empty() && o.kind == role::sync_broker) setup.broker_endpoint = o.listen;
   if (!o.listen.empty() && o.kind == role::parameter_shard) setup.shard_endpoints[o.index] = o.listen;
+  return setup;
+}
 
+/// The role's store (--db), opened and recovered. A drill's shard (wire.accept_chaos):
+/// its writes can be made to fail (the chaos monkey's storage faults).
+expected<std::optional<recovered_store>> open_node_store(const config& cfg, const mesh_setup& setup, const node_options& o) {
+  if (o.db.empty()) return std::optional<recovered_store>{};
+  auto opened = open_mesh_store(o.db, setup, cfg.wire.accept_chaos && o.kind == role::parameter_shard);
+  if (!opened) return opened.err();
+  for (const auto& d : opened->dropped) std::fprintf(stderr, "archipelago node: recovery of %s: %s\n", o.db.c_str(), d.c_str());
+  return std::optional<recovered_store>{std::move(*opened)};
+}
+
+/// Waits until the role is done (a learner: its steps; its actor ended) or a stop is requested.
+/// False: the actor ended on its own (its transport failed to start, or the broker refused it).
+bool wait_for_role(caf::scoped_actor& self, const node_options& o, node_address address, const status_board& board,
+                   const std::function<void(const std::string&)>& progress, const std::function<bool()>& stop_requested) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    bool ended = false;
+    self->receive([&](const caf::down_msg&) { ended = true; }, caf::after(std::chrono::milliseconds(500)) >> [] {});
+    if (ended) return false;
+    if (stop_requested() || (o.kind == role::learner && board.learners_left() > 0)) return true;
+    if (!progress) continue;
+    const auto e = board.find(address);
+    const node_counters c = e ? e->total() : node_counters{};
+    char line[256];
+    std::snprintf(line, sizeof line, "%.0fs  %s  steps %llu  rounds %llu  published %llu",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                  address.to_string().c_str(), static_cast<unsigned long long>(c.steps),
+                  static_cast<unsigned long long>(c.rounds_closed), static_cast<unsigned long long>(c.published));
+    progress(line);
+  }
+}
+
+/// The node's result from its status board once the role is down.
+void summarize(node_result& out, const status_board& board) {
+  const auto e = board.find(out.address);
+  if (!e) return;
+  const node_counters c = e->total();
+  out.steps = c.steps;
+  out.tokens = c.tokens;
+  out.budget_overruns = c.budget_overruns;
+  out.wait_s = static_cast<double>(c.wait_ns) * 1e-9;
+  out.rounds = c.rounds_closed;
+  out.published = c.published;
+  out.rejected = c.rejected;
+  out.committed = c.committed;
+  if (e->now.report) out.broker = *e->now.report;
+  out.status = e->now;
+}
+
+}  // namespace
+
+expected<node_result> run_node(const config& cfg, const node_options& o,
+                               const std::function<void(const std::string&)>& progress,
+                               const std::function<bool()>& stop_requested) {
+  auto policy = resolve_policy(cfg);
+  if (!policy) return policy.err();
+  if (auto ok = check_options(cfg, *policy, o); !ok) return ok.err();
+  const mesh_setup setup = node_setup(cfg, *policy, o);
   // A restarted process is a new incarnation: wall-clock milliseconds only grow.
-  const incarnation inc{static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count())};
+  const incarnation inc{static_cast<std::uint64_t>(wall_clock_ns() / 1'000'000)};
 
   std::optional<dataset> data;
+  std::vector<float> initial;
   if (o.kind != role::sync_broker) {
     auto loaded = load_dataset(cfg.data, cfg.mesh.learners, setup.shape.context, cfg.train.seed);
     if (!loaded) return loaded.err();
     data = std::move(*loaded);
+    // Every shard derives the same seeded initialisation and keeps its fragments of it.
+    if (o.kind == role::parameter_shard) initial = initial_global_params(setup.cfg, setup.shape, *data);
   }
+  auto store = open_node_store(cfg, setup, o);
+  if (!store) return store.err();
 
-  std::optional<recovered_store> store;
-  if (!o.db.empty()) {
-    if (o.kind == role::learner) return make_error(errc::invalid_input, "--db: learners keep no snapshots");
-    // A drill's shard (wire.accept_chaos): its writes can be made to fail (the chaos monkey's storage faults).
-    auto opened = open_mesh_store(o.db, setup, cfg.wire.accept_chaos && o.kind == role::parameter_shard);
-    if (!opened) return opened.err();
-    for (const auto& d : opened->dropped) std::fprintf(stderr, "archipelago node: recovery of %s: %s\n", o.db.c_str(), d.c_str());
-    store = std::move(*opened);
-  }
-
-  mesh_stats stats;
+  status_board board;
   steady_clock_source clock;
   node_result out;
-  if (store && store->head) out.resumed_version = store->head->mesh_version;
+  out.address = o.kind == role::sync_broker ? broker_address : node_address{o.kind, o.index};
+  if (*store && (*store)->head) out.resumed_version = (*store)->head->mesh_version;
   out.inc = inc;
-  out.started_unix_s =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  out.started_unix_s = static_cast<double>(wall_clock_ns()) * 1e-9;
   {
     caf::actor_system_config sys_cfg;
     sys_cfg.set("scheduler.max-threads", 2);
     caf::actor_system sys{sys_cfg};
     // After the system, so it is gone first; its actor is gone before it (below).
     std::unique_ptr<storage::snapshot_writer> writer;
-    snapshot_context snaps;
-    if (store) {
+    process_roles roles{sys, setup, transport::make_io_context(), clock, board, data ? &*data : nullptr, &initial};
+    if (*store) {
       writer = std::make_unique<storage::snapshot_writer>(
-          store->store, storage::writer_options{static_cast<std::size_t>(cfg.storage.queue_mb) << 20});
-      snaps.writer = writer.get();
-      snaps.record_contributions = o.record_contributions;
-      snaps.restore_store = store->store.get();
-      snaps.resume_from = store->head;
-      snaps.broker_recovery = o.kind == role::sync_broker;
-      if (store->disk)
-        snaps.set_storage_failing = [disk = store->disk](bool failing) { disk->set_write_error_rate(failing ? 1 : 0); };
+          (*store)->store, storage::writer_options{static_cast<std::size_t>(cfg.storage.queue_mb) << 20});
+      roles.writer = writer.get();
+      roles.record_contributions = o.record_contributions;
+      roles.restore_store = (*store)->store.get();
+      if (auto disk = (*store)->disk)
+        roles.set_storage_failing = [disk](bool failing) { disk->set_write_error_rate(failing ? 1 : 0); };
     }
     caf::scoped_actor self{sys};
     // Bound before the role starts, so a port in use stops nothing; serves until the role has ended.
     served_roles served;
+    served.board = &board;
     std::unique_ptr<metrics_server> metrics;
     if (o.metrics.port >= 0) {
-      auto started = metrics_server::start(o.metrics, served.pages(sys, o.kind == role::sync_broker));
-      if (!started) return started.err();
-      metrics = std::move(*started);
+      auto started_server = metrics_server::start(o.metrics, served.pages(sys, o.kind == role::sync_broker));
+      if (!started_server) return started_server.err();
+      metrics = std::move(*started_server);
     }
-    caf::actor actor;
-    switch (o.kind) {
-      case role::sync_broker:
-        out.address = broker_address;
-        actor = spawn_broker(sys, setup, stats, clock, store ? &snaps : nullptr, inc);
-        break;
-      case role::parameter_shard: {
-        out.address = {role::parameter_shard, o.index};
-        // Every shard derives the same seeded initialisation and keeps its fragments of it.
-        actor = spawn_shard(sys, setup, o.index, initial_global_params(setup, *data), stats, clock,
-                            store ? &snaps : nullptr, inc);
-        break;
-      }
-      default:
-        out.address = {role::learner, o.index};
-        actor = spawn_learner(sys, setup, o.index, *data, stats, clock, inc);
-        break;
-    }
+    const auto head = *store ? (*store)->head : std::nullopt;
+    caf::actor actor = o.kind == role::sync_broker       ? roles.broker(inc, head, writer != nullptr)
+                       : o.kind == role::parameter_shard ? roles.shard(o.index, inc, head)
+                                                         : roles.learner(o.index, inc);
     self->monitor(actor);
-    {
-      std::lock_guard lock(served.mutex);
-      served.roles = {actor};
-      if (o.kind == role::sync_broker) served.broker = actor;
-    }
-    bool ended = false;  // the actor quit on its own (its transport failed to start)
-    const auto start = std::chrono::steady_clock::now();
-    auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-    while (!ended && !stop_requested() && !(o.kind == role::learner && stats.learners_done.load() > 0)) {
-      self->receive([&](const caf::down_msg&) { ended = true; },
-                    caf::after(std::chrono::milliseconds(500)) >> [] {});
-      if (progress) {
-        char line[256];
-        std::snprintf(line, sizeof line, "%.0fs  %s  steps %llu  rounds %llu  published %llu", elapsed(),
-                      out.address.to_string().c_str(), static_cast<unsigned long long>(stats.steps.load()),
-                      static_cast<unsigned long long>(stats.rounds_closed.load()),
-                      static_cast<unsigned long long>(stats.published.load()));
-        progress(line);
-      }
-    }
-    if (ended) {
-      std::lock_guard lock(stats.report_mutex);
-      if (!stats.refusal.empty()) return make_error(errc::invalid_input, stats.refusal);
+    served.set({actor}, o.kind == role::sync_broker ? actor : caf::actor{});
+    const auto started = std::chrono::steady_clock::now();
+    if (!wait_for_role(self, o, out.address, board, progress, stop_requested)) {
+      if (const auto e = board.find(out.address); e && !e->now.refusal.empty())
+        return make_error(errc::invalid_input, e->now.refusal);
       return make_error(errc::io_error, out.address.to_string() + " could not start (see above)");
     }
-    out.wall_s = elapsed();
+    out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (o.kind == role::sync_broker)
       self->request(actor, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
-    if (o.kind == role::learner) stop_learners(self, {actor}, stats);  // a signal: leave after this step
+    if (o.kind == role::learner) stop_learners(self, {actor}, board);  // a signal: leave after this step
     if (writer) {  // a shard's last versions become durable and the broker hears of them
       (void)writer->drain(std::chrono::seconds(30));
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-    self->send_exit(actor, caf::exit_reason::user_shutdown);
-    self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(10)) >> [] {});
+    end_actors(self, {actor}, std::chrono::seconds(10));
+    served.set({}, {});
     if (writer) {
       if (auto ok = writer->drain(std::chrono::seconds(60)); !ok)
         std::fprintf(stderr, "archipelago node: %s\n", ok.err().message.c_str());
       writer.reset();
-      out.mesh_version = store->store->last_mesh_version();
+      out.mesh_version = (*store)->store->last_mesh_version();
     }
   }
-  out.steps = stats.steps;
-  out.tokens = stats.tokens;
-  out.budget_overruns = stats.budget_overruns;
-  out.wait_s = static_cast<double>(stats.wait_ns.load()) * 1e-9;
-  out.rounds = stats.rounds_closed;
-  out.published = stats.published;
-  out.rejected = stats.rejected;
-  out.committed = stats.committed;
-  std::lock_guard lock(stats.report_mutex);
-  out.broker = stats.report;
+  summarize(out, board);
   return out;
 }
 

@@ -12,7 +12,8 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/ids.hpp"
-#include "node/mesh_setup.hpp"
+#include "core/mesh_setup.hpp"
+#include "core/node_status.hpp"
 #include "node/metrics_server.hpp"
 
 namespace archipelago {
@@ -46,6 +47,8 @@ struct node_result {
   std::uint64_t resumed_version = 0;  // the fragment versions' manifest it restarted from; 0: fresh
   std::uint64_t mesh_version = 0;     // the last snapshot committed
   std::uint64_t committed = 0;        // broker: fragment versions the shards reported durable
+  /// The role's last status: what a drill across processes reads from the summary.
+  node_status status;
 };
 
 /// Runs the role until it is done (a learner: its steps) or `stop_requested`.

@@ -16,7 +16,7 @@
 #include "core/ids.hpp"
 #include "core/config.hpp"
 #include "core/layout.hpp"
-#include "learner/model/adamw.hpp"
+#include "core/adamw.hpp"
 #include "parameter_shard/merge.hpp"
 
 namespace archipelago {

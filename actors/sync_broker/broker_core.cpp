@@ -48,14 +48,6 @@ status validate(const broker_config& cfg) {
   return status::ok();
 }
 
-std::vector<std::uint32_t> round_robin_shards(int fragments, std::uint32_t shards) {
-  std::vector<std::uint32_t> out;
-  for (int p = 0; p < fragments; ++p) {
-    out.push_back(shards == 0 ? 0 : static_cast<std::uint32_t>(p) % shards);
-  }
-  return out;
-}
-
 const char* to_string(close_reason reason) {
   switch (reason) {
     case close_reason::all_eligible: return "all_eligible";

@@ -16,6 +16,7 @@
 #include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/ids.hpp"
+#include "core/layout.hpp"
 
 namespace archipelago {
 
@@ -39,9 +40,6 @@ struct broker_config {
 
 /// Checks every field; the error names the offending one.
 status validate(const broker_config& cfg);
-
-/// Maps P fragments round-robin onto `shards` shards (a convenience for shells and tests).
-std::vector<std::uint32_t> round_robin_shards(int fragments, std::uint32_t shards);
 
 enum class close_reason : std::uint8_t { all_eligible, grace_expired, timeout };
 const char* to_string(close_reason reason);

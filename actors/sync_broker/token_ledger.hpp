@@ -15,18 +15,11 @@
 
 #include "core/clock.hpp"
 #include "core/ids.hpp"
+#include "core/ledger_totals.hpp"
 
 namespace archipelago {
 
 enum class ledger_bucket : std::uint8_t { lost = 0, rejected = 1, late = 2, merged = 3 };  // higher wins
-
-struct ledger_totals {
-  std::uint64_t processed = 0, merged = 0, late = 0, lost = 0, rejected = 0;  // tokens
-  std::uint64_t steps = 0;
-  double step_time_s = 0;         // summed over every reported step
-  double merged_step_time_s = 0;  // ... over the steps whose tokens were merged
-  bool balanced() const { return merged + late + lost + rejected == processed; }
-};
 
 class token_ledger {
  public:

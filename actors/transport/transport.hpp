@@ -30,6 +30,7 @@
 #include "transport/codec.hpp"
 #include "transport/curve_keys.hpp"
 #include "transport/link_shaper.hpp"
+#include "transport/message_port.hpp"
 #include "transport/reliability.hpp"
 
 namespace zmq {
@@ -108,7 +109,7 @@ std::vector<std::string> curve_key_names(node_address node);
 expected<transport_config> transport_config_from(const config& cfg, node_address self, incarnation inc,
                                                  std::string bind_endpoint);
 
-class node_transport {
+class node_transport final : public message_port {
  public:
   using message_handler = std::function<void(std::shared_ptr<const inbound_message>)>;
   using peer_handler = std::function<void(node_address peer, bool alive)>;
@@ -116,28 +117,31 @@ class node_transport {
   /// Binds, starts the I/O thread and returns once the endpoint is bound.
   static expected<std::unique_ptr<node_transport>> start(transport_config config, const clock_source& clock,
                                                     message_handler on_message, peer_handler on_peer = {});
-  ~node_transport();
+  ~node_transport() override;
   node_transport(const node_transport&) = delete;
   node_transport& operator=(const node_transport&) = delete;
 
   /// The bound endpoint, with the port resolved ("tcp://127.0.0.1:41234").
-  const std::string& endpoint() const;
+  const std::string& endpoint() const override;
   const transport_config& config() const;
+  const link_profile& default_link() const override { return config().default_link; }
+  node_address self() const override { return config().self; }
 
   /// Registers (or re-points) a peer: its messages go to `endpoint`. With CURVE
   /// on, `server_public_z85` is the peer's public key; empty: the allow-list's
   /// key named after the peer (curve_key_names). A tcp:// peer without a key is
   /// invalid_input, also said on stderr (the mesh's actors do not check).
-  status add_peer(node_address peer, const std::string& endpoint, const std::string& server_public_z85 = {});
+  status add_peer(node_address peer, const std::string& endpoint, const std::string& server_public_z85);
+  status add_peer(node_address peer, const std::string& endpoint) override { return add_peer(peer, endpoint, {}); }
   /// A builder with this node's header and the next sequence number.
-  envelope_builder make_envelope(std::uint64_t round = 0);
+  envelope_builder make_envelope(std::uint64_t round = 0) override;
   /// Queues a message for `peer`. errc::overloaded if the outbox is full; the
   /// message is taken only when the call succeeds, so a caller can retry it.
-  status send(node_address peer, encoded_message&& message);
+  status send(node_address peer, encoded_message&& message) override;
   /// Sends the same message to every listed peer (fragment broadcast).
-  status broadcast(const std::vector<node_address>& peers, encoded_message&& message);
+  status broadcast(const std::vector<node_address>& peers, encoded_message&& message) override;
   /// Shapes the directed link from this node to `peer` from now on.
-  status set_link(node_address peer, const link_profile& profile);
+  status set_link(node_address peer, const link_profile& profile) override;
 
   /// Freezes the I/O thread for `duration`, as SIGSTOP would: nothing is read
   /// or sent, heartbeats stop (peers declare this node dead), inbound messages

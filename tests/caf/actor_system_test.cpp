@@ -49,7 +49,7 @@ TEST_CASE("actor system: request/response, monitor, clean shutdown") {
   CHECK(down);
 }
 
-#include "transport/caf_bridge.hpp"
+#include "transport/actor_bridge.hpp"
 
 TEST_CASE("transport delivers inbound messages to a CAF actor without copying the tensor") {
   using namespace archipelago;

@@ -3,33 +3,28 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <functional>
+#include <memory>
+#include <queue>
 #include <set>
+
+#include "core/mesh_setup.hpp"
+#include "core/prng.hpp"
+#include "learner/learner_wire.hpp"
+#include "parameter_shard/shard_wire.hpp"
+#include "sync_broker/broker_wire.hpp"
+#include "transport/codec.hpp"
+#include "transport/message_port.hpp"
+#include "transport/reliability.hpp"
 
 namespace archipelago::sim {
 namespace {
 
-// Node ids: learners 0..M-1, the broker M, shards M+1..M+S.
-struct msg_progress { learner_ref from; std::uint64_t steps, tokens; nanos step_ns; };
-struct msg_join { learner_ref from; };
-struct msg_round_open { round_number round; fragment_index fragment; std::uint64_t shard_inc; };
-// broker_inc: the incarnation of the broker whose round it answers (0: none known yet).
-struct msg_contribution { learner_ref from; contribution_plan plan; std::uint64_t broker_inc = 0; };
-struct msg_arrival { round_number round; learner_ref from; std::uint64_t tokens, steps, step; contribution_verdict verdict; std::uint64_t broker_inc = 0; };
-struct msg_close { round_number round; fragment_index fragment; std::vector<learner_ref> members; bool merge; };
-struct msg_update { fragment_index fragment; std::uint64_t version; std::vector<float> value; bool fetch_reply; round_number round; };
-struct msg_published { round_number round; fragment_index fragment; std::uint64_t version; };
-struct msg_fetch { learner_ref from; fragment_index fragment; };
-struct msg_hello {};  // a (re)started shard announces its incarnation to the broker (Join); a restarted broker its own (Welcome)
-using message = std::variant<msg_progress, msg_join, msg_round_open, msg_contribution, msg_arrival, msg_close,
-                             msg_update, msg_published, msg_fetch, msg_hello>;
-
-std::size_t message_bytes(const message& m) {
-  if (auto c = std::get_if<msg_contribution>(&m)) return 64 + c->plan.delta.size() * 4;
-  if (auto u = std::get_if<msg_update>(&m)) return 64 + u->value.size() * 4;
-  return 64;
-}
+using transport::decoded_envelope;
+using transport::encoded_message;
 
 const model_shape sim_shape{256, 4, 8, 1, 2, true};
+constexpr std::size_t heartbeat_bytes = 64;
 
 /// A plan's link fault on top of the sim's default link: its probabilities
 /// replace the default's; a delay or bandwidth of 0 leaves the default's.
@@ -44,116 +39,145 @@ link_profile faulted_link(const link_profile& base, const link_fault& f) {
   return p;
 }
 
+/// The mesh as its wire layers see it: the quadratic's layout, its plan and shards,
+/// the transport's heartbeat period, and where each node "listens".
+mesh_setup sim_setup(const sim_config& c) {
+  mesh_setup s;
+  s.cfg.mesh.learners = c.learners;
+  s.cfg.mesh.shards = c.shards;
+  s.cfg.mesh.fragments = c.fragments;
+  s.cfg.wire.heartbeat_interval_ms = std::max<std::int64_t>(1, c.broker_silence_ns / 3 / 1'000'000);
+  s.cfg.wire.liveness = 3;
+  s.policy.fragments = c.fragments;
+  s.policy.shards = c.shards;
+  s.policy.quorum = c.broker.quorum;
+  s.policy.rounds_in_flight = c.broker.rounds_in_flight;
+  s.policy.steps_per_round = c.broker.steps_per_round;
+  s.shape = sim_shape;
+  s.layout = make_layout(sim_shape);
+  s.plan = *make_fragment_plan(s.layout, c.fragments);
+  s.shard_of_fragment = round_robin_shards(c.fragments, static_cast<std::uint32_t>(c.shards));
+  s.broker_endpoint = "sim://broker";
+  for (int i = 0; i < c.shards; ++i) s.shard_endpoints.push_back("sim://shard-" + std::to_string(i));
+  for (int i = 0; i < c.learners; ++i) s.learner_endpoints.push_back("sim://learner-" + std::to_string(i));
+  return s;
+}
+
+class mesh;
+
+/// A node's message port: envelopes it sends go onto the sim's links.
+class sim_port final : public transport::message_port {
+ public:
+  sim_port(mesh& world, int node, node_address self, std::string endpoint, const link_profile& link)
+      : world_(world), node_(node), self_(self), endpoint_(std::move(endpoint)), link_(link) {}
+
+  node_address self() const override { return self_; }
+  const std::string& endpoint() const override { return endpoint_; }
+  status add_peer(node_address, const std::string&) override {
+    ++peers_added;
+    return {};
+  }
+  transport::envelope_builder make_envelope(std::uint64_t round) override {
+    return transport::envelope_builder(self_, inc, ++sequence_, round);
+  }
+  status send(node_address peer, encoded_message&& message) override;
+  status broadcast(const std::vector<node_address>& peers, encoded_message&& message) override;
+  status set_link(node_address, const link_profile&) override {
+    return make_error(errc::invalid_input, "the simulation shapes its links itself");
+  }
+  const link_profile& default_link() const override { return link_; }
+
+  incarnation inc{1};
+  std::uint64_t peers_added = 0;
+
+ private:
+  mesh& world_;
+  int node_;
+  node_address self_;
+  std::string endpoint_;
+  link_profile link_;
+  std::uint64_t sequence_ = 0;
+};
+
+/// The broker's store: its round lease and its ledger, kept across its restarts.
+struct sim_broker_store final : broker_store {
+  std::uint64_t rounds_leased = 0;
+  std::vector<storage::learner_ledger> ledgers;
+  status lease_rounds(std::uint64_t rounds_below, incarnation) override {
+    rounds_leased = rounds_below;
+    return {};
+  }
+  void append_tape(storage::tape_record) override {}
+  void write_ledger(std::vector<storage::learner_ledger> l) override { ledgers = std::move(l); }
+};
+
 class mesh {
  public:
-  explicit mesh(const sim_config& c)
-      : cfg_(c),
-        layout_(make_layout(sim_shape)),
-        plan_(*make_fragment_plan(layout_, c.fragments)),
-        shard_of_fragment_(round_robin_shards(c.fragments, static_cast<std::uint32_t>(c.shards))),
-        rng_(derive_seed(c.seed, 1)),
-        broker_(broker_settings(c, shard_of_fragment_)) {
-    const int m = c.learners;
-    target_.resize(layout_.total_floats);
-    for (auto& x : target_) x = static_cast<float>(rng_.normal());
-    shard_procs_.resize(c.shards);
-    broker_shard_inc_.assign(c.shards, 0);
-    shard_broker_inc_.assign(c.shards, 0);
-    for (int s = 0; s < c.shards; ++s) {
-      shards_.push_back(make_shard(static_cast<std::uint32_t>(s)));
-      // The initial snapshot: a shard that crashes before its first commit restarts from here.
-      for (fragment_index p : owned_by(static_cast<std::uint32_t>(s)))
-        shard_procs_[s].durable[p.value] = shards_[s]->outer_state(p);
-    }
-    learners_.resize(m);
-    result_.learner_steps.assign(m, 0);
-    result_.contributions_sent.assign(m, 0);
-    result_.member_incarnations.assign(m, {});
-    result_.merged_at.assign(m, {});
-    for (int i = 0; i < m; ++i) {
-      learner& l = learners_[i];
-      l.params.assign(layout_.total_floats, 0.f);
-      l.target = target_;
-      prng bias(derive_seed(c.seed, 100 + i));
-      for (auto& x : l.target) x += 0.3f * static_cast<float>(bias.normal());  // non-IID data
-      l.step_ns = i < static_cast<int>(c.step_ns.size()) ? c.step_ns[i] : 10'000'000;
-      start_learner(i, 0);
-    }
-    for (const auto& f : c.crashes) {
-      at(f.at_ns, [this, f] { crash(f.learner); });
-      if (f.rejoin_at_ns >= 0) at(f.rejoin_at_ns, [this, f] { start_learner(f.learner, f.rejoin_at_ns); });
-    }
-    at(0, [this] { broker_tick(); });
-    result_.broker_first_rounds.push_back(c.broker.first_round);
-    for (const auto& f : c.broker_crashes) {
-      at(f.at_ns, [this] { crash_broker(); });
-      if (f.restart_at_ns >= f.at_ns) at(f.restart_at_ns, [this, f] { restart_broker(f.with_store); });
-    }
-    if (!c.timeline.empty()) {
-      chaos_ = std::make_unique<chaos_core>(c.timeline, c.safety_ns);
-      if (const nanos first = chaos_->next_due(); first >= 0) at(first, [this] { chaos_tick(); });
-    }
-  }
+  explicit mesh(const sim_config& c);
+  sim_result run();
 
-  sim_result run() {
-    result_.initial_loss = loss(global_theta());
-    while (!events_.empty() && events_.top().at <= cfg_.duration_ns + cfg_.drain_ns) {
-      event e = events_.top();
-      events_.pop();
-      now_ = e.at;
-      e.action();
-    }
-    result_.final_theta = global_theta();
-    result_.final_loss = loss(result_.final_theta);
-    result_.history = std::move(earlier_history_);  // the brokers before a restart, then the last one
-    result_.history.insert(result_.history.end(), broker_.history().begin(), broker_.history().end());
-    result_.broker = broker_.counters();
-    result_.ledger = ledger_.totals();
-    for (auto& s : shards_) result_.shards.push_back(s->ledger());
-    result_.ledger_by_incarnation = ledger_.per_learner();
-    for (const learner& l : learners_) {
-      result_.learner_incarnations.push_back(l.inc.value);
-      std::vector<std::uint64_t>& held = result_.learner_versions.emplace_back();
-      for (std::uint32_t p = 0; p < plan_.fragments.size(); ++p)
-        held.push_back(l.alive && l.core->installed({p}) ? l.core->version({p}) : 0);
-    }
-    for (std::uint32_t p = 0; p < plan_.fragments.size(); ++p)
-      result_.shard_versions.push_back(shards_[shard_of({p})]->version({p}));
-    if (chaos_) {
-      result_.chaos_record = chaos_->record();
-      result_.faults_injected = chaos_->injected();
-      result_.chaos_healed = chaos_->healed(now_);
-    }
-    result_.faults_in_place = faults_in_place();
-    return std::move(result_);
+  void send(int from, int to, std::shared_ptr<const encoded_message> message);
+  void observe_broker_send(const std::vector<node_address>& to, const encoded_message& message);
+  int node_of(node_address a) const {
+    if (a.kind == role::learner) return static_cast<int>(a.index);
+    if (a.kind == role::sync_broker) return broker_node();
+    return shard_node(a.index);
   }
 
  private:
+  /// One delivery on a link, in flight or held by a stopped process.
+  struct delivery {
+    int from;
+    std::uint64_t inc;
+    std::shared_ptr<const encoded_message> message;  // null: a heartbeat
+    bool corrupt;
+  };
+
   struct learner {
     std::vector<float> params, target;
-    std::unique_ptr<learner_core> core;
+    std::unique_ptr<sim_port> port;
+    std::unique_ptr<learner_wire> wire;
     incarnation inc{0};
     bool alive = false;
-    std::size_t installing = 0;  // fragments still being fetched on (re)join
     nanos step_ns = 0;
-    std::uint64_t steps_done = 0;
-    bool waiting = false;
-    nanos wait_since = 0;
+    std::uint64_t wait_generation = 0;
     // Fault drills.
-    bool paused = false;            // SIGSTOP: no step runs, deliveries wait in `held`
+    bool paused = false;            // SIGSTOP: nothing runs; deliveries and timers wait in `held`
+    std::vector<std::function<void()>> held;
     bool step_due = false;          // a step came due while paused
-    std::vector<std::function<void()>> held;  // deliveries kept for the resume, in arrival order
-    double slow = 1;                // step time × this (slow faults in force)
-    std::vector<std::uint64_t> shard_inc;  // as last heard from each shard; 0: not yet
-    std::uint64_t broker_inc = 0;          // as last heard from the broker; 0: not yet
+    double slow = 1;                // step time factor of slow faults in force
+    // What earlier incarnations counted (the wire's counters start anew with each).
+    std::uint64_t contributions_before = 0, wait_ns_before = 0;
   };
-  /// A shard's process around its core: whether it runs, and its durable store.
+
+  /// A shard's process around its wire layer: whether it runs, and its durable store.
+  struct shard_process;
+  class sim_shard_store final : public shard_store {
+   public:
+    sim_shard_store(mesh& world, std::uint32_t shard) : world_(world), shard_(shard) {}
+    void commit(shard_commit c) override { world_.on_shard_commit(shard_, std::move(c)); }
+
+   private:
+    mesh& world_;
+    std::uint32_t shard_;
+  };
   struct shard_process {
-    std::uint64_t inc = 1;
+    std::unique_ptr<sim_port> port;
+    std::unique_ptr<sim_shard_store> store;
+    std::unique_ptr<shard_wire> wire;
     bool up = true;
     int storage_failing = 0;  // storage_errors faults in force: commits fail
     std::map<std::uint32_t, fragment_outer_state> durable;  // fragment → newest committed outer state
   };
+
+  /// What each node's transport knows: who it heard from (liveness), the newest
+  /// incarnation of each sender (older ones are dropped), who it reported dead.
+  struct node_transport_state {
+    peer_liveness liveness;
+    std::map<int, std::uint64_t> newest_inc;
+    std::set<int> dead;
+  };
+
   struct event {
     nanos at;
     std::uint64_t seq;
@@ -161,611 +185,699 @@ class mesh {
     bool operator>(const event& o) const { return at != o.at ? at > o.at : seq > o.seq; }
   };
 
-  static broker_config broker_settings(const sim_config& c, const std::vector<std::uint32_t>& shard_of_fragment) {
-    broker_config b = c.broker;
-    b.fragments = c.fragments;
-    b.shard_of_fragment = shard_of_fragment;
-    return b;
-  }
-  std::uint32_t shard_of(fragment_index p) const { return shard_of_fragment_[p.value]; }
-  std::vector<fragment_index> owned_by(std::uint32_t s) const {
-    std::vector<fragment_index> owned;
-    for (std::uint32_t p = 0; p < plan_.fragments.size(); ++p)
-      if (shard_of({p}) == s) owned.push_back({p});
-    return owned;
-  }
-  std::unique_ptr<shard_core> make_shard(std::uint32_t s) const {
-    const std::vector<float> init(layout_.total_floats, 0.f);
-    return std::make_unique<shard_core>(layout_, plan_, owned_by(s), shard_config{}, init.data());
-  }
+  // -- topology ---------------------------------------------------------------
   int broker_node() const { return cfg_.learners; }
   int shard_node(std::uint32_t s) const { return cfg_.learners + 1 + static_cast<int>(s); }
-
-  void at(nanos t, std::function<void()> action) { events_.push({t, seq_++, std::move(action)}); }
-
-  bool partitioned(int a, int b) const {
-    for (const auto& p : cfg_.partitions) {
-      if (now_ < p.from_ns || now_ >= p.to_ns) continue;
-      const int l = static_cast<int>(p.learner);
-      if ((a == l) != (b == l)) return true;
-    }
-    for (const auto& [fault, group_of] : plan_partitions_) {
-      const int ga = group_of[static_cast<std::size_t>(a)], gb = group_of[static_cast<std::size_t>(b)];
-      if (ga >= 0 && gb >= 0 && ga != gb) return true;
-    }
-    return false;
-  }
-
-  /// The sender's incarnation, carried by every message as the envelope does.
-  std::uint64_t incarnation_of(int node) const {
-    if (node < cfg_.learners) return learners_[static_cast<std::size_t>(node)].inc.value;
-    if (node == broker_node()) return broker_inc_;
-    return shard_procs_[shard_at(node)].inc;
-  }
-
-  /// A link fault on either end (the sender's first) replaces the default link.
-  link_profile profile_for(int from, int to) const {
-    for (int node : {from, to})
-      if (auto it = link_faults_.find(node); it != link_faults_.end() && !it->second.empty())
-        return it->second.back().second;
-    return cfg_.link;
-  }
-
-  /// Sends through the directed link's shaper; each delivery is an event.
-  void send(int from, int to, message m) {
-    ++result_.messages_sent;
-    if (partitioned(from, to)) {
-      ++result_.messages_lost;
-      return;
-    }
-    auto key = std::make_pair(from, to);
-    auto it = links_.find(key);
-    if (it == links_.end())
-      it = links_.emplace(key, link_shaper(profile_for(from, to), derive_seed(cfg_.seed, 10'000 + from * 1000 + to))).first;
-    const auto deliveries = it->second.submit(now_, message_bytes(m));
-    if (deliveries.empty()) ++result_.messages_lost;
-    auto shared = std::make_shared<const message>(std::move(m));
-    for (const auto& d : deliveries) {
-      if (d.corrupt) {  // a checksum would reject it
-        ++result_.messages_corrupted;
-        continue;
-      }
-      at(d.at_ns, [this, from, inc = incarnation_of(from), to, shared] { deliver(from, inc, to, shared); });
-    }
-  }
-
-  void deliver(int from, std::uint64_t inc, int to, const std::shared_ptr<const message>& m) {
-    if (from == broker_node() && from_older_broker(to, inc)) return;  // the transport drops an older incarnation's
-    if (to == broker_node() && !broker_up_) return;                    // a dead process receives nothing
-    if (from == broker_node() && is_shard_node(to) && shard_procs_[shard_at(to)].up) shard_saw_broker(shard_at(to), inc);
-    if (to < cfg_.learners) {
-      learner& l = learners_[static_cast<std::size_t>(to)];
-      if (l.alive && l.paused) {  // a stopped process's socket buffers keep what arrives
-        l.held.push_back([this, from, inc, to, m] { on_learner_message(to, from, inc, *m); });
-        return;
-      }
-      return on_learner_message(to, from, inc, *m);
-    }
-    if (to == broker_node()) return on_broker_message(from, inc, *m);
-    if (shard_procs_[shard_at(to)].up) on_shard_message(shard_at(to), *m);  // a dead process receives nothing
-  }
   bool is_shard_node(int node) const { return node > broker_node(); }
   std::uint32_t shard_at(int node) const { return static_cast<std::uint32_t>(node - cfg_.learners - 1); }
-
-  // -- learners ---------------------------------------------------------------
-
-  void start_learner(std::uint32_t i, nanos t) {
-    learner& l = learners_[i];
-    l.inc = incarnation{l.inc.value + 1};
-    l.alive = true;
-    l.core = std::make_unique<learner_core>(layout_, plan_, cfg_.sync);
-    l.waiting = false;
-    l.paused = l.step_due = false;
-    l.held.clear();
-    l.shard_inc.assign(shards_.size(), 0);
-    l.broker_inc = 0;
-    l.installing = plan_.fragments.size();
-    // Clone pattern: subscribe (be a learner the shards broadcast to) first,
-    // then fetch every fragment; updates at or below the fetched version are dropped.
-    for (std::uint32_t p = 0; p < plan_.fragments.size(); ++p)
-      at(t, [this, i, p, inc = l.inc] {
-        if (learners_[i].inc == inc) send(static_cast<int>(i), shard_node(shard_of({p})), msg_fetch{{{i}, inc}, {p}});
-      });
-    at(t, [this, i, inc = l.inc] {
-      if (learners_[i].inc == inc) send(static_cast<int>(i), broker_node(), msg_join{{{i}, inc}});
-    });
-    at(t + cfg_.fetch_retry_ns, [this, i, inc = l.inc] { refetch(i, inc); });
+  int nodes() const { return cfg_.learners + 1 + cfg_.shards; }
+  node_address address_of(int node) const {
+    if (node < cfg_.learners) return {role::learner, static_cast<std::uint32_t>(node)};
+    if (node == broker_node()) return broker_address;
+    return {role::parameter_shard, shard_at(node)};
   }
+  std::uint32_t shard_of(fragment_index p) const { return setup_.shard_of_fragment[p.value]; }
+  void at(nanos t, std::function<void()> action) { events_.push({t, seq_++, std::move(action)}); }
 
-  /// Joining is bounded (learner_actor's fetch_retry): fetch what is still missing.
-  void refetch(std::uint32_t i, incarnation inc) {
-    learner& l = learners_[i];
-    if (!l.alive || l.inc != inc || l.installing == 0) return;
-    if (!l.paused)
-      for (std::uint32_t p = 0; p < plan_.fragments.size(); ++p)
-        if (!l.core->installed({p})) send(static_cast<int>(i), shard_node(shard_of({p})), msg_fetch{{{i}, inc}, {p}});
-    at(now_ + cfg_.fetch_retry_ns, [this, i, inc] { refetch(i, inc); });
-  }
+  // -- network ----------------------------------------------------------------
+  bool partitioned(int a, int b) const;
+  link_profile profile_for(int from, int to) const;
+  link_shaper& link(int from, int to);
+  std::uint64_t incarnation_of(int node) const;
+  bool running(int node) const;
+  void deliver(int to, const delivery& d);
+  void dispatch(int to, int from, const decoded_envelope& env);
+  void heartbeat(int node);
+  void peer_event(int node, int peer, bool alive);
 
-  void crash(std::uint32_t i) {
-    learners_[i].alive = false;
-    learners_[i].held.clear();
-  }
-
+  // -- roles ------------------------------------------------------------------
+  void start_learner(std::uint32_t i, nanos t);
+  void crash(std::uint32_t i);
   nanos step_time(const learner& l) const { return std::llround(static_cast<double>(l.step_ns) * l.slow); }
-
-  void schedule_step(std::uint32_t i) {
-    learner& l = learners_[i];
-    at(now_ + step_time(l), [this, i, inc = l.inc] { step(i, inc); });
-  }
-
-  void send_contributions(std::uint32_t i) {
-    learner& l = learners_[i];
-    while (auto c = l.core->next_contribution(l.params.data())) {
-      ++result_.contributions_sent[i];
-      send(static_cast<int>(i), shard_node(shard_of(c->fragment)), msg_contribution{{{i}, l.inc}, std::move(*c), l.broker_inc});
-    }
-  }
-
-  void step(std::uint32_t i, incarnation inc) {
-    learner& l = learners_[i];
-    if (!l.alive || l.inc != inc) return;
-    if (now_ > cfg_.duration_ns) return;  // draining: no more work
-    if (l.paused) {
-      l.step_due = true;
-      return;
-    }
-    if (l.core->must_wait()) {  // the synchronous policies: parked until an update arrives
-      send_contributions(i);
-      l.waiting = true;
-      l.wait_since = now_;
-      return;
-    }
-    // One inner step on a quadratic with this learner's target, plus noise:
-    // uniform with the standard deviation 0.01, 16 random bits per value (the
-    // noise is the sim's hot loop: Box-Muller's log and cos took 95% of its
-    // time, and the quadratic does not care about the shape).
-    constexpr float noise = 0.01f * 3.4641016f / 65536.f;  // σ · √12 spans a unit-variance uniform
-    float* params = l.params.data();
-    const float* target = l.target.data();
-    for (std::size_t k = 0; k < l.params.size(); k += 4) {
-      const std::uint64_t bits = rng_.next();
-      for (std::size_t j = 0; j < 4 && k + j < l.params.size(); ++j) {
-        const auto u = static_cast<float>(static_cast<std::int32_t>((bits >> (16 * j)) & 0xffff) - 32768);
-        params[k + j] -= 0.05f * (params[k + j] - target[k + j]) + noise * u;
-      }
-    }
-    ++l.steps_done;
-    ++result_.learner_steps[i];
-    ++result_.steps_by_incarnation[{{i}, inc}];
-    result_.tokens_processed += cfg_.tokens_per_step;
-    l.core->on_step(cfg_.tokens_per_step);
-    send(static_cast<int>(i), broker_node(),
-         msg_progress{{{i}, inc}, l.core->steps_done(), l.core->steps_done() * cfg_.tokens_per_step, step_time(l)});
-    send_contributions(i);
-    schedule_step(i);
-  }
-
-  /// learner_actor's shard_restarted(): a shard's higher incarnation means it
-  /// restarted from its snapshot, with versions below the ones held here.
-  bool shard_restarted(std::uint32_t i, std::uint32_t s, std::uint64_t inc) {
-    learner& l = learners_[i];
-    if (inc <= l.shard_inc[s]) return false;
-    const bool restarted = l.shard_inc[s] != 0;
-    l.shard_inc[s] = inc;
-    if (restarted)
-      for (fragment_index p : owned_by(s)) l.core->forget_version(p);
-    return restarted;
-  }
-
-  void on_learner_message(int node, int from, std::uint64_t from_inc, const message& m) {
-    const auto i = static_cast<std::uint32_t>(node);
-    learner& l = learners_[i];
-    if (!l.alive) return;
-    if (is_shard_node(from)) (void)shard_restarted(i, shard_at(from), from_inc);
-    if (from == broker_node()) learner_saw_broker(i, from_inc);
-    if (auto o = std::get_if<msg_round_open>(&m)) {
-      const std::uint32_t s = shard_of(o->fragment);
-      if (shard_restarted(i, s, o->shard_inc))  // fetch at once: its broadcasts may have missed us
-        for (fragment_index p : owned_by(s)) send(node, shard_node(s), msg_fetch{{{i}, l.inc}, p});
-      l.core->on_round_open(o->round, o->fragment);
-      if (l.installing == 0) send_contributions(i);
-    } else if (auto u = std::get_if<msg_update>(&m)) {
-      if (u->fetch_reply && l.installing > 0 && !l.core->installed(u->fragment)) {
-        l.core->install(u->fragment, u->version, u->value, l.params.data());
-        if (--l.installing == 0) schedule_step(i);  // joined: start stepping
-      } else if (l.core->installed(u->fragment)) {
-        l.core->on_fragment_update(u->fragment, u->version, u->value, l.params.data(), u->round);
-        if (l.waiting && !l.core->must_wait()) {
-          l.waiting = false;
-          result_.learner_wait_ns += now_ - l.wait_since;
-          schedule_step(i);
-        }
-      }
-    }
-  }
-
-  // -- broker -----------------------------------------------------------------
-
-  void broker_tick() {
-    if (broker_up_) {
-      broker_.tick(now_);
-      dispatch_broker_effects();
-      broker_housekeeping();
-    }
-    if (const int n = healthy_learners(); result_.healthy_learners.empty() || result_.healthy_learners.back().second != n)
-      result_.healthy_learners.emplace_back(now_, n);
-    at(now_ + cfg_.tick_ns, [this] { broker_tick(); });
-  }
-
-  void on_broker_message(int from, std::uint64_t from_inc, const message& m) {
-    if (is_shard_node(from)) {  // broker_actor: a shard's higher incarnation restarted from its snapshot
-      std::uint64_t& known = broker_shard_inc_[shard_at(from)];
-      if (from_inc > known) {
-        if (known != 0) broker_.on_shard_restarted(shard_at(from), now_);
-        known = from_inc;
-      }
-    }
-    if (auto p = std::get_if<msg_progress>(&m)) {
-      std::uint64_t& delivered = result_.progress_delivered[p->from];
-      delivered = std::max(delivered, p->steps);
-      broker_.on_progress(p->from.learner, p->from.inc, p->steps, p->step_ns, now_);
-      ledger_.on_progress(p->from, p->steps, p->tokens, p->step_ns);
-    } else if (auto j = std::get_if<msg_join>(&m)) {
-      broker_.on_join(j->from.learner, j->from.inc, now_);
-      // broker_actor answers every Join with a Welcome; before any restart it tells
-      // nobody anything new, so the sim sends it only after one (the same messages as before).
-      if (broker_inc_ > 1) send(broker_node(), static_cast<int>(j->from.learner.value), msg_hello{});
-    } else if (auto a = std::get_if<msg_arrival>(&m)) {
-      // Buffered for a round of an earlier broker (the shard had not heard of this one): late.
-      const bool earlier_broker = a->broker_inc != 0 && a->broker_inc != broker_inc_;
-      if (a->verdict == contribution_verdict::buffered && !earlier_broker) {
-        ledger_.on_arrival(a->round, a->from, a->step, a->steps);
-        broker_.on_contribution(a->round, a->from.learner, a->from.inc, a->tokens, a->steps, now_);
-      } else {
-        ledger_.on_outcome(a->from, a->step, a->steps,
-                           a->verdict == contribution_verdict::late ? ledger_bucket::late : ledger_bucket::rejected);
-      }
-    } else if (auto pub = std::get_if<msg_published>(&m)) broker_.on_published(pub->round, pub->fragment, pub->version, now_);
-    dispatch_broker_effects();
-  }
-
-  void dispatch_broker_effects() {
-    for (auto& effect : broker_.take_effects()) {
-      if (auto o = std::get_if<open_round>(&effect)) {
-        for (int i = 0; i < cfg_.learners; ++i)
-          send(broker_node(), i, msg_round_open{o->round, o->fragment, broker_shard_inc_[o->shard]});
-      } else if (auto c = std::get_if<close_round>(&effect)) {
-        std::vector<learner_ref> members;
-        for (const auto& m : c->members) {
-          members.push_back({m.learner, m.inc});
-          result_.member_incarnations[m.learner.value].push_back(m.inc.value);
-          if (c->merge()) result_.merged_at[m.learner.value].push_back(now_);
-        }
-        ledger_.on_round_closed(c->round, members, c->merge());
-        send(broker_node(), shard_node(c->shard), msg_close{c->round, c->fragment, std::move(members), c->merge()});
-      }
-    }
-  }
-
-  // -- shards -----------------------------------------------------------------
-
-  void on_shard_message(std::uint32_t s, const message& m) {
-    shard_core& shard = *shards_[s];
-    const int self = shard_node(s);
-    if (auto c = std::get_if<msg_contribution>(&m)) {
-      shard_saw_broker(s, c->broker_inc);  // a round of a newer broker: it restarted
-      const auto verdict =
-          c->broker_inc != 0 && c->broker_inc < shard_broker_inc_[s]
-              ? shard.on_earlier_broker_round(c->plan.tokens)  // its round died with its broker
-              : shard.on_contribution(c->plan.round, c->plan.fragment, c->from, c->plan.steps, c->plan.tokens,
-                                      c->plan.delta);
-      if (verdict != contribution_verdict::duplicate)
-        send(self, broker_node(),
-             msg_arrival{c->plan.round, c->from, c->plan.tokens, c->plan.steps, c->plan.step, verdict, c->broker_inc});
-    } else if (auto close = std::get_if<msg_close>(&m)) {
-      auto published = shard.on_round_close(close->round, close->fragment,
-                                            close->merge ? close->members : std::vector<learner_ref>{});
-      assert(published);
-      if (published && published->has_value()) {
-        const published_fragment& pub = **published;
-        ++result_.published;
-        result_.versions.push_back({version_event::what::published, now_, s, pub.fragment, pub.version});
-        commit(s, pub.fragment);
-        for (int i = 0; i < cfg_.learners; ++i) send(self, i, msg_update{pub.fragment, pub.version, shard.value(pub.fragment), false, pub.round});
-        send(self, broker_node(), msg_published{pub.round, pub.fragment, pub.version});
-      }
-    } else if (auto f = std::get_if<msg_fetch>(&m)) {
-      send(self, static_cast<int>(f->from.learner.value),
-           msg_update{f->fragment, shard.version(f->fragment), shard.value(f->fragment), true, round_number{0}});
-    }
-  }
-
-  // -- broker crashes (sim_config::broker_crashes; broker_crash_fault says what happens) --
-
-  void crash_broker() {
-    if (!broker_up_) return;
-    broker_up_ = false;
-    const std::uint64_t dead = broker_inc_;
-    rounds_leased_ = broker_.next_round().value;  // the round lease covers every round it opened
-    earlier_history_.insert(earlier_history_.end(), broker_.history().begin(), broker_.history().end());
-    // Each learner's transport finds the broker silent after its liveness timeout.
-    for (std::uint32_t i = 0; i < learners_.size(); ++i)
-      at(now_ + cfg_.broker_silence_ns, [this, i, inc = learners_[i].inc, dead] { learner_rejoin(i, inc, dead); });
-  }
-
-  void restart_broker(bool with_store) {
-    if (broker_up_) return;
-    broker_config settings = broker_settings(cfg_, shard_of_fragment_);
-    settings.first_round = with_store ? std::max(settings.first_round, rounds_leased_) : settings.first_round;
-    broker_ = broker_core(settings);
-    ledger_ = token_ledger();
-    if (with_store)
-      for (const auto& [who, totals] : stored_ledger_) (void)ledger_.restore(who, totals, totals.steps);
-    result_.ledger_restored = ledger_.totals();
-    ++broker_inc_;
-    broker_up_ = true;
-    std::fill(broker_shard_inc_.begin(), broker_shard_inc_.end(), 0);  // the new broker knows no shard yet
-    last_welcome_ns_ = -1;
-    last_ledger_write_ns_ = now_;
-    ++result_.broker_restarts;
-    result_.broker_first_rounds.push_back(settings.first_round);
-    // With its store it knows where the learners its predecessor knew listen (their
-    // endpoints are kept with the ledger): it greets them at once, and they re-join.
-    if (with_store) {
-      std::set<std::uint32_t> known;
-      for (const auto& [who, totals] : stored_ledger_) known.insert(who.learner.value);
-      for (std::uint32_t i : known) send(broker_node(), static_cast<int>(i), msg_hello{});
-    }
-  }
-
-  /// The broker's periodic work besides its core: the ledger write to its store, and
-  /// Welcomes to the shards it has not heard from (after a restart) each fetch_retry_ns.
-  void broker_housekeeping() {
-    if (now_ - last_ledger_write_ns_ >= cfg_.broker_ledger_write_ns) {
-      last_ledger_write_ns_ = now_;
-      stored_ledger_ = ledger_.per_learner();
-    }
-    if (broker_inc_ == 1 || (last_welcome_ns_ >= 0 && now_ - last_welcome_ns_ < cfg_.fetch_retry_ns)) return;
-    last_welcome_ns_ = now_;
-    for (std::uint32_t s = 0; s < shards_.size(); ++s)
-      if (broker_shard_inc_[s] == 0) send(broker_node(), shard_node(s), msg_hello{});
-  }
-
-  /// The transport drops a message of an older incarnation than one heard from already.
-  bool from_older_broker(int to, std::uint64_t inc) const {
-    if (to < cfg_.learners) return inc < learners_[static_cast<std::size_t>(to)].broker_inc;
-    return is_shard_node(to) && inc < shard_broker_inc_[shard_at(to)];
-  }
-
-  /// learner_actor's broker_seen(): a higher incarnation is a restarted broker.
-  void learner_saw_broker(std::uint32_t i, std::uint64_t inc) {
-    learner& l = learners_[i];
-    if (inc <= l.broker_inc) return;
-    if (l.broker_inc != 0) {
-      (void)l.core->on_broker_restarted();
-      send(static_cast<int>(i), broker_node(), msg_join{{{i}, l.inc}});  // a greeting broker has no Join of it yet
-    }
-    l.broker_inc = inc;
-  }
-
-  /// The broker fell silent for learner i (incarnation inc): Join again, and again
-  /// each broker_silence_ns, until a broker newer than `dead` answered.
-  void learner_rejoin(std::uint32_t i, incarnation inc, std::uint64_t dead) {
-    learner& l = learners_[i];
-    if (!l.alive || l.inc != inc || l.broker_inc > dead) return;
-    if (!l.paused) send(static_cast<int>(i), broker_node(), msg_join{{{i}, inc}});
-    at(now_ + cfg_.broker_silence_ns, [this, i, inc, dead] { learner_rejoin(i, inc, dead); });
-  }
-
-  /// shard_actor's broker_seen(): a higher incarnation drops the old broker's rounds
-  /// and announces the shard to the new one.
-  void shard_saw_broker(std::uint32_t s, std::uint64_t inc) {
-    std::uint64_t& known = shard_broker_inc_[s];
-    if (inc <= known) return;
-    if (known != 0) (void)shards_[s]->on_broker_restarted();
-    known = inc;
-    if (broker_inc_ > 1) send(shard_node(s), broker_node(), msg_hello{});  // its Join (the first broker needs none)
-  }
+  void schedule_step(std::uint32_t i);
+  void step(std::uint32_t i, incarnation inc);
+  void learner_do(std::uint32_t i, incarnation inc, std::function<void(learner&)> fn);
+  void arm_join_retry(std::uint32_t i, incarnation inc);
+  void arm_rejoin(std::uint32_t i, incarnation inc);
+  void arm_wait_timeout(std::uint32_t i, incarnation inc);
+  void on_learner_event(std::uint32_t i, const learner_event& e);
+  void start_broker(bool with_store);
+  void broker_tick();
+  void crash_broker();
+  std::unique_ptr<shard_wire> make_shard(std::uint32_t s, std::vector<std::pair<fragment_index, fragment_outer_state>> restored);
+  void on_shard_commit(std::uint32_t s, shard_commit c);
+  void restart_shard(std::uint32_t s);
 
   // -- fault drills -----------------------------------------------------------
-  //
-  // What each fault kind of a plan does to the simulated mesh:
-  //   crash          the learner dies (its held messages too); repair: it restarts
-  //                  with a new incarnation and rejoins (fetch, Join).
-  //   pause          SIGSTOP: no step runs and nothing is sent; deliveries are held
-  //                  and handed over on the repair (SIGCONT), same incarnation; a step
-  //                  that came due restarts from the resume.
-  //   slow           the learner's step time × factor (it survives a restart: the
-  //                  machine is slow) until repaired.
-  //   partition      no message sent between nodes of different groups; a node in no
-  //                  group is unaffected. Messages already in flight still arrive.
-  //   link           every link to and from the target (either end's fault, the
-  //                  sender's first) uses faulted_link(default, fault); then the default.
-  //   shard_crash    the shard's process is down (receives nothing) for at least
-  //                  restart_ns, then a new core restores each fragment's newest
-  //                  committed outer state under a higher incarnation and says hello;
-  //                  the broker and the learners see the new incarnation on its messages.
-  //   broker_crash   crash_broker(), then restart_broker() with its store at least
-  //                  restart_ns later (see broker_crash_fault for what either does).
-  //   storage_errors the shard's commits fail: its durable copies stop advancing.
-
-  void chaos_tick() {
-    for (const chaos_action& a : chaos_->tick(now_))
-      if (a.action != chaos_action::what::skip) apply(chaos_->timeline()[a.fault], a.fault, a.action == chaos_action::what::inject);
-    if (const nanos next = chaos_->next_due(); next >= 0) at(next, [this] { chaos_tick(); });
-  }
-
-  std::vector<int> nodes_of(const fault_target& t) const {
-    std::vector<int> nodes;
-    if (t.every_learner)
-      for (int i = 0; i < cfg_.learners; ++i) nodes.push_back(i);
-    else if (t.kind == role::sync_broker) nodes.push_back(broker_node());
-    else if (t.kind == role::parameter_shard) nodes.push_back(shard_node(t.index));  // shard/N and storage/N
-    else nodes.push_back(static_cast<int>(t.index));
-    return nodes;
-  }
-
-  void apply(const planned_fault& f, std::size_t fault, bool inject) {
-    std::vector<int> targets;
-    for (const fault_target& t : f.targets)
-      for (int node : nodes_of(t)) targets.push_back(node);
-    // A crashed process comes back after its `for`, but never sooner than a restart takes.
-    const nanos back_at = std::max(now_, f.at_ns + cfg_.restart_ns);
-    for (int node : targets) {
-      const auto i = static_cast<std::uint32_t>(node);
-      switch (f.kind) {
-        case fault_kind::crash:
-          if (inject) crash(i);
-          else start_learner(i, now_);
-          break;
-        case fault_kind::pause:
-          if (inject) learners_[i].paused = true;
-          else resume(i);
-          break;
-        case fault_kind::slow: learners_[i].slow = inject ? learners_[i].slow * f.factor : learners_[i].slow / f.factor; break;
-        case fault_kind::link: {
-          auto& stack = link_faults_[node];
-          if (inject) stack.emplace_back(fault, faulted_link(cfg_.link, f.link));
-          else std::erase_if(stack, [&](const auto& entry) { return entry.first == fault; });
-          for (auto& [ends, shaper] : links_)
-            if (ends.first == node || ends.second == node) (void)shaper.set_profile(profile_for(ends.first, ends.second));
-          break;
-        }
-        case fault_kind::shard_crash:
-          if (inject) shard_procs_[shard_at(node)].up = false;
-          else at(back_at, [this, s = shard_at(node)] { restart_shard(s); });
-          break;
-        case fault_kind::broker_crash:
-          if (inject) crash_broker();
-          else at(back_at, [this] { restart_broker(true); });
-          break;
-        case fault_kind::storage_errors: shard_procs_[shard_at(node)].storage_failing += inject ? 1 : -1; break;
-        case fault_kind::partition: break;
-      }
-    }
-    if (f.kind == fault_kind::partition) {
-      if (inject) {
-        std::vector<int> group_of(static_cast<std::size_t>(shard_node(0)) + shards_.size(), -1);
-        for (std::size_t g = 0; g < f.groups.size(); ++g)
-          for (const fault_target& t : f.groups[g])
-            for (int node : nodes_of(t)) group_of[static_cast<std::size_t>(node)] = static_cast<int>(g);
-        plan_partitions_.emplace_back(fault, std::move(group_of));
-      } else {
-        std::erase_if(plan_partitions_, [&](const auto& entry) { return entry.first == fault; });
-      }
-    }
-  }
-
-  /// SIGCONT: what arrived meanwhile is handled in order, then stepping goes on.
-  void resume(std::uint32_t i) {
-    learner& l = learners_[i];
-    l.paused = false;
-    std::vector<std::function<void()>> held = std::move(l.held);
-    l.held.clear();
-    for (auto& deliver_held : held) deliver_held();
-    if (l.step_due) {
-      l.step_due = false;
-      schedule_step(i);
-    }
-  }
-
-  /// The snapshot writer: a published version becomes durable commit_delay_ns
-  /// later, unless storage is failing or the process dies first.
-  void commit(std::uint32_t s, fragment_index p) {
-    shard_process& proc = shard_procs_[s];
-    if (proc.storage_failing > 0) return;
-    auto state = std::make_shared<fragment_outer_state>(shards_[s]->outer_state(p));
-    at(now_ + cfg_.commit_delay_ns, [this, s, p, inc = proc.inc, state] {
-      shard_process& proc = shard_procs_[s];
-      if (proc.inc != inc || !proc.up) return;
-      result_.versions.push_back({version_event::what::committed, now_, s, p, state->version});
-      proc.durable[p.value] = std::move(*state);
-    });
-  }
-
-  void restart_shard(std::uint32_t s) {
-    shard_process& proc = shard_procs_[s];
-    if (proc.up) return;  // restarted already (a second crash while down)
-    shards_[s] = make_shard(s);
-    for (const auto& [p, state] : proc.durable) {
-      [[maybe_unused]] const status restored = shards_[s]->restore({p}, state);
-      assert(restored.has_value());
-      result_.versions.push_back({version_event::what::restored, now_, s, {p}, state.version});
-    }
-    ++proc.inc;
-    proc.up = true;
-    shard_broker_inc_[s] = 0;  // a new process: it learns the broker's incarnation afresh
-    ++result_.shard_restarts;
-    send(shard_node(s), broker_node(), msg_hello{});  // shard_actor announces its incarnation with a Join
-  }
-
-  int healthy_learners() const {
-    for (const shard_process& proc : shard_procs_)
-      if (!proc.up) return 0;
-    int n = 0;
-    for (int i = 0; i < cfg_.learners; ++i) {
-      const learner& l = learners_[static_cast<std::size_t>(i)];
-      bool reachable = broker_up_ && !partitioned(i, broker_node());
-      for (std::size_t s = 0; s < shards_.size(); ++s) reachable &= !partitioned(i, shard_node(static_cast<std::uint32_t>(s)));
-      n += l.alive && !l.paused && l.installing == 0 && reachable;
-    }
-    return n;
-  }
-
-  int faults_in_place() const {
-    int n = static_cast<int>(plan_partitions_.size()) + !broker_up_;
-    for (const learner& l : learners_) n += !l.alive + l.paused + (std::abs(l.slow - 1) > 1e-9);
-    for (const auto& [node, stack] : link_faults_) n += static_cast<int>(stack.size());
-    for (const shard_process& proc : shard_procs_) n += !proc.up + proc.storage_failing;
-    return n;
-  }
+  void chaos_tick();
+  std::vector<int> nodes_of(const fault_target& t) const;
+  void apply(const planned_fault& f, std::size_t fault, bool inject);
+  void resume(std::uint32_t i);
+  int healthy_learners() const;
+  int faults_in_place() const;
 
   // -- measurement ------------------------------------------------------------
-
-  std::vector<float> global_theta() const {
-    std::vector<float> theta(layout_.total_floats, 0.f);
-    learner_core scatterer(layout_, plan_, {});
-    for (std::uint32_t p = 0; p < plan_.fragments.size(); ++p)
-      scatterer.scatter({p}, shards_[shard_of({p})]->value({p}).data(), theta.data());
-    return theta;
-  }
-  double loss(const std::vector<float>& theta) const {
-    double sum = 0;
-    for (const auto& t : layout_.tensors)
-      for (std::size_t k = t.offset; k < t.offset + t.size(); ++k) sum += std::pow(theta[k] - target_[k], 2);
-    return sum / static_cast<double>(layout_.param_count);
-  }
+  std::vector<float> global_theta() const;
+  double loss(const std::vector<float>& theta) const;
+  void collect(sim_result& r) const;
 
   sim_config cfg_;
-  param_layout layout_;
-  fragment_plan plan_;
-  std::vector<std::uint32_t> shard_of_fragment_;
+  mesh_setup setup_;
   prng rng_;
-  broker_core broker_;
-  token_ledger ledger_;
-  std::vector<std::unique_ptr<shard_core>> shards_;
-  std::vector<shard_process> shard_procs_;
-  std::vector<std::uint64_t> broker_shard_inc_;  // the broker's view of each shard's incarnation; 0: not yet
+  std::vector<float> target_;
+  std::vector<learner> learners_;
+  std::vector<shard_process> shards_;
+  // The broker's process: its port, wire, store and incarnation.
+  std::unique_ptr<sim_port> broker_port_;
+  std::unique_ptr<broker_wire> broker_;
+  sim_broker_store broker_store_;
+  bool broker_up_ = true;
+  std::vector<round_record> earlier_history_;
+  std::vector<node_transport_state> transports_;
   std::unique_ptr<chaos_core> chaos_;
   std::vector<std::pair<std::size_t, std::vector<int>>> plan_partitions_;  // fault → node → group (-1: none)
   std::map<int, std::vector<std::pair<std::size_t, link_profile>>> link_faults_;  // node → faults in force, newest last
-  // Broker crashes: its process, incarnation, store (round lease, ledger) and earlier history.
-  bool broker_up_ = true;
-  std::uint64_t broker_inc_ = 1;
-  std::uint64_t rounds_leased_ = 0;
-  std::map<learner_ref, ledger_totals> stored_ledger_;
-  nanos last_ledger_write_ns_ = 0, last_welcome_ns_ = -1;
-  std::vector<round_record> earlier_history_;
-  std::vector<std::uint64_t> shard_broker_inc_;  // each shard's view of the broker's incarnation; 0: not yet
-  std::vector<learner> learners_;
-  std::vector<float> target_;
   std::map<std::pair<int, int>, link_shaper> links_;
   std::priority_queue<event, std::vector<event>, std::greater<>> events_;
   std::uint64_t seq_ = 0;
   nanos now_ = 0;
   sim_result result_;
 };
+
+status sim_port::send(node_address peer, encoded_message&& message) {
+  return broadcast({peer}, std::move(message));
+}
+
+status sim_port::broadcast(const std::vector<node_address>& peers, encoded_message&& message) {
+  auto shared = std::make_shared<const encoded_message>(std::move(message));
+  if (self_ == broker_address) world_.observe_broker_send(peers, *shared);
+  for (node_address peer : peers) world_.send(node_, world_.node_of(peer), shared);
+  return {};
+}
+
+/// The frames of an encoded message as a receiver's socket holds them.
+std::vector<transport::frame_view> frames_of(const encoded_message& m) {
+  std::vector<transport::frame_view> frames{
+      {reinterpret_cast<const std::uint8_t*>(m.envelope.begin()), m.envelope.size() * sizeof(capnp::word)}};
+  for (const auto& t : m.tensors) frames.push_back({t->data(), t->size()});
+  return frames;
+}
+
+mesh::mesh(const sim_config& c) : cfg_(c), setup_(sim_setup(c)), rng_(derive_seed(c.seed, 1)) {
+  const int m = c.learners;
+  target_.resize(setup_.layout.total_floats);
+  for (auto& x : target_) x = static_cast<float>(rng_.normal());
+  const heartbeat_config hb{c.broker_silence_ns / 3, 3};
+  for (int n = 0; n < nodes(); ++n) transports_.push_back({peer_liveness(hb), {}, {}});
+  shards_.resize(static_cast<std::size_t>(c.shards));
+  for (std::uint32_t s = 0; s < shards_.size(); ++s) {
+    shard_process& proc = shards_[s];
+    proc.port = std::make_unique<sim_port>(*this, shard_node(s), node_address{role::parameter_shard, s},
+                                           setup_.shard_endpoints[s], c.link);
+    proc.store = std::make_unique<sim_shard_store>(*this, s);
+    proc.wire = make_shard(s, {});
+    // The initial snapshot: a shard that crashes before its first commit restarts from here.
+    for (fragment_index p : setup_.fragments_of(s)) proc.durable[p.value] = proc.wire->core().outer_state(p);
+  }
+  learners_.resize(static_cast<std::size_t>(m));
+  result_.learner_steps.assign(m, 0);
+  result_.contributions_sent.assign(m, 0);
+  result_.member_incarnations.assign(m, {});
+  result_.merged_at.assign(m, {});
+  for (int i = 0; i < m; ++i) {
+    learner& l = learners_[static_cast<std::size_t>(i)];
+    l.params.assign(setup_.layout.total_floats, 0.f);
+    l.target = target_;
+    prng bias(derive_seed(c.seed, 100 + i));
+    for (auto& x : l.target) x += 0.3f * static_cast<float>(bias.normal());  // non-IID data
+    l.step_ns = i < static_cast<int>(c.step_ns.size()) ? c.step_ns[i] : 10'000'000;
+  }
+  broker_port_ = std::make_unique<sim_port>(*this, broker_node(), broker_address, setup_.broker_endpoint, c.link);
+  start_broker(true);
+  for (std::uint32_t s = 0; s < shards_.size(); ++s) shards_[s].wire->start();
+  for (int i = 0; i < m; ++i) start_learner(static_cast<std::uint32_t>(i), 0);
+  for (const auto& f : c.crashes) {
+    at(f.at_ns, [this, f] { crash(f.learner); });
+    if (f.rejoin_at_ns >= 0) at(f.rejoin_at_ns, [this, f] { start_learner(f.learner, f.rejoin_at_ns); });
+  }
+  at(0, [this] { broker_tick(); });
+  for (int n = 0; n < nodes(); ++n) at(0, [this, n] { heartbeat(n); });
+  for (const auto& f : c.broker_crashes) {
+    at(f.at_ns, [this] { crash_broker(); });
+    if (f.restart_at_ns >= f.at_ns) at(f.restart_at_ns, [this, f] { start_broker(f.with_store); });
+  }
+  if (!c.timeline.empty()) {
+    chaos_ = std::make_unique<chaos_core>(c.timeline, c.safety_ns);
+    if (const nanos first = chaos_->next_due(); first >= 0) at(first, [this] { chaos_tick(); });
+  }
+}
+
+sim_result mesh::run() {
+  result_.initial_loss = loss(global_theta());
+  while (!events_.empty() && events_.top().at <= cfg_.duration_ns + cfg_.drain_ns) {
+    event e = events_.top();
+    events_.pop();
+    now_ = e.at;
+    e.action();
+  }
+  collect(result_);
+  return std::move(result_);
+}
+
+// -- network --------------------------------------------------------------------
+
+bool mesh::partitioned(int a, int b) const {
+  for (const auto& p : cfg_.partitions) {
+    if (now_ < p.from_ns || now_ >= p.to_ns) continue;
+    const int l = static_cast<int>(p.learner);
+    if ((a == l) != (b == l)) return true;
+  }
+  for (const auto& [fault, group_of] : plan_partitions_) {
+    const int ga = group_of[static_cast<std::size_t>(a)], gb = group_of[static_cast<std::size_t>(b)];
+    if (ga >= 0 && gb >= 0 && ga != gb) return true;
+  }
+  return false;
+}
+
+/// A link fault on either end (the sender's first) replaces the default link.
+link_profile mesh::profile_for(int from, int to) const {
+  for (int node : {from, to})
+    if (auto it = link_faults_.find(node); it != link_faults_.end() && !it->second.empty())
+      return it->second.back().second;
+  return cfg_.link;
+}
+
+link_shaper& mesh::link(int from, int to) {
+  const auto key = std::make_pair(from, to);
+  auto it = links_.find(key);
+  if (it == links_.end())
+    it = links_.emplace(key, link_shaper(profile_for(from, to), derive_seed(cfg_.seed, 10'000 + from * 1000 + to))).first;
+  return it->second;
+}
+
+/// The sender's incarnation, carried by every message as the envelope's header does.
+std::uint64_t mesh::incarnation_of(int node) const {
+  if (node < cfg_.learners) return learners_[static_cast<std::size_t>(node)].inc.value;
+  if (node == broker_node()) return broker_port_->inc.value;
+  return shards_[shard_at(node)].port->inc.value;
+}
+
+/// The node's process runs (a paused learner runs not, but is alive).
+bool mesh::running(int node) const {
+  if (node < cfg_.learners) return learners_[static_cast<std::size_t>(node)].alive;
+  if (node == broker_node()) return broker_up_;
+  return shards_[shard_at(node)].up;
+}
+
+void mesh::send(int from, int to, std::shared_ptr<const encoded_message> message) {
+  ++result_.messages_sent;
+  if (partitioned(from, to)) {
+    ++result_.messages_lost;
+    return;
+  }
+  const auto deliveries = link(from, to).submit(now_, message->total_bytes());
+  if (deliveries.empty()) ++result_.messages_lost;
+  for (const auto& d : deliveries)
+    at(d.at_ns, [this, to, dl = delivery{from, incarnation_of(from), message, d.corrupt}] { deliver(to, dl); });
+}
+
+/// Every node heartbeats each of its peers (learners never talk to each other)
+/// and declares the peers it has not heard from within the liveness window dead.
+void mesh::heartbeat(int node) {
+  const bool paused = node < cfg_.learners && learners_[static_cast<std::size_t>(node)].paused;
+  if (running(node) && !paused) {
+    for (int peer = 0; peer < nodes(); ++peer) {
+      if (peer == node || (peer < cfg_.learners && node < cfg_.learners) || partitioned(node, peer)) continue;
+      for (const auto& d : link(node, peer).submit(now_, heartbeat_bytes))
+        at(d.at_ns, [this, peer, dl = delivery{node, incarnation_of(node), nullptr, d.corrupt}] { deliver(peer, dl); });
+    }
+    for (node_address dead : transports_[static_cast<std::size_t>(node)].liveness.expire(now_))
+      peer_event(node, node_of(dead), false);
+  }
+  at(now_ + cfg_.broker_silence_ns / 3, [this, node] { heartbeat(node); });
+}
+
+void mesh::peer_event(int node, int peer, bool alive) {
+  auto& dead = transports_[static_cast<std::size_t>(node)].dead;
+  if (alive ? dead.erase(peer) == 0 : !dead.insert(peer).second) return;
+  const node_address p = address_of(peer);
+  if (node < cfg_.learners) {
+    const auto i = static_cast<std::uint32_t>(node);
+    if (learners_[i].wire->on_peer(p, alive)) arm_rejoin(i, learners_[i].inc);
+  } else if (node == broker_node()) {
+    broker_->on_peer(p, alive, now_);
+  } else {
+    shards_[shard_at(node)].wire->on_peer(p, alive);
+  }
+}
+
+/// What the receiving transport does with an arriving message: a dead process
+/// gets nothing; a stopped one holds it; a corrupted one fails the codec's
+/// checksum; one of an older incarnation of its sender is dropped; any other
+/// counts as a sign of life and goes to the node's wire layer.
+void mesh::deliver(int to, const delivery& d) {
+  if (!running(to)) return;
+  if (to < cfg_.learners && learners_[static_cast<std::size_t>(to)].paused) {
+    learners_[static_cast<std::size_t>(to)].held.push_back([this, to, d] { deliver(to, d); });
+    return;
+  }
+  std::unique_ptr<decoded_envelope> env;
+  if (d.message) {
+    std::vector<transport::frame_view> frames = frames_of(*d.message);
+    std::vector<std::uint8_t> corrupted;
+    if (d.corrupt) {  // one byte flipped in flight
+      corrupted.assign(frames[0].data, frames[0].data + frames[0].size);
+      corrupted[corrupted.size() / 2] ^= 0x5a;
+      frames[0] = {corrupted.data(), corrupted.size()};
+    }
+    auto decoded = transport::decode_envelope(frames);
+    if (!decoded) {
+      ++result_.messages_corrupted;
+      return;
+    }
+    env = decoded.take();
+  } else if (d.corrupt) {
+    ++result_.messages_corrupted;
+    return;
+  }
+  node_transport_state& t = transports_[static_cast<std::size_t>(to)];
+  std::uint64_t& newest = t.newest_inc[d.from];
+  if (d.inc < newest) return;
+  newest = d.inc;
+  t.liveness.heard_from(address_of(d.from), now_);
+  peer_event(to, d.from, true);
+  if (env) dispatch(to, d.from, *env);
+}
+
+void mesh::dispatch(int to, int from, const decoded_envelope& env) {
+  if (to < cfg_.learners) {
+    const auto i = static_cast<std::uint32_t>(to);
+    on_learner_event(i, learners_[i].wire->on_message(env, now_));
+  } else if (to == broker_node()) {
+    if (env.body() == wire::Envelope::Body::PROGRESS) {
+      std::uint64_t& delivered = result_.progress_delivered[{{env.sender().index}, incarnation{env.header().getIncarnation()}}];
+      delivered = std::max(delivered, env.root().getBody().getProgress().getStep());
+    }
+    broker_->on_message(env, now_);
+  } else {
+    (void)shards_[shard_at(to)].wire->on_message(env, now_);
+  }
+}
+
+/// The broker's round closes (who was merged, and when) and its Welcomes to
+/// shards, read off what it sends.
+void mesh::observe_broker_send(const std::vector<node_address>& to, const encoded_message& message) {
+  auto decoded = transport::decode_envelope(frames_of(message));
+  assert(decoded);
+  const decoded_envelope& env = decoded.value();
+  if (env.body() == wire::Envelope::Body::WELCOME) {
+    for (node_address peer : to)
+      if (peer.kind == role::parameter_shard) result_.welcomes_to_shards.emplace_back(now_, peer.index);
+  } else if (env.body() == wire::Envelope::Body::ROUND_CLOSE) {
+    auto close = env.root().getBody().getRoundClose();
+    for (auto m : close.getMembers()) {
+      result_.member_incarnations[m.getLearner()].push_back(m.getIncarnation());
+      if (close.getQuorumNs() >= 0) result_.merged_at[m.getLearner()].push_back(now_);
+    }
+  }
+}
+
+// -- learners ---------------------------------------------------------------------
+
+void mesh::start_learner(std::uint32_t i, nanos t) {
+  learner& l = learners_[i];
+  if (l.wire) {
+    l.contributions_before += l.wire->status().counts.contributions;
+    l.wait_ns_before += l.wire->status().counts.wait_ns;
+  }
+  l.inc = incarnation{l.inc.value + 1};
+  l.alive = true;
+  l.paused = l.step_due = false;
+  l.held.clear();
+  l.port = std::make_unique<sim_port>(*this, static_cast<int>(i), node_address{role::learner, i},
+                                      setup_.learner_endpoints[i], cfg_.link);
+  l.port->inc = l.inc;
+  l.wire = std::make_unique<learner_wire>(setup_, cfg_.sync, i, l.inc, *l.port,
+                                          learner_model_view{l.params.data(), nullptr,
+                                                             static_cast<std::uint32_t>(cfg_.tokens_per_step), 1});
+  transports_[i] = {peer_liveness({cfg_.broker_silence_ns / 3, 3}), {}, {}};  // a new process
+  // Clone pattern: subscribe with (fetch from) every shard first, then Join.
+  at(t, [this, i, inc = l.inc] {
+    if (learners_[i].inc == inc && learners_[i].alive) learners_[i].wire->start();
+  });
+  arm_join_retry(i, l.inc);
+}
+
+void mesh::crash(std::uint32_t i) {
+  learners_[i].alive = false;
+  learners_[i].held.clear();
+}
+
+/// Runs `fn` on the learner's incarnation `inc` if it still lives; a stopped
+/// process runs it when it is resumed (its timers and sockets wait).
+void mesh::learner_do(std::uint32_t i, incarnation inc, std::function<void(learner&)> fn) {
+  learner& l = learners_[i];
+  if (!l.alive || l.inc != inc) return;
+  if (l.paused) {
+    l.held.push_back([this, i, inc, fn] { learner_do(i, inc, fn); });
+    return;
+  }
+  fn(l);
+}
+
+/// Joining is bounded (learner_actor's join retry): fetch what is still missing.
+void mesh::arm_join_retry(std::uint32_t i, incarnation inc) {
+  at(now_ + cfg_.fetch_retry_ns, [this, i, inc] {
+    learner_do(i, inc, [this, i, inc](learner& l) {
+      if (l.wire->on_join_timer()) arm_join_retry(i, inc);
+    });
+  });
+}
+
+/// The broker fell silent: Join again each period until it answers.
+void mesh::arm_rejoin(std::uint32_t i, incarnation inc) {
+  at(now_ + cfg_.broker_silence_ns, [this, i, inc] {
+    learner_do(i, inc, [this, i, inc](learner& l) {
+      if (l.wire->on_rejoin_timer()) arm_rejoin(i, inc);
+    });
+  });
+}
+
+/// A wait of a synchronous policy is bounded by the round timeout: then fetch again.
+void mesh::arm_wait_timeout(std::uint32_t i, incarnation inc) {
+  at(now_ + cfg_.broker.round_timeout_ns, [this, i, inc, generation = learners_[i].wait_generation] {
+    learner_do(i, inc, [this, i, inc, generation](learner& l) {
+      if (!l.wire->waiting() || generation != l.wait_generation) return;
+      l.wire->on_wait_timeout();
+      arm_wait_timeout(i, inc);
+    });
+  });
+}
+
+void mesh::on_learner_event(std::uint32_t i, const learner_event& e) {
+  learner& l = learners_[i];
+  assert(!e.refused);  // every node of the sim agrees on the layout and the policy
+  if (e.resume) ++l.wait_generation;
+  if (e.start_stepping || e.resume) schedule_step(i);
+}
+
+void mesh::schedule_step(std::uint32_t i) {
+  learner& l = learners_[i];
+  at(now_ + step_time(l), [this, i, inc = l.inc] { step(i, inc); });
+}
+
+void mesh::step(std::uint32_t i, incarnation inc) {
+  learner& l = learners_[i];
+  if (!l.alive || l.inc != inc) return;
+  if (now_ > cfg_.duration_ns) return;  // draining: no more work
+  if (l.paused) {
+    l.step_due = true;
+    return;
+  }
+  if (l.wire->wait_before_step(now_)) {  // the synchronous policies: parked until an update arrives
+    arm_wait_timeout(i, inc);
+    return;
+  }
+  // One inner step on a quadratic with this learner's target, plus noise:
+  // uniform with the standard deviation 0.01, 16 random bits per value (the
+  // noise is the sim's hot loop: Box-Muller's log and cos took 95% of its
+  // time, and the quadratic does not care about the shape).
+  constexpr float noise = 0.01f * 3.4641016f / 65536.f;  // σ · √12 spans a unit-variance uniform
+  float* params = l.params.data();
+  const float* target = l.target.data();
+  for (std::size_t k = 0; k < l.params.size(); k += 4) {
+    const std::uint64_t bits = rng_.next();
+    for (std::size_t j = 0; j < 4 && k + j < l.params.size(); ++j) {
+      const auto u = static_cast<float>(static_cast<std::int32_t>((bits >> (16 * j)) & 0xffff) - 32768);
+      params[k + j] -= 0.05f * (params[k + j] - target[k + j]) + noise * u;
+    }
+  }
+  ++result_.learner_steps[i];
+  ++result_.steps_by_incarnation[{{i}, inc}];
+  result_.tokens_processed += cfg_.tokens_per_step;
+  l.wire->after_step(cfg_.tokens_per_step, step_time(l));
+  schedule_step(i);
+}
+
+// -- broker -----------------------------------------------------------------------
+
+/// A new broker process: the first one, or a restart. With its store (as `node
+/// --role broker --db`) it leases round numbers and restores its predecessor's
+/// round lease and ledger; without, it starts from nothing.
+void mesh::start_broker(bool with_store) {
+  if (broker_ && broker_up_) return;
+  if (broker_) {
+    ++broker_port_->inc.value;
+    ++result_.broker_restarts;
+    transports_[static_cast<std::size_t>(broker_node())] = {peer_liveness({cfg_.broker_silence_ns / 3, 3}), {}, {}};
+  }
+  broker_start start;
+  start.first_round = cfg_.broker.first_round;
+  start.recovery = with_store;
+  start.rounds_leased = broker_store_.rounds_leased;
+  start.ledgers = broker_store_.ledgers;
+  start.ledger_write_interval_ns = cfg_.broker_ledger_write_ns;
+  broker_config settings = cfg_.broker;
+  settings.fragments = cfg_.fragments;
+  settings.shard_of_fragment = setup_.shard_of_fragment;
+  broker_ = std::make_unique<broker_wire>(setup_, settings, broker_port_->inc, *broker_port_,
+                                          with_store ? &broker_store_ : nullptr, start, now_);
+  broker_up_ = true;
+  result_.ledger_restored = broker_->ledger().totals();
+  result_.broker_first_rounds.push_back(broker_->core().next_round().value);
+  broker_->start(now_);
+}
+
+void mesh::broker_tick() {
+  if (broker_up_) broker_->tick(now_);
+  if (const int n = healthy_learners(); result_.healthy_learners.empty() || result_.healthy_learners.back().second != n)
+    result_.healthy_learners.emplace_back(now_, n);
+  at(now_ + cfg_.tick_ns, [this] { broker_tick(); });
+}
+
+void mesh::crash_broker() {
+  if (!broker_up_) return;
+  broker_up_ = false;
+  earlier_history_.insert(earlier_history_.end(), broker_->core().history().begin(), broker_->core().history().end());
+}
+
+// -- shards -----------------------------------------------------------------------
+
+std::unique_ptr<shard_wire> mesh::make_shard(std::uint32_t s,
+                                             std::vector<std::pair<fragment_index, fragment_outer_state>> restored) {
+  const std::vector<float> init(setup_.layout.total_floats, 0.f);
+  shard_process& proc = shards_[s];
+  return std::make_unique<shard_wire>(setup_, s, proc.port->inc, *proc.port, proc.store.get(), shard_config{},
+                                      init.data(), std::move(restored));
+}
+
+/// The snapshot writer: a published version becomes durable commit_delay_ns
+/// later, unless storage is failing or the process dies first.
+void mesh::on_shard_commit(std::uint32_t s, shard_commit c) {
+  const published_fragment& pub = c.published;
+  ++result_.published;
+  result_.versions.push_back({version_event::what::published, now_, s, pub.fragment, pub.version});
+  shard_process& proc = shards_[s];
+  if (proc.storage_failing > 0) return;
+  auto state = std::make_shared<fragment_outer_state>(std::move(c.state));
+  at(now_ + cfg_.commit_delay_ns, [this, s, p = pub.fragment, r = pub.round, inc = proc.port->inc, state] {
+    shard_process& proc = shards_[s];
+    if (proc.port->inc != inc || !proc.up) return;
+    result_.versions.push_back({version_event::what::committed, now_, s, p, state->version});
+    const std::uint64_t version = state->version;
+    proc.durable[p.value] = std::move(*state);
+    proc.wire->on_committed(p, version, r);
+  });
+}
+
+/// A new process for shard s: its fragments restored from their newest durable
+/// copies, announced to the broker (shard_wire::start: a Join).
+void mesh::restart_shard(std::uint32_t s) {
+  shard_process& proc = shards_[s];
+  if (proc.up) return;  // restarted already (a second crash while down)
+  std::vector<std::pair<fragment_index, fragment_outer_state>> restored;
+  for (const auto& [p, state] : proc.durable) {
+    restored.emplace_back(fragment_index{p}, state);
+    result_.versions.push_back({version_event::what::restored, now_, s, {p}, state.version});
+  }
+  ++proc.port->inc.value;
+  proc.wire = make_shard(s, std::move(restored));
+  proc.up = true;
+  transports_[static_cast<std::size_t>(shard_node(s))] = {peer_liveness({cfg_.broker_silence_ns / 3, 3}), {}, {}};
+  ++result_.shard_restarts;
+  proc.wire->start();
+}
+
+// -- fault drills -------------------------------------------------------------------
+//
+// What each fault kind of a plan does to the simulated mesh:
+//   crash          the learner dies (its held messages too); repair: it restarts
+//                  with a new incarnation and rejoins (fetch, Join).
+//   pause          SIGSTOP: nothing runs and nothing is sent, heartbeats included;
+//                  deliveries and timers are held and handed over on the repair
+//                  (SIGCONT), same incarnation; a step that came due restarts then.
+//   slow           the learner's step time × factor (it survives a restart: the
+//                  machine is slow) until repaired.
+//   partition      no message (nor heartbeat) sent between nodes of different
+//                  groups; a node in no group is unaffected. What is in flight arrives.
+//   link           every link to and from the target (either end's fault, the
+//                  sender's first) uses faulted_link(default, fault); then the default.
+//   shard_crash    the shard's process is down (receives nothing) for at least
+//                  restart_ns, then a new wire layer restores each fragment's newest
+//                  committed outer state under a higher incarnation and Joins; the
+//                  broker and the learners see the new incarnation on its messages.
+//   broker_crash   crash_broker(), then start_broker() with its store at least
+//                  restart_ns later (see broker_crash_fault for what either does).
+//   storage_errors the shard's commits fail: its durable copies stop advancing.
+
+void mesh::chaos_tick() {
+  for (const chaos_action& a : chaos_->tick(now_))
+    if (a.action != chaos_action::what::skip) apply(chaos_->timeline()[a.fault], a.fault, a.action == chaos_action::what::inject);
+  if (const nanos next = chaos_->next_due(); next >= 0) at(next, [this] { chaos_tick(); });
+}
+
+std::vector<int> mesh::nodes_of(const fault_target& t) const {
+  std::vector<int> out;
+  if (t.every_learner)
+    for (int i = 0; i < cfg_.learners; ++i) out.push_back(i);
+  else if (t.kind == role::sync_broker) out.push_back(broker_node());
+  else if (t.kind == role::parameter_shard) out.push_back(shard_node(t.index));  // shard/N and storage/N
+  else out.push_back(static_cast<int>(t.index));
+  return out;
+}
+
+void mesh::apply(const planned_fault& f, std::size_t fault, bool inject) {
+  std::vector<int> targets;
+  for (const fault_target& t : f.targets)
+    for (int node : nodes_of(t)) targets.push_back(node);
+  // A crashed process comes back after its `for`, but never sooner than a restart takes.
+  const nanos back_at = std::max(now_, f.at_ns + cfg_.restart_ns);
+  for (int node : targets) {
+    const auto i = static_cast<std::uint32_t>(node);
+    switch (f.kind) {
+      case fault_kind::crash:
+        if (inject) crash(i);
+        else start_learner(i, now_);
+        break;
+      case fault_kind::pause:
+        if (inject) learners_[i].paused = true;
+        else resume(i);
+        break;
+      case fault_kind::slow: learners_[i].slow = inject ? learners_[i].slow * f.factor : learners_[i].slow / f.factor; break;
+      case fault_kind::link: {
+        auto& stack = link_faults_[node];
+        if (inject) stack.emplace_back(fault, faulted_link(cfg_.link, f.link));
+        else std::erase_if(stack, [&](const auto& entry) { return entry.first == fault; });
+        for (auto& [ends, shaper] : links_)
+          if (ends.first == node || ends.second == node) (void)shaper.set_profile(profile_for(ends.first, ends.second));
+        break;
+      }
+      case fault_kind::shard_crash:
+        if (inject) shards_[shard_at(node)].up = false;
+        else at(back_at, [this, s = shard_at(node)] { restart_shard(s); });
+        break;
+      case fault_kind::broker_crash:
+        if (inject) crash_broker();
+        else at(back_at, [this] { start_broker(true); });
+        break;
+      case fault_kind::storage_errors: shards_[shard_at(node)].storage_failing += inject ? 1 : -1; break;
+      case fault_kind::partition: break;
+    }
+  }
+  if (f.kind == fault_kind::partition) {
+    if (inject) {
+      std::vector<int> group_of(static_cast<std::size_t>(nodes()), -1);
+      for (std::size_t g = 0; g < f.groups.size(); ++g)
+        for (const fault_target& t : f.groups[g])
+          for (int node : nodes_of(t)) group_of[static_cast<std::size_t>(node)] = static_cast<int>(g);
+      plan_partitions_.emplace_back(fault, std::move(group_of));
+    } else {
+      std::erase_if(plan_partitions_, [&](const auto& entry) { return entry.first == fault; });
+    }
+  }
+}
+
+/// SIGCONT: what arrived meanwhile is handled in order, then stepping goes on.
+void mesh::resume(std::uint32_t i) {
+  learner& l = learners_[i];
+  l.paused = false;
+  std::vector<std::function<void()>> held = std::move(l.held);
+  l.held.clear();
+  for (auto& deliver_held : held) deliver_held();
+  if (l.step_due) {
+    l.step_due = false;
+    schedule_step(i);
+  }
+}
+
+int mesh::healthy_learners() const {
+  for (const shard_process& proc : shards_)
+    if (!proc.up) return 0;
+  int n = 0;
+  for (int i = 0; i < cfg_.learners; ++i) {
+    const learner& l = learners_[static_cast<std::size_t>(i)];
+    bool reachable = broker_up_ && !partitioned(i, broker_node());
+    for (std::uint32_t s = 0; s < shards_.size(); ++s) reachable &= !partitioned(i, shard_node(s));
+    bool joined = l.alive;
+    for (std::uint32_t p = 0; joined && p < setup_.fragments(); ++p) joined = l.wire->core().installed({p});
+    n += l.alive && !l.paused && joined && reachable;
+  }
+  return n;
+}
+
+int mesh::faults_in_place() const {
+  int n = static_cast<int>(plan_partitions_.size()) + !broker_up_;
+  for (const learner& l : learners_) n += !l.alive + l.paused + (std::abs(l.slow - 1) > 1e-9);
+  for (const auto& [node, stack] : link_faults_) n += static_cast<int>(stack.size());
+  for (const shard_process& proc : shards_) n += !proc.up + proc.storage_failing;
+  return n;
+}
+
+// -- measurement ---------------------------------------------------------------------
+
+std::vector<float> mesh::global_theta() const {
+  std::vector<float> theta(setup_.layout.total_floats, 0.f);
+  learner_core scatterer(setup_.layout, setup_.plan, {});
+  for (std::uint32_t p = 0; p < setup_.fragments(); ++p)
+    scatterer.scatter({p}, shards_[shard_of({p})].wire->core().value({p}).data(), theta.data());
+  return theta;
+}
+
+double mesh::loss(const std::vector<float>& theta) const {
+  double sum = 0;
+  for (const auto& t : setup_.layout.tensors)
+    for (std::size_t k = t.offset; k < t.offset + t.size(); ++k) sum += std::pow(theta[k] - target_[k], 2);
+  return sum / static_cast<double>(setup_.layout.param_count);
+}
+
+void mesh::collect(sim_result& r) const {
+  r.final_theta = global_theta();
+  r.final_loss = loss(r.final_theta);
+  r.history = earlier_history_;  // the brokers before a restart, then the last one
+  r.history.insert(r.history.end(), broker_->core().history().begin(), broker_->core().history().end());
+  r.broker = broker_->core().counters();
+  r.ledger = broker_->ledger().totals();
+  r.ledger_by_incarnation = broker_->ledger().per_learner();
+  for (const shard_process& proc : shards_) r.shards.push_back(proc.wire->core().ledger());
+  for (std::size_t i = 0; i < learners_.size(); ++i) {
+    const learner& l = learners_[i];
+    const node_counters counts = l.wire->status().counts;
+    r.contributions_sent[i] = l.contributions_before + counts.contributions;
+    r.learner_wait_ns += static_cast<nanos>(l.wait_ns_before + counts.wait_ns);
+    r.learner_incarnations.push_back(l.inc.value);
+    std::vector<std::uint64_t>& held = r.learner_versions.emplace_back();
+    for (std::uint32_t p = 0; p < setup_.fragments(); ++p)
+      held.push_back(l.alive && l.wire->core().installed({p}) ? l.wire->core().version({p}) : 0);
+  }
+  for (std::uint32_t p = 0; p < setup_.fragments(); ++p)
+    r.shard_versions.push_back(shards_[shard_of({p})].wire->core().version({p}));
+  if (chaos_) {
+    r.chaos_record = chaos_->record();
+    r.faults_injected = chaos_->injected();
+    r.chaos_healed = chaos_->healed(now_);
+  }
+  r.faults_in_place = faults_in_place();
+}
 
 }  // namespace
 

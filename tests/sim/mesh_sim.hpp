@@ -1,28 +1,40 @@
 #pragma once
-// A deterministic simulation of the mesh: the learner, broker and shard state
-// cores on one thread, with a virtual clock and a seeded network (every
-// directed link is a link_shaper: delay, jitter, loss, duplication,
-// reordering), plus crashes, rejoins and partitions, and the fault drills of
-// deploy/drills run by a chaos_core in virtual time. One seed reproduces a run
-// exactly. Learners optimise a quadratic with per-learner targets instead of
-// the transformer, so thousands of rounds simulate in milliseconds.
+// A deterministic simulation of the mesh: every learner, the sync broker and
+// every parameter shard run their real wire layer and state core
+// (learner_wire, broker_wire, shard_wire) on one thread, with a virtual clock
+// and a seeded network. What the shells do around them — send and receive
+// through the transport, tell a peer's silence from its heartbeats, keep a
+// broker's and a shard's store, step a model — the simulation does in virtual
+// time:
+//  - every message is a real envelope: encoded by the wire layer, carried over
+//    a directed link_shaper (delay, jitter, loss, duplication, reordering,
+//    corruption), and decoded by the real codec at the receiver (a corrupted
+//    one fails its checksum and is dropped, as the transport drops it);
+//    duplicates reach the wire layers (the transport's de-duplication is left
+//    out: the cores must be idempotent on their own); a message of an older
+//    incarnation than one the receiver heard from is dropped, as the transport does;
+//  - liveness is the transport's: every node sends heartbeats over the same
+//    links every broker_silence_ns / 3, and a peer_liveness per node declares a
+//    peer dead after broker_silence_ns of silence (and alive again when heard);
+//  - the broker's store (round lease, ledger) and each shard's durable copies
+//    are kept in memory across their restarts; a shard's version becomes durable
+//    commit_delay_ns after it is published;
+//  - learners optimise a quadratic with per-learner targets instead of the
+//    transformer, so thousands of rounds simulate in seconds.
+// Crashes, rejoins and partitions, and the fault drills of deploy/drills run by a
+// chaos_core in virtual time. One seed reproduces a run exactly.
 
 #include <cstdint>
-#include <functional>
 #include <map>
-#include <memory>
-#include <queue>
-#include <variant>
+#include <utility>
 #include <vector>
 
 #include "chaos_monkey/chaos_core.hpp"
 #include "core/clock.hpp"
-#include "core/layout.hpp"
-#include "core/prng.hpp"
+#include "core/ledger_totals.hpp"
 #include "learner/learner_core.hpp"
 #include "parameter_shard/shard_core.hpp"
 #include "sync_broker/broker_core.hpp"
-#include "sync_broker/token_ledger.hpp"
 #include "transport/link_shaper.hpp"
 
 namespace archipelago::sim {
@@ -37,25 +49,22 @@ struct crash_fault {
 /// starts at restart_at_ns, as `node --role broker` restarted by its supervisor:
 ///  - while down it receives nothing and opens nothing; the learners go on
 ///    stepping (their Progress and the shards' notices to it are lost);
-///  - a learner finds the broker silent broker_silence_ns after the crash (the
-///    transport's liveness timeout) and sends Join again every broker_silence_ns
-///    until the new broker answers (a Welcome, modelled as msg_hello); with_store,
-///    the new broker greets the learners its predecessor knew at once (their
-///    endpoints are stored with the ledger) and they re-join without waiting;
-///  - the new broker_core knows no learner and no shard; it greets every shard
+///  - the learners and shards find it silent broker_silence_ns after the crash
+///    (their transport's liveness) and the learners send Join again each
+///    fetch period until a broker answers; with_store, the new broker greets the
+///    learners its predecessor knew at once (their endpoints are stored with
+///    the ledger) and they re-join without waiting;
+///  - the new broker knows no learner and no shard; it greets every shard
 ///    (Welcome) until it hears from it; a shard that sees the higher incarnation
 ///    drops the rounds it buffered for the old one and announces itself, a
-///    learner drops its pending rounds (shard_core / learner_core
-///    on_broker_restarted); contributions and arrival notices carry the
-///    incarnation of the broker whose round they answer, so nothing of an old
-///    round enters a new one;
+///    learner drops its pending rounds; contributions and arrival notices carry
+///    the incarnation of the broker whose round they answer, so nothing of an
+///    old round enters a new one;
 ///  - with_store (`--db`): the new broker numbers its rounds after every round
 ///    the old one opened (its round lease) and restores the token ledger as the
 ///    old one last wrote it (every broker_ledger_write_ns), each learner
-///    incarnation continued from its stored step count (token_ledger::restore);
-///    without: rounds start again at 0 and the ledger from the learners'
-///    cumulative Progress alone (every step counted, its bucket lost unless a
-///    later contribution covers it).
+///    incarnation continued from its stored step count; without: rounds start
+///    again at 0 and the ledger from the learners' cumulative Progress alone.
 /// A crash while the broker is down is ignored; so is a restart_at_ns before at_ns.
 struct broker_crash_fault {
   nanos at_ns;
@@ -79,12 +88,14 @@ struct sim_config {
   learner_sync_config sync;    // the learners' policy (default: decoupled, never waits)
   link_profile link;           // every directed link
   nanos duration_ns = 10'000'000'000;
-  nanos tick_ns = 1'000'000;
+  nanos tick_ns = 1'000'000;   // the broker's tick
   std::vector<crash_fault> crashes;
   std::vector<partition_fault> partitions;
   /// Broker process crashes and restarts (broker_crash_fault says what the sim does).
   std::vector<broker_crash_fault> broker_crashes;
-  nanos broker_silence_ns = 300'000'000;         // a learner finds a crashed broker silent this much later
+  /// The transport's liveness: a peer silent this long is dead (heartbeats go
+  /// every third of it). A learner finds a crashed broker silent this much later.
+  nanos broker_silence_ns = 300'000'000;
   nanos broker_ledger_write_ns = 1'000'000'000;  // the broker writes its ledger to its store this often
   /// A fault drill's timeline (expand_fault_plan of a deploy/drills plan): a
   /// chaos_core walks it in virtual time and the sim applies every injection
@@ -99,7 +110,8 @@ struct sim_config {
   /// published (the snapshot writer works off the round's path). Default: 0.
   nanos commit_delay_ns = 0;
   /// A joining learner fetches the fragments it still misses again after this
-  /// (a fetch or its reply was lost, or its shard was down).
+  /// (a fetch or its reply was lost, or its shard was down); a learner whose
+  /// broker fell silent sends Join again this often.
   nanos fetch_retry_ns = 1'000'000'000;
   /// After duration_ns the learners stop stepping and the mesh runs this much
   /// longer, so that every message in flight is delivered. Default: 0.
@@ -127,7 +139,7 @@ struct sim_result {
   std::vector<shard_ledger> shards;
   std::uint64_t published = 0;
   std::uint64_t messages_sent = 0, messages_lost = 0;
-  std::uint64_t messages_corrupted = 0;      // deliveries a checksum rejects (dropped)
+  std::uint64_t messages_corrupted = 0;      // deliveries the codec rejected (a checksum): dropped
   std::vector<std::uint64_t> learner_steps;  // per learner, over all incarnations
   std::vector<std::uint64_t> contributions_sent;
   std::vector<std::vector<std::uint64_t>> member_incarnations;  // learner → incarnations seen in closed rounds
@@ -135,6 +147,9 @@ struct sim_result {
   ledger_totals ledger_restored;             // what the last broker restored from its store (broker_crashes)
   std::uint64_t tokens_processed = 0;        // counted by the learners themselves
   nanos learner_wait_ns = 0;                 // summed time learners spent waiting (synchronous policies)
+  /// (time, shard) of every Welcome the broker sent a shard: its greeting until
+  /// it hears from the shard, and its answer to a shard's Join (a restart).
+  std::vector<std::pair<nanos, std::uint32_t>> welcomes_to_shards;
 
   // -- fault drills ------------------------------------------------------------
   std::vector<version_event> versions;       // every shard's versions, in time order

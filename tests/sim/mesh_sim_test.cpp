@@ -300,3 +300,44 @@ TEST_CASE("sim: a crashed broker restarts and training goes on with rounds numbe
   REQUIRE(a.final_theta.size() == b.final_theta.size());
   CHECK(std::memcmp(a.final_theta.data(), b.final_theta.data(), a.final_theta.size() * sizeof(float)) == 0);
 }
+
+// A path only the wire layers had before the simulation ran them: a restarted
+// shard announces its new incarnation with a Join; the broker's wire layer
+// answers it with a Welcome (it greets a shard it knows only then), closes the
+// rounds the dead incarnation held without a merge, and numbers the shard's
+// incarnation into its next RoundOpens, from which the learners learn to fetch
+// from the new shard and follow its versions.
+TEST_CASE("sim: a restarted shard's Join is answered by the broker, its old rounds dropped, and merging resumes") {
+  const std::uint64_t seed = 81;
+  CAPTURE(seed);
+  constexpr nanos crash_ns = 2'000'000'000;
+  sim_config c = base(seed);
+  c.commit_delay_ns = 20'000'000;
+  planned_fault crash;
+  crash.kind = fault_kind::shard_crash;
+  crash.at_ns = crash_ns;
+  crash.targets = {{role::parameter_shard, 0, false}};
+  c.timeline = {crash};
+  c.safety_ns = 4'000'000'000;
+  const sim_result r = run_mesh(c);
+  REQUIRE(r.shard_restarts == 1);
+  nanos restarted_ns = -1;
+  for (const auto& v : r.versions)
+    if (v.kind == version_event::what::restored && restarted_ns < 0) restarted_ns = v.at_ns;
+  REQUIRE(restarted_ns >= crash_ns + c.restart_ns);
+  // The broker knew shard 0: a Welcome to it after the restart answers its Join.
+  const bool welcomed = std::any_of(r.welcomes_to_shards.begin(), r.welcomes_to_shards.end(),
+                                    [&](const auto& w) { return w.second == 0 && w.first >= restarted_ns; });
+  CHECK(welcomed);
+  CHECK(r.broker.rounds_aborted >= 1);  // the dead incarnation's open rounds, closed unmerged
+  // Shard 0's fragments (0 and 2) advance again after the restart, and every learner follows them.
+  std::size_t published_after = 0;
+  for (const auto& v : r.versions)
+    published_after += v.kind == version_event::what::published && v.shard == 0 && v.at_ns > restarted_ns;
+  CHECK(published_after > 50);
+  for (std::size_t i = 0; i < r.learner_versions.size(); ++i) {
+    CAPTURE(i);
+    CHECK(r.learner_versions[i] == r.shard_versions);
+  }
+  CHECK(r.final_loss < 0.2 * r.initial_loss);
+}

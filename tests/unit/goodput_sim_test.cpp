@@ -7,7 +7,7 @@
 #include <cstdio>
 
 #include "core/prng.hpp"
-#include "goodput_sim.hpp"
+#include "simulate/goodput_sim.hpp"
 
 using namespace archipelago::goodput;
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/prng.hpp"
-#include "learner/model/adamw.hpp"
+#include "core/adamw.hpp"
 #include "learner/model/gpt.hpp"
 #include "learner/model/trainer.hpp"
 

@@ -99,15 +99,6 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-std::string ledger_json(const ledger_totals& l) {
-  json_line j;
-  j.add("merged", static_cast<std::int64_t>(l.merged))
-      .add("late", static_cast<std::int64_t>(l.late))
-      .add("lost", static_cast<std::int64_t>(l.lost))
-      .add("rejected", static_cast<std::int64_t>(l.rejected))
-      .add("processed", static_cast<std::int64_t>(l.processed));
-  return j.str();
-}
 
 status check_output_path(const std::string& flag, const std::string& path) {
   if (path.empty()) return {};

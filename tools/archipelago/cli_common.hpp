@@ -16,7 +16,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
-#include "sync_broker/token_ledger.hpp"
+#include "core/ledger_totals.hpp"
 
 namespace archipelago::cli {
 
@@ -79,8 +79,6 @@ class progress_line {
 
 using archipelago::json_escape;
 using archipelago::json_line;
-/// {"merged":…,"late":…,"lost":…,"rejected":…,"processed":…} in tokens.
-std::string ledger_json(const ledger_totals& l);
 std::string format_duration(double seconds);
 
 }  // namespace archipelago::cli

@@ -24,7 +24,7 @@
 #include "cmd_bench_wire.hpp"
 #include "commands.hpp"
 #include "core/prng.hpp"
-#include "learner/model/adamw.hpp"
+#include "core/adamw.hpp"
 #include "learner/model/gpt.hpp"
 #include "learner/model/trainer.hpp"
 

@@ -27,9 +27,9 @@
 
 #include "bench_stats.hpp"
 #include "cli_common.hpp"
-#include "node/drill.hpp"
+#include "drill/drill.hpp"
 #include "node/local_mesh.hpp"
-#include "svg_chart.hpp"
+#include "report/svg_chart.hpp"
 
 namespace archipelago::cli {
 namespace {

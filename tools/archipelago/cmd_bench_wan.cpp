@@ -30,7 +30,7 @@
 
 #include "bench_stats.hpp"
 #include "cli_common.hpp"
-#include "svg_chart.hpp"
+#include "report/svg_chart.hpp"
 #include "learner/model/gpt.hpp"
 #include "node/local_mesh.hpp"
 

@@ -11,9 +11,8 @@
 
 #include "cli_common.hpp"
 #include "commands.hpp"
-#include "drill_processes.hpp"
-#include "drill_report.hpp"
-#include "node/drill.hpp"
+#include "report/drill_report.hpp"
+#include "drill/drill.hpp"
 
 namespace archipelago::cli {
 namespace {
@@ -94,6 +93,7 @@ int run_drills(const drill_flags& o) {
   auto base = o.flags.resolve();  // the default mesh (4 learners of nano, 2 shards): what the plans are written for
   if (!base) return report(base.err());
   drill_options opts;
+  opts.binary = o.binary;
   opts.plan_origin = std::filesystem::path(o.plan).filename().string();
   opts.plan_text = text.str();
   opts.reference = !o.no_reference;
@@ -113,18 +113,18 @@ int run_drills(const drill_flags& o) {
   std::filesystem::create_directories(o.report_dir, ec);
   if (ec) return report(make_error(errc::io_error, "cannot create " + o.report_dir + ": " + ec.message()));
 
-  std::string binary = o.binary;
-  if (o.processes && binary.empty()) binary = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  if (o.processes && (binary.empty() || ::access(binary.c_str(), X_OK) != 0))
-    return report_input(make_error(errc::invalid_input, "--binary: " + (binary.empty() ? std::string("(none)") : binary) +
+  if (o.processes && opts.binary.empty()) opts.binary = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (o.processes && (opts.binary.empty() || ::access(opts.binary.c_str(), X_OK) != 0))
+    return report_input(make_error(errc::invalid_input, "--binary: " + (opts.binary.empty() ? std::string("(none)") : opts.binary) +
                                                             " is not an executable archipelago"));
+  if (!o.processes) opts.binary.clear();
   install_stop_handlers();
   progress_line progress(8);
   std::vector<drill_report> done;
   for (const auto& cfg : configs) {
     auto on_line = [&](const std::string& line) { progress.update(cfg.mesh.mode + " " + line); };
     auto stop = [] { return stop_requested.load(); };
-    auto r = o.processes ? run_process_drill(cfg, opts, binary, on_line, stop) : run_drill(cfg, opts, on_line, stop);
+    auto r = run_drill(cfg, opts, on_line, stop);
     progress.finish();
     if (!r) return report(r.err());
     print_report(*r);

@@ -78,6 +78,7 @@ int run_node_command(node_cli& n) {
       j.add("published", static_cast<std::int64_t>(r.published)).add("rejected", static_cast<std::int64_t>(r.rejected))
           .add("resumed_version", r.resumed_version).add("mesh_version", r.mesh_version);
     }
+    j.add_raw("status", to_json(r.status));  // what a drill across processes reads
     std::printf("%s\n", j.str().c_str());
   }
   return exit_ok;

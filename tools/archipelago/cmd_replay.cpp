@@ -19,7 +19,8 @@
 #include "learner/model/sampler.hpp"
 #include "learner/model/trainer.hpp"
 #include "node/mesh_snapshots.hpp"
-#include "parameter_shard/shard_core.hpp"
+#include "parameter_shard/shard_snapshots.hpp"
+#include "parameter_shard/shard_wire.hpp"
 
 namespace archipelago::cli {
 namespace {
@@ -432,12 +433,7 @@ int run_verify(const replay_cli& c, const opened_store& s) {
   std::map<std::uint32_t, std::vector<std::uint64_t>> states;
   for (const auto& [p, v] : *stored) states[p].push_back(v);
 
-  shard_config sc;
-  sc.outer = {s.cfg.mesh.outer_lr, s.cfg.mesh.outer_momentum};
-  sc.gradient_mode = s.setup.policy.send_gradients;
-  sc.merge_mean = s.cfg.mesh.merge == "mean";
-  sc.adamw_outer = s.cfg.optimizer;
-  sc.schedule_steps = s.cfg.train.steps;
+  shard_config sc = shard_settings(s.setup);
   sc.max_contributions_per_round = SIZE_MAX;
   const std::vector<float> zeros(s.setup.layout.total_floats, 0.f);
 

@@ -8,7 +8,7 @@
 #include "commands.hpp"
 #include "learner/model/checkpoint.hpp"
 #include "node/mesh_snapshots.hpp"
-#include "run_report.hpp"
+#include "report/run_report.hpp"
 
 namespace archipelago::cli {
 namespace {

@@ -11,8 +11,8 @@
 
 #include "cli_common.hpp"
 #include "commands.hpp"
-#include "goodput_sim.hpp"
-#include "svg_chart.hpp"
+#include "simulate/goodput_sim.hpp"
+#include "report/svg_chart.hpp"
 
 namespace archipelago::cli {
 namespace {

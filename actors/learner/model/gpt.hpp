@@ -20,7 +20,7 @@
 #include <memory>
 
 #include "core/layout.hpp"
-#include "learner/model/aligned_buffer.hpp"
+#include "core/aligned_buffer.hpp"
 
 namespace archipelago {
 

@@ -92,4 +92,9 @@ eval_result engine::evaluate() {
   return r;
 }
 
+std::vector<float> initial_global_params(const config& cfg, const model_shape& shape, const dataset& data) {
+  engine init(cfg, shape, data, 0);
+  return {init.model().params(), init.model().params() + init.model().buffer_size()};
+}
+
 }  // namespace archipelago

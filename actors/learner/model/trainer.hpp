@@ -11,7 +11,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
-#include "learner/model/adamw.hpp"
+#include "core/adamw.hpp"
 #include "learner/model/corpus.hpp"
 #include "learner/model/gpt.hpp"
 
@@ -70,6 +70,10 @@ class engine {
   std::int64_t steps_ = 0;
   double last_lr_ = 0;
 };
+
+/// The initial global model: the seeded initialisation every shard derives alike
+/// (learner shard 0's engine, before any step).
+std::vector<float> initial_global_params(const config& cfg, const model_shape& shape, const dataset& data);
 
 /// Applies the thread count to OpenMP and Eigen, for the calling thread.
 void set_compute_threads(int threads);

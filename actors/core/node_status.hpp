@@ -1,0 +1,118 @@
+#pragma once
+// What a node shows of itself while it runs: the same figures whether they are
+// read inside its process (a status_board the roles write to) or across
+// processes (GET /node of its metrics port, as JSON). Drills, the progress
+// line and the run's summary read nothing else.
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/clock.hpp"
+#include "core/error.hpp"
+#include "core/ids.hpp"
+#include "core/ledger_totals.hpp"
+
+namespace archipelago {
+
+/// One learner incarnation as the broker saw it.
+struct learner_record {
+  learner_ref who;
+  ledger_totals ledger;
+  nanos joined_ns = -1;        // its Join arrived (broker clock)
+  nanos first_merged_ns = -1;  // the first round that merged it closed; -1: never
+  nanos left_ns = -1;          // Leave, or declared dead
+};
+
+/// The broker's accounting, as of its last report.
+struct broker_report {
+  nanos started_ns = 0;     // the broker's start; the times below are on the same clock
+  double broker_cpu_s = 0;  // the broker actor's CPU time (not its transport's I/O thread)
+  ledger_totals ledger;
+  std::vector<learner_record> learners;
+  double uptime = 1;
+  nanos first_join_ns = -1, last_leave_ns = -1;  // the learners' span, for goodput
+  double xi_step_ms = 0, xi_quorum_ms = 0, last_grace_ms = 0;
+  std::uint64_t closed_grace_expired = 0, closed_all_eligible = 0, closed_timeout = 0;
+  /// Per published round among the broker's last closed ones (broker_core::history_capacity),
+  /// in closing order: close → new version published back at the broker, and open →
+  /// published. Filled only by a final report (the end of a run).
+  std::vector<double> round_latency_ms, round_open_to_published_ms;
+};
+
+/// Counters of one incarnation of a node. A node's totals over its incarnations
+/// add them up (status_board).
+struct node_counters {
+  // learner
+  std::uint64_t steps = 0, tokens = 0, contributions = 0;
+  std::uint64_t budget_overruns = 0;  // steps whose compute exceeded mesh.step_time_ms
+  std::uint64_t refetches = 0;        // fetches again after a wait ran into mesh.round_timeout_s
+  std::uint64_t wait_ns = 0;          // time waiting for fragments (synchronous modes)
+  // parameter shard
+  std::uint64_t published = 0;        // fragment versions merged and published
+  std::uint64_t rejected = 0;         // contributions rejected
+  std::uint64_t snapshot_errors = 0;  // versions whose snapshot was refused or failed
+  // sync broker
+  std::uint64_t rounds_closed = 0, members = 0;  // members summed over closed rounds
+  std::uint64_t committed = 0;                   // fragment versions the shards reported durable
+  // every node: contributions and fragment broadcasts, at their encoded size
+  std::uint64_t bytes_sent = 0;
+
+  node_counters& operator+=(const node_counters& o);
+};
+
+struct node_status {
+  node_address node;
+  std::uint64_t incarnation = 0;
+  node_counters counts;
+  // learner
+  bool left = false;    // it sent Leave: its steps are done, or it was stopped
+  std::string refusal;  // the broker refused its Join (layout or policy differ)
+  std::int64_t schedule_step = 0;  // where it is in the learning-rate schedule
+  // parameter shard: per fragment of the mesh (0 for fragments it does not own)
+  std::vector<std::uint64_t> published_versions, committed_versions;
+  // sync broker
+  std::optional<broker_report> report;
+};
+
+/// One line of JSON (GET /node); node_status_from_json reads it back exactly.
+std::string to_json(const node_status& s);
+/// Reads a node's status; anything missing or malformed is invalid_input naming it.
+expected<node_status> node_status_from_json(std::string_view text);
+
+/// The statuses of the nodes one observer follows: the roles of this process,
+/// or mirrors of other processes'. Thread-safe. A status of a newer incarnation
+/// replaces the node's current one and adds that one's counters to the node's
+/// earlier incarnations' (a restart keeps what the killed incarnation did); a
+/// status of an older incarnation is ignored.
+class status_board {
+ public:
+  struct entry {
+    node_status now;
+    node_counters earlier;  // summed over the node's earlier incarnations
+    node_counters total() const {
+      node_counters t = earlier;
+      t += now.counts;
+      return t;
+    }
+  };
+
+  void update(const node_status& s);
+  std::optional<entry> find(node_address node) const;
+  /// Every node, ordered by address.
+  std::vector<entry> entries() const;
+  /// The totals of every node of a role, over all their incarnations.
+  node_counters total(role kind) const;
+  /// Learners whose current incarnation left.
+  int learners_left() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<node_address, entry> entries_;  // guarded by mutex_
+};
+
+}  // namespace archipelago

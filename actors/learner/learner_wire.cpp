@@ -1,0 +1,260 @@
+#include "learner/learner_wire.hpp"
+
+#include <cstdio>
+
+namespace archipelago {
+
+learner_sync_config learner_settings(const mesh_setup& setup) {
+  learner_sync_config sync;
+  sync.mix = setup.policy.mix;
+  sync.contribute_after = static_cast<std::uint64_t>(setup.policy.contribute_after);
+  sync.wait_slack = setup.policy.wait_slack;
+  return sync;
+}
+
+learner_wire::learner_wire(const mesh_setup& setup, learner_sync_config sync, std::uint32_t index, incarnation inc,
+                           transport::message_port& port, learner_model_view model)
+    : setup_(setup), index_(index), inc_(inc), port_(port), model_(model),
+      encoding_(*parse_tensor_encoding(setup.cfg.wire.encoding)),
+      core_(std::make_unique<learner_core>(setup.layout, setup.plan, sync)),
+      to_install_(setup.fragments()), shard_incarnations_(setup.shard_endpoints.size(), 0) {
+  chaos_.accept = setup.cfg.wire.accept_chaos;
+}
+
+void learner_wire::start() {
+  (void)port_.add_peer(broker_address, setup_.broker_endpoint);
+  for (std::uint32_t s = 0; s < setup_.shard_endpoints.size(); ++s)
+    (void)port_.add_peer({role::parameter_shard, s}, setup_.shard_endpoints[s]);
+  fetch();
+  send_join();
+}
+
+/// Clone pattern: (re)subscribe with every shard (or just `only_shard`) and fetch its fragments.
+void learner_wire::fetch(std::optional<std::uint32_t> only_shard) {
+  for (std::uint32_t p = 0; p < setup_.fragments(); ++p) {
+    if (only_shard && setup_.shard_of_fragment[p] != *only_shard) continue;
+    auto b = port_.make_envelope();
+    auto f = b.body().initFetchFragment();
+    f.setFragment(p);
+    f.setReplyEndpoint(port_.endpoint());
+    (void)port_.send({role::parameter_shard, setup_.shard_of_fragment[p]}, b.finish());
+  }
+}
+
+/// Announces this incarnation to the broker (first start, and again whenever the
+/// broker may have restarted: a new broker knows no learner until it joins).
+void learner_wire::send_join() {
+  auto b = port_.make_envelope();
+  auto j = b.body().initJoin();
+  j.setLayoutFingerprint(setup_.layout.fingerprint());
+  j.setConfigHash(mesh_agreement_hash(setup_.cfg));
+  j.setBatchTokens(model_.tokens_per_step);
+  j.setThreads(model_.threads);
+  j.setEndpoint(port_.endpoint());
+  (void)port_.send(broker_address, b.finish());
+}
+
+/// A shard restarted from its snapshot (a higher incarnation): its versions
+/// start again from the snapshot's, below the ones held here, and it lost our
+/// endpoint. Accept its versions from now on; fetch when asked to.
+bool learner_wire::shard_restarted(std::uint32_t shard, std::uint64_t inc) {
+  if (inc == 0 || shard >= shard_incarnations_.size() || inc <= shard_incarnations_[shard]) return false;
+  const bool restarted = shard_incarnations_[shard] != 0;
+  shard_incarnations_[shard] = inc;
+  if (!restarted) return false;
+  // Reconnect now: the link may sit in a long back-off after the shard's crash,
+  // and the new shard cannot call first (it lost our endpoint).
+  (void)port_.add_peer({role::parameter_shard, shard}, setup_.shard_endpoints[shard]);
+  for (fragment_index p : setup_.fragments_of(shard)) core_->forget_version(p);
+  return true;
+}
+
+/// A message from the broker. A higher incarnation than the one known is a
+/// restarted broker: the rounds of the old one will never close, and the new
+/// one's are new rounds whatever their numbers (learner_core::on_broker_restarted).
+/// Join again: a broker that greets the learners its predecessor knew has not
+/// heard this one's Join yet (one that answers a Join has; a second changes nothing).
+void learner_wire::broker_seen(std::uint64_t inc) {
+  broker_silent_ = false;
+  if (inc <= broker_incarnation_) return;
+  if (broker_incarnation_ != 0) {
+    // Reconnect now: the old broker's socket may be dead for good (an inproc:// pipe never reconnects).
+    (void)port_.add_peer(broker_address, setup_.broker_endpoint);
+    const std::size_t dropped = core_->on_broker_restarted();
+    std::fprintf(stderr, "archipelago learner/%u: the broker restarted (incarnation %llu); %zu pending round(s) dropped\n",
+                 index_, static_cast<unsigned long long>(inc), dropped);
+    if (!done_) send_join();  // a finished incarnation left (its Leave went to the old broker)
+  }
+  broker_incarnation_ = inc;
+}
+
+bool learner_wire::on_peer(node_address peer, bool alive) {
+  if (peer.kind != role::sync_broker || done_) return false;
+  const bool was_silent = broker_silent_;
+  broker_silent_ = !alive;
+  send_join();
+  return !alive && !was_silent;
+}
+
+bool learner_wire::on_rejoin_timer() {
+  if (!broker_silent_ || done_) return false;
+  send_join();
+  return true;
+}
+
+bool learner_wire::on_join_timer() {
+  if (to_install_ == 0) return false;
+  ++counts_.refetches;
+  fetch();
+  return true;
+}
+
+/// Answers every pending round that is ready (dp: with the gradient of the last step).
+void learner_wire::send_contributions() {
+  const float* gradient = setup_.policy.send_gradients ? model_.gradients : nullptr;
+  const auto block = static_cast<std::uint32_t>(setup_.cfg.wire.block_size);
+  while (auto c = core_->next_contribution(model_.params, gradient)) {
+    auto cb = port_.make_envelope(c->round.value);
+    auto body = cb.body().initContribution();
+    body.setFragment(c->fragment.value);
+    body.setAnchorVersion(c->anchor_version);
+    body.setSteps(c->steps);
+    body.setTokens(c->tokens);
+    body.setStep(c->step);
+    body.setBrokerIncarnation(broker_incarnation_);  // shards refuse rounds of an older broker
+    if (!cb.add_tensor_values("delta/" + std::to_string(c->fragment.value), c->delta.data(), c->delta.size(),
+                              encoding_, block))
+      continue;  // a non-finite delta is never sent
+    // What the encoding puts on the wire, not the fp32 delta it came from.
+    counts_.bytes_sent += encoded_bytes(encoding_, c->delta.size(), setup_.cfg.wire.block_size);
+    ++counts_.contributions;
+    (void)port_.send({role::parameter_shard, setup_.shard_of_fragment[c->fragment.value]}, cb.finish());
+  }
+}
+
+bool learner_wire::wait_before_step(nanos now) {
+  if (!core_->must_wait()) return false;  // decoupled never waits; the others also before leaving
+  send_contributions();
+  waiting_ = true;
+  wait_since_ = now;
+  return true;
+}
+
+void learner_wire::on_wait_timeout() {
+  if (!waiting_) return;
+  ++counts_.refetches;
+  fetch();
+}
+
+void learner_wire::after_step(std::uint64_t tokens, nanos step_ns) {
+  core_->on_step(tokens);
+  ++counts_.steps;
+  counts_.tokens += tokens;
+  auto b = port_.make_envelope();
+  auto p = b.body().initProgress();
+  p.setStep(core_->steps_done());  // this incarnation's steps (the ledger counts from 1)
+  p.setStepTimeNs(static_cast<std::uint64_t>(step_ns));
+  p.setTokens(core_->steps_done() * tokens);
+  (void)port_.send(broker_address, b.finish());
+  send_contributions();
+}
+
+void learner_wire::leave(const std::string& reason) {
+  done_ = true;
+  auto b = port_.make_envelope();
+  b.body().initLeave().setReason(reason);
+  (void)port_.send(broker_address, b.finish());
+}
+
+learner_event learner_wire::on_message(const transport::decoded_envelope& env, nanos now) {
+  learner_event out;
+  auto body = env.root().getBody();
+  if (env.body() == wire::Envelope::Body::CHAOS_COMMAND) {
+    (void)chaos_.on_command(env, port_, now);
+    return out;
+  }
+  const node_address from = env.sender();
+  if (from.kind == role::sync_broker) broker_seen(env.header().getIncarnation());
+  switch (env.body()) {
+    case wire::Envelope::Body::ERROR:
+      if (body.getError().getCode() == wire::ErrorCode::MESH_MISMATCH) {
+        refusal_ = body.getError().getMessage().cStr();
+        out.refused = true;
+      }
+      break;
+    case wire::Envelope::Body::WELCOME:
+      // A restarted learner takes up the mesh's schedule where the others are, not
+      // at its warm-up (the broker sends 0 to a first start): only once (a slow
+      // learner keeps its own pace through later broker restarts).
+      if (from.kind == role::sync_broker && !welcomed_) {
+        welcomed_ = true;
+        out.schedule_step = static_cast<std::int64_t>(body.getWelcome().getScheduleStep());
+      }
+      break;
+    case wire::Envelope::Body::ROUND_OPEN: {
+      auto open = body.getRoundOpen();
+      if (shard_restarted(open.getShard(), open.getShardIncarnation())) fetch(open.getShard());
+      core_->on_round_open(round_number{env.header().getRound()}, {open.getFragment()});
+      send_contributions();
+      break;
+    }
+    case wire::Envelope::Body::FRAGMENT_UPDATE:
+      if (env.tensor_count() == 1) return on_fragment_update(env, now);
+      break;
+    default: break;
+  }
+  return out;
+}
+
+learner_event learner_wire::on_fragment_update(const transport::decoded_envelope& env, nanos now) {
+  learner_event out;
+  auto u = env.root().getBody().getFragmentUpdate();
+  const fragment_index p{u.getFragment()};
+  if (env.sender().kind == role::parameter_shard)
+    (void)shard_restarted(env.sender().index, env.header().getIncarnation());
+  if (p.value >= core_->fragments() || env.tensor_info(0).getElementCount() != core_->fragment_floats(p)) return out;
+  std::vector<float> value(core_->fragment_floats(p));
+  if (!env.decode_tensor_values(0, value.data())) return out;
+  if (!core_->installed(p)) {
+    if (!core_->install(p, u.getVersion(), value, model_.params)) return out;
+    if (--to_install_ == 0 && !stepping_) out.start_stepping = stepping_ = true;
+    return out;
+  }
+  core_->on_fragment_update(p, u.getVersion(), value, model_.params, round_number{env.header().getRound()});
+  if (waiting_ && !core_->must_wait()) {
+    waiting_ = false;
+    counts_.wait_ns += static_cast<std::uint64_t>(now - wait_since_);
+    out.resume = true;
+  }
+  return out;
+}
+
+node_status learner_wire::status() const {
+  node_status s;
+  s.node = {role::learner, index_};
+  s.incarnation = inc_.value;
+  s.counts = counts_;
+  s.left = done_;
+  s.refusal = refusal_;
+  return s;
+}
+
+void learner_wire::add_metrics(prometheus_text& page) const {
+  const metric_labels l = {{"role", to_string(role::learner)}, {"index", std::to_string(index_)}};
+  page.counter("archipelago_learner_steps_total", "Inner steps this incarnation took.", static_cast<double>(counts_.steps), l);
+  page.counter("archipelago_learner_tokens_total", "Tokens this incarnation trained on.", static_cast<double>(counts_.tokens), l);
+  page.counter("archipelago_learner_wait_seconds_total", "Time spent waiting for fragments (synchronous modes).",
+               static_cast<double>(counts_.wait_ns) * 1e-9, l);
+  page.counter("archipelago_learner_contributions_total", "Fragment contributions sent to the shards.",
+               static_cast<double>(counts_.contributions), l);
+  page.gauge("archipelago_learner_pending_rounds", "Rounds opened that this learner has not answered yet.",
+             static_cast<double>(core_->pending_rounds()), l);
+  for (std::uint32_t p = 0; p < core_->fragments(); ++p) {
+    metric_labels f = l;
+    f.emplace_back("fragment", std::to_string(p));
+    page.gauge("archipelago_fragment_version", "The version of each fragment this node holds.",
+               static_cast<double>(core_->installed({p}) ? core_->version({p}) : 0), f);
+  }
+}
+
+}  // namespace archipelago

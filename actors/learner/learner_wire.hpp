@@ -1,0 +1,118 @@
+#pragma once
+// The learner's wire layer: RoundOpen and FragmentUpdate envelopes in,
+// learner_core inputs; its contributions out as Contribution envelopes to the
+// owning shards, Progress and Join to the broker, FetchFragment while joining
+// (the Clone pattern). It reads and writes the model's parameter buffer it is
+// handed, never the model itself. Pure: no CAF, no sockets, no clock reads.
+// The actor shell (learner_actor) and the simulation (tests/sim) both run it;
+// each calls after_step() once its own kind of step is done.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/clock.hpp"
+#include "core/ids.hpp"
+#include "core/mesh_setup.hpp"
+#include "core/node_status.hpp"
+#include "core/prometheus_text.hpp"
+#include "learner/learner_core.hpp"
+#include "transport/chaos_command.hpp"
+#include "transport/codec.hpp"
+#include "transport/message_port.hpp"
+#include "transport/tensor_encoding.hpp"
+
+namespace archipelago {
+
+/// The learner core's settings for a mesh.
+learner_sync_config learner_settings(const mesh_setup& setup);
+
+/// The model a learner trains, as its wire layer sees it: the flat parameter
+/// buffer (laid out by the mesh's layout) and, under dp, the last gradient.
+struct learner_model_view {
+  float* params = nullptr;
+  const float* gradients = nullptr;  // dp: contributions are −gradient; otherwise unused
+  std::uint32_t tokens_per_step = 0;
+  std::uint16_t threads = 1;
+};
+
+/// What a message asks of the shell that steps the model.
+struct learner_event {
+  bool start_stepping = false;  // every fragment is installed: the first step may run
+  bool resume = false;          // the fragment a synchronous policy waited for arrived
+  /// The broker's first Welcome: a restarted learner takes up the mesh's
+  /// learning-rate schedule here (forward only).
+  std::optional<std::int64_t> schedule_step;
+  bool refused = false;  // the broker refused this learner (refusal() says why): nothing to train for
+};
+
+class learner_wire {
+ public:
+  /// `sync`: learner_settings(setup) in a mesh (the simulation sets its own).
+  /// `setup`, `port` and the model's buffers outlive it.
+  learner_wire(const mesh_setup& setup, learner_sync_config sync, std::uint32_t index, incarnation inc,
+               transport::message_port& port, learner_model_view model);
+
+  /// Peers, a fetch of every fragment (its shard subscribes this learner first), Join.
+  void start();
+  learner_event on_message(const transport::decoded_envelope& env, nanos now);
+  /// The broker fell silent or speaks again: Join again (a restarted broker knows no
+  /// learner). True: arm the rejoin timer (on_rejoin_timer), the broker just went silent.
+  bool on_peer(node_address peer, bool alive);
+  /// While the broker stays silent, Join again each liveness period (the reconnecting
+  /// socket may drop what it queued). True: arm the timer again.
+  bool on_rejoin_timer();
+  /// Joining is bounded: fetch every fragment still missing. True: still joining, arm again.
+  bool on_join_timer();
+  /// Before a step: a synchronous policy sends what is ready and waits (true) until
+  /// the awaited fragment arrives (learner_event::resume) or on_wait_timeout().
+  bool wait_before_step(nanos now);
+  /// A wait ran into its bound (mesh.round_timeout_s): a broadcast may have been lost; fetch again.
+  void on_wait_timeout();
+  /// One inner step of `tokens` tokens that took `step_ns` (as the ledger counts it):
+  /// Progress to the broker, then every contribution now ready.
+  void after_step(std::uint64_t tokens, nanos step_ns);
+  /// This incarnation is done: Leave (its last Progress and contributions went out before).
+  void leave(const std::string& reason);
+
+  bool done() const { return done_; }
+  bool waiting() const { return waiting_; }
+  const std::string& refusal() const { return refusal_; }
+  /// The chaos monkey's slow-down factor (1: none).
+  double slowdown() const { return chaos_.slowdown; }
+  const learner_core& core() const { return *core_; }
+  /// This incarnation's figures.
+  node_status status() const;
+  /// The learner's figures on a /metrics page (the transport's are the shell's).
+  void add_metrics(prometheus_text& page) const;
+
+ private:
+  void fetch(std::optional<std::uint32_t> only_shard = std::nullopt);
+  void send_join();
+  bool shard_restarted(std::uint32_t shard, std::uint64_t inc);
+  void broker_seen(std::uint64_t inc);
+  void send_contributions();
+  learner_event on_fragment_update(const transport::decoded_envelope& env, nanos now);
+
+  const mesh_setup& setup_;
+  const std::uint32_t index_;
+  const incarnation inc_;
+  transport::message_port& port_;
+  const learner_model_view model_;
+  const tensor_encoding encoding_;
+  std::unique_ptr<learner_core> core_;
+  chaos_receiver chaos_;
+  node_counters counts_;
+  std::size_t to_install_ = 0;
+  bool stepping_ = false, waiting_ = false, done_ = false;
+  nanos wait_since_ = 0;
+  std::vector<std::uint64_t> shard_incarnations_;  // as last seen; 0: not yet
+  std::uint64_t broker_incarnation_ = 0;           // as last seen; 0: not yet
+  bool broker_silent_ = false;                     // the transport found the broker silent; Join is re-sent
+  bool welcomed_ = false;                          // the broker's first Welcome of this incarnation arrived
+  std::string refusal_;
+};
+
+}  // namespace archipelago

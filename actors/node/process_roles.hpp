@@ -1,0 +1,55 @@
+#pragma once
+// What the roles of one process share — the actor system, the mesh setup, the
+// transport context, the clock, the status board, the snapshot writer — and
+// the spawning of each role from it, at the start and on a drill's restart.
+
+#include <caf/fwd.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/clock.hpp"
+#include "core/ids.hpp"
+#include "core/mesh_setup.hpp"
+#include "core/node_status.hpp"
+#include "storage/snapshot_store.hpp"
+
+namespace zmq {
+class context_t;
+}
+namespace archipelago::storage {
+class snapshot_writer;
+}
+
+namespace archipelago {
+
+struct dataset;
+
+struct process_roles {
+  caf::actor_system& sys;
+  const mesh_setup& setup;
+  std::shared_ptr<zmq::context_t> io;
+  const clock_source& clock;
+  status_board& board;
+  const dataset* data = nullptr;               // learners
+  const std::vector<float>* initial = nullptr;  // shards: the initial global model
+  // snapshots (null writer: none)
+  storage::snapshot_writer* writer = nullptr;
+  bool record_contributions = false;
+  const storage::snapshot_store* restore_store = nullptr;  // shards resume from a manifest of it
+  std::function<std::uint64_t()> learner_steps, tokens;    // for manifests; may be empty
+  std::function<void(bool failing)> set_storage_failing;   // the chaos monkey's disk faults; may be empty
+
+  /// Learner `index`; its schedule starts at `start_step` (-1: the setup's).
+  caf::actor learner(std::uint32_t index, incarnation inc = incarnation{1}, std::int64_t start_step = -1) const;
+  /// Shard `index`, resuming its fragments from `resume_from` (nullopt: a new store, or none).
+  caf::actor shard(std::uint32_t index, incarnation inc, std::optional<storage::manifest> resume_from) const;
+  /// The broker; rounds numbered after those of `resume_from` and the tape; `recovery`:
+  /// restores what its predecessor stored (a node broker on its own store).
+  caf::actor broker(incarnation inc, std::optional<storage::manifest> resume_from, bool recovery) const;
+};
+
+}  // namespace archipelago

@@ -1,0 +1,54 @@
+#pragma once
+// The parameter shard's actor shell (event-based): its node transport, its
+// snapshots (restore at start, commits off the round's path), its disk faults
+// and its status; every message goes to shard_wire.
+
+#include <caf/fwd.hpp>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/clock.hpp"
+#include "core/ids.hpp"
+#include "core/mesh_setup.hpp"
+#include "core/node_status.hpp"
+#include "storage/snapshot_store.hpp"
+
+namespace zmq {
+class context_t;
+}
+namespace archipelago::storage {
+class snapshot_writer;
+}
+
+namespace archipelago {
+
+/// What a shard's actor is given; the pointers outlive it.
+struct shard_actor_args {
+  const mesh_setup* setup = nullptr;
+  std::uint32_t index = 0;
+  const std::vector<float>* initial = nullptr;  // the initial global model, laid out by the layout
+  std::shared_ptr<zmq::context_t> io;          // the process's transport context
+  const clock_source* clock = nullptr;
+  incarnation inc{1};
+  /// Commits go here (with no snapshot to resume from, the initial state first); null: no snapshots.
+  storage::snapshot_writer* writer = nullptr;
+  bool record_contributions = false;  // record what every merge merged (replay verify)
+  /// Resume every owned fragment from this manifest of `restore_store`.
+  const storage::snapshot_store* restore_store = nullptr;
+  std::optional<storage::manifest> resume_from;
+  /// For manifests: the learners' mean inner steps and the tokens they processed. May be empty.
+  std::function<std::uint64_t()> learner_steps, tokens;
+  /// The store's writes fail (true) or work again (false): the chaos monkey's
+  /// storage fault, carried out on the disk this process owns. May be empty.
+  std::function<void(bool failing)> set_storage_failing;
+  /// Where its status goes, after every message and commit.
+  status_board* board = nullptr;
+};
+
+/// Spawns the shard. It answers metrics_atom and values_atom (its fragments' Θ).
+caf::actor spawn_shard(caf::actor_system& sys, shard_actor_args args);
+
+}  // namespace archipelago

@@ -1,0 +1,237 @@
+#include "parameter_shard/shard_wire.hpp"
+
+#include <cstdio>
+
+namespace archipelago {
+namespace {
+
+wire::Verdict to_wire(contribution_verdict v) {
+  return v == contribution_verdict::buffered ? wire::Verdict::BUFFERED
+         : v == contribution_verdict::late   ? wire::Verdict::LATE
+                                             : wire::Verdict::REJECTED;
+}
+
+}  // namespace
+
+shard_config shard_settings(const mesh_setup& setup, bool record_merges) {
+  shard_config sc;
+  sc.outer = {setup.cfg.mesh.outer_lr, setup.cfg.mesh.outer_momentum};
+  sc.gradient_mode = setup.policy.send_gradients;
+  sc.merge_mean = setup.cfg.mesh.merge == "mean";
+  sc.adamw_outer = setup.cfg.optimizer;
+  sc.schedule_steps = setup.cfg.train.steps;
+  sc.record_merges = record_merges;
+  return sc;
+}
+
+shard_wire::shard_wire(const mesh_setup& setup, std::uint32_t index, incarnation inc, transport::message_port& port,
+                       shard_store* store, shard_config config, const float* initial_params,
+                       std::vector<std::pair<fragment_index, fragment_outer_state>> restored)
+    : setup_(setup), index_(index), inc_(inc), port_(port), store_(store), owned_(setup.fragments_of(index)),
+      core_(std::make_unique<shard_core>(setup.layout, setup.plan, owned_, config, initial_params)),
+      committed_versions_(setup.fragments(), 0) {
+  for (auto& [p, state] : restored) {
+    const std::uint64_t version = state.version;
+    // Restoring a fragment the shard owns from a state its own layout produced cannot fail.
+    [[maybe_unused]] const archipelago::status ok = core_->restore(p, std::move(state));
+    committed_versions_[p.value] = version;
+  }
+  chaos_.accept = setup.cfg.wire.accept_chaos;
+}
+
+void shard_wire::start() {
+  (void)port_.add_peer(broker_address, setup_.broker_endpoint);
+  send_join();
+}
+
+void shard_wire::send_join() {
+  auto b = port_.make_envelope();
+  auto join = b.body().initJoin();
+  join.setLayoutFingerprint(setup_.layout.fingerprint());
+  join.setConfigHash(mesh_agreement_hash(setup_.cfg));
+  (void)port_.send(broker_address, b.finish());
+}
+
+void shard_wire::on_peer(node_address peer, bool alive) {
+  if (alive && peer.kind == role::sync_broker) send_join();
+}
+
+/// A message from the broker, or a contribution to one of its rounds. A higher
+/// incarnation than the one known is a restarted broker: the rounds the old one
+/// opened never close, so their buffered contributions go (shard_core::
+/// on_broker_restarted), and the new broker learns this shard's incarnation.
+void shard_wire::broker_seen(std::uint64_t inc) {
+  if (inc <= broker_incarnation_) return;
+  if (broker_incarnation_ != 0) {
+    // Reconnect now: the old broker's socket may be dead for good (an inproc:// pipe
+    // never reconnects), and a broker back within the liveness timeout never looked dead.
+    (void)port_.add_peer(broker_address, setup_.broker_endpoint);
+    const std::size_t dropped = core_->on_broker_restarted();
+    std::fprintf(stderr, "archipelago shard %u: the broker restarted (incarnation %llu); %zu buffered contribution(s) "
+                         "of its rounds dropped\n", index_, static_cast<unsigned long long>(inc), dropped);
+  }
+  broker_incarnation_ = inc;
+  send_join();
+}
+
+std::optional<chaos_order> shard_wire::on_message(const transport::decoded_envelope& env, nanos now) {
+  if (env.sender().kind == role::sync_broker) broker_seen(env.header().getIncarnation());
+  switch (env.body()) {
+    case wire::Envelope::Body::CHAOS_COMMAND: {
+      auto order = chaos_.on_command(env, port_, now);
+      if (order && (order->kind == chaos_order::what::storage_fault || order->kind == chaos_order::what::heal))
+        return order;
+      break;
+    }
+    case wire::Envelope::Body::CONTRIBUTION: on_contribution(env); break;
+    case wire::Envelope::Body::ROUND_CLOSE: on_round_close(env); break;
+    case wire::Envelope::Body::FETCH_FRAGMENT: on_fetch(env); break;
+    default: break;
+  }
+  return std::nullopt;
+}
+
+transport::encoded_message shard_wire::fragment_message(fragment_index p, std::uint64_t round) {
+  auto b = port_.make_envelope(round);
+  auto u = b.body().initFragmentUpdate();
+  u.setFragment(p.value);
+  u.setVersion(core_->version(p));
+  const auto& value = core_->value(p);
+  (void)b.add_tensor_values("fragment/" + std::to_string(p.value), value.data(), value.size(), tensor_encoding::fp32);
+  return b.finish();
+}
+
+void shard_wire::on_contribution(const transport::decoded_envelope& env) {
+  const node_address from = env.sender();
+  auto c = env.root().getBody().getContribution();
+  const fragment_index p{c.getFragment()};
+  std::string why;
+  contribution_verdict verdict = contribution_verdict::rejected;
+  // A round of a broker newer than the one known: that broker restarted.
+  const std::uint64_t round_broker = c.getBrokerIncarnation();
+  broker_seen(round_broker);
+  if (round_broker != 0 && round_broker < broker_incarnation_) {
+    verdict = core_->on_earlier_broker_round(c.getTokens());  // its round died with its broker
+  } else if (env.tensor_count() == 1 && core_->owns(p) &&
+             env.tensor_info(0).getElementCount() == core_->value(p).size()) {
+    std::vector<float> delta(env.tensor_info(0).getElementCount());
+    if (env.decode_tensor_values(0, delta.data()))
+      verdict = core_->on_contribution(round_number{env.header().getRound()}, p,
+                                       {{from.index}, incarnation{env.header().getIncarnation()}}, c.getSteps(),
+                                       c.getTokens(), std::move(delta), &why);
+  }
+  if (verdict == contribution_verdict::rejected) {
+    // Logged with a budget (the first 10, then every 1000th): a bad learner cannot flood stderr.
+    const std::uint64_t n = ++counts_.rejected;
+    if (n <= 10 || n % 1000 == 0)
+      std::fprintf(stderr, "archipelago shard %u: rejected round %llu from %s: %s (%llu rejected so far)\n", index_,
+                   static_cast<unsigned long long>(env.header().getRound()), from.to_string().c_str(),
+                   why.empty() ? "undecodable tensor" : why.c_str(), static_cast<unsigned long long>(n));
+  }
+  if (verdict == contribution_verdict::duplicate) return;
+  // Arrival notice: the broker admits buffered ones to the round; all go to the ledger.
+  auto b = port_.make_envelope(env.header().getRound());
+  auto notice = b.body().initContribution();
+  notice.setFragment(p.value);
+  notice.setSteps(c.getSteps());
+  notice.setTokens(c.getTokens());
+  notice.setLearner(from.index);
+  notice.setLearnerIncarnation(env.header().getIncarnation());
+  notice.setStep(c.getStep());
+  notice.setBrokerIncarnation(round_broker);
+  notice.setVerdict(to_wire(verdict));
+  (void)port_.send(broker_address, b.finish());
+}
+
+void shard_wire::on_round_close(const transport::decoded_envelope& env) {
+  auto close = env.root().getBody().getRoundClose();
+  const round_number r{env.header().getRound()};
+  const fragment_index p{close.getFragment()};
+  std::vector<learner_ref> members;
+  if (close.getQuorumNs() >= 0)
+    for (auto mb : close.getMembers()) members.push_back({{mb.getLearner()}, incarnation{mb.getIncarnation()}});
+  auto published = core_->on_round_close(r, p, members);
+  if (!published) {
+    std::fprintf(stderr, "archipelago shard %u: round %llu not merged: %s\n", index_,
+                 static_cast<unsigned long long>(r.value), published.err().message.c_str());
+    return;
+  }
+  if (!published->has_value()) return;
+  ++counts_.published;
+  counts_.bytes_sent += core_->value(p).size() * 4 * learners_.size();
+  (void)port_.broadcast(learners_, fragment_message(p, r.value));
+  auto b = port_.make_envelope(r.value);
+  auto u = b.body().initFragmentUpdate();
+  u.setFragment(p.value);
+  u.setVersion((*published)->version);
+  (void)port_.send(broker_address, b.finish());
+  if (store_) store_->commit({std::move(**published), core_->outer_state(p), core_->ledger()});
+}
+
+void shard_wire::on_fetch(const transport::decoded_envelope& env) {
+  const node_address from = env.sender();
+  auto f = env.root().getBody().getFetchFragment();
+  // A restarted learner comes back, maybe at a new endpoint: re-point it. At the
+  // same endpoint too (a fixed port, inproc://): the old connection may be dead.
+  auto& [endpoint, known_inc] = endpoints_[from];
+  const std::uint64_t inc = env.header().getIncarnation();
+  if (endpoint != f.getReplyEndpoint().cStr() || inc > known_inc) {
+    if (endpoint.empty()) learners_.push_back(from);
+    endpoint = f.getReplyEndpoint().cStr();
+    known_inc = inc;
+    (void)port_.add_peer(from, endpoint);
+  }
+  if (core_->owns({f.getFragment()})) (void)port_.send(from, fragment_message({f.getFragment()}, 0));
+}
+
+void shard_wire::on_committed(fragment_index p, std::uint64_t version, round_number round) {
+  if (p.value < committed_versions_.size() && version > committed_versions_[p.value])
+    committed_versions_[p.value] = version;
+  auto b = port_.make_envelope(round.value);
+  auto u = b.body().initFragmentUpdate();
+  u.setFragment(p.value);
+  u.setVersion(version);
+  u.setCommitted(true);
+  (void)port_.send(broker_address, b.finish());
+}
+
+node_status shard_wire::status() const {
+  node_status s;
+  s.node = {role::parameter_shard, index_};
+  s.incarnation = inc_.value;
+  s.counts = counts_;
+  s.published_versions.assign(setup_.fragments(), 0);
+  for (fragment_index p : owned_) s.published_versions[p.value] = core_->version(p);
+  s.committed_versions = committed_versions_;
+  return s;
+}
+
+void shard_wire::add_metrics(prometheus_text& page) const {
+  const metric_labels l = {{"role", to_string(role::parameter_shard)}, {"index", std::to_string(index_)}};
+  for (fragment_index p : owned_) {
+    metric_labels f = l;
+    f.emplace_back("fragment", std::to_string(p.value));
+    page.gauge("archipelago_fragment_version", "The version of each fragment this node holds.",
+               static_cast<double>(core_->version(p)), f);
+  }
+  page.counter("archipelago_shard_published_total", "Fragment versions this incarnation merged and published.",
+               static_cast<double>(counts_.published), l);
+  page.gauge("archipelago_shard_subscribers", "Learners the shard broadcasts new versions to.",
+             static_cast<double>(learners_.size()), l);
+  const shard_ledger& led = core_->ledger();
+  const std::tuple<const char*, std::uint64_t, std::uint64_t> outcomes[] = {
+      {"merged", led.merged, led.merged_tokens},
+      {"late", led.late, led.late_tokens},
+      {"rejected", led.rejected, led.rejected_tokens},
+      {"unmerged", led.unmerged, led.unmerged_tokens}};
+  for (const auto& [name, contributions, tokens] : outcomes) {
+    metric_labels b = l;
+    b.emplace_back("outcome", name);
+    page.counter("archipelago_shard_contributions_total", "Contributions received, by outcome.",
+                 static_cast<double>(contributions), b);
+    page.counter("archipelago_shard_contribution_tokens_total", "Tokens of the contributions received, by outcome.",
+                 static_cast<double>(tokens), b);
+  }
+}
+
+}  // namespace archipelago

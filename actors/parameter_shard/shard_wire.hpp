@@ -1,0 +1,101 @@
+#pragma once
+// The parameter shard's wire layer: contributions in, arrival notices to the
+// broker; on the broker's RoundClose, the core's merge and outer step, the new
+// fragment broadcast to the learners and handed to the shard's store;
+// FetchFragment answered for joiners (the Clone pattern). Pure: no CAF, no
+// sockets, no clock reads. The actor shell (shard_actor) and the simulation
+// (tests/sim) both run it.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/clock.hpp"
+#include "core/ids.hpp"
+#include "core/mesh_setup.hpp"
+#include "core/node_status.hpp"
+#include "core/prometheus_text.hpp"
+#include "parameter_shard/shard_core.hpp"
+#include "transport/chaos_command.hpp"
+#include "transport/codec.hpp"
+#include "transport/message_port.hpp"
+
+namespace archipelago {
+
+/// The shard core's settings for a mesh: the one place they are made (the
+/// shard, its initial snapshot and `replay verify` all use it).
+shard_config shard_settings(const mesh_setup& setup, bool record_merges = false);
+
+/// A new fragment version on its way to the store.
+struct shard_commit {
+  published_fragment published;  // version, round; the merged contributions when the core records them
+  fragment_outer_state state;    // what the store keeps of the fragment
+  shard_ledger ledger;           // the shard's ledger as of this version
+};
+
+/// Where a shard's new versions become durable, as its wire layer sees it.
+class shard_store {
+ public:
+  virtual ~shard_store() = default;
+  /// Makes the version durable off the round's path. Once it is, whoever
+  /// implements this calls shard_wire::on_committed (the broker hears of it then);
+  /// a version that never becomes durable is never reported.
+  virtual void commit(shard_commit c) = 0;
+};
+
+class shard_wire {
+ public:
+  /// Shard `index`, incarnation `inc`, its fragments at `initial_params` (a
+  /// buffer laid out by the layout) at version 0, or restored from `restored`
+  /// (a snapshot's outer states of every fragment it owns). `store` may be null
+  /// (no snapshots). `setup`, `port` and `store` outlive it.
+  shard_wire(const mesh_setup& setup, std::uint32_t index, incarnation inc, transport::message_port& port,
+             shard_store* store, shard_config config, const float* initial_params,
+             std::vector<std::pair<fragment_index, fragment_outer_state>> restored = {});
+
+  /// Announces this incarnation to the broker (after a shard restart the broker
+  /// drops the rounds the last one held).
+  void start();
+  /// Handles one message. A storage fault or heal the chaos monkey ordered is
+  /// returned: the shell carries it out on the disk it owns.
+  std::optional<chaos_order> on_message(const transport::decoded_envelope& env, nanos now);
+  /// The broker speaks again after a silence (a restart, or a healed partition): announce this shard again.
+  void on_peer(node_address peer, bool alive);
+  /// The store made `version` of fragment `p` (merged in `round`) durable.
+  void on_committed(fragment_index p, std::uint64_t version, round_number round);
+
+  const shard_core& core() const { return *core_; }
+  const std::vector<fragment_index>& owned() const { return owned_; }
+  std::uint32_t index() const { return index_; }
+  node_status status() const;
+  /// The shard's figures on a /metrics page (the transport's are the shell's).
+  void add_metrics(prometheus_text& page) const;
+
+ private:
+  transport::encoded_message fragment_message(fragment_index p, std::uint64_t round);
+  void send_join();
+  void broker_seen(std::uint64_t inc);
+  void on_contribution(const transport::decoded_envelope& env);
+  void on_round_close(const transport::decoded_envelope& env);
+  void on_fetch(const transport::decoded_envelope& env);
+
+  const mesh_setup& setup_;
+  const std::uint32_t index_;
+  const incarnation inc_;
+  transport::message_port& port_;
+  shard_store* store_;
+  std::vector<fragment_index> owned_;
+  std::unique_ptr<shard_core> core_;
+  chaos_receiver chaos_;
+  node_counters counts_;
+  std::vector<node_address> learners_;  // broadcast list (learners that fetched)
+  std::map<node_address, std::pair<std::string, std::uint64_t>> endpoints_;  // learner → (endpoint, incarnation)
+  std::uint64_t broker_incarnation_ = 0;  // as last seen; 0: not yet
+  std::vector<std::uint64_t> committed_versions_;  // per fragment of the mesh
+};
+
+}  // namespace archipelago

@@ -1,0 +1,404 @@
+#include "sync_broker/broker_wire.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace archipelago {
+namespace {
+
+storage::stored_ledger stored(const ledger_totals& l) { return {l.merged, l.late, l.rejected, l.lost, l.processed}; }
+
+/// The tape's record of a round whose fragment version a shard committed (the store stamps the time).
+storage::tape_record tape_entry(const round_record& r, std::uint64_t version) {
+  storage::tape_record t;
+  t.round = r.round.value;
+  t.fragment = r.fragment.value;
+  t.opened_ns = r.opened_ns;
+  t.quorum_ns = r.quorum_ns;
+  t.grace_ns = r.grace_ns;
+  t.closed_ns = r.closed_ns;
+  t.reason = to_string(r.reason);
+  for (const auto& m : r.members) t.members.push_back({m.learner.value, m.inc.value, m.weight, m.tokens, m.steps});
+  for (const auto& l : r.late) t.late.push_back({l.learner.value, l.inc.value, 0, 0, 0});
+  t.version = version;
+  return t;
+}
+
+wire::CloseReason to_wire(close_reason r) {
+  return r == close_reason::all_eligible    ? wire::CloseReason::ALL_ELIGIBLE
+         : r == close_reason::grace_expired ? wire::CloseReason::GRACE_EXPIRED
+                                            : wire::CloseReason::TIMEOUT;
+}
+
+}  // namespace
+
+broker_config broker_settings(const mesh_setup& s) {
+  broker_config b;
+  const mesh_config& m = s.cfg.mesh;
+  b.fragments = static_cast<int>(s.fragments());
+  b.rounds_in_flight = s.policy.rounds_in_flight;
+  b.quorum = s.policy.quorum;
+  b.grace_factor = m.grace_factor;
+  b.adaptive_grace = s.policy.adaptive_grace;
+  b.wait_for_all = s.policy.wait_for_all;
+  b.steps_per_round = s.policy.steps_per_round;
+  b.ema_alpha = m.ema_alpha;
+  b.round_timeout_ns = static_cast<nanos>(m.round_timeout_s * 1e9);
+  // The transport's heartbeats decide liveness (on_peer): a learner deep in a
+  // long step sends no Progress but is alive. The core's own message timeout
+  // is only a backstop.
+  b.liveness_timeout_ns = std::max<nanos>(s.cfg.wire.heartbeat_interval_ms * s.cfg.wire.liveness * 1'000'000,
+                                          b.round_timeout_ns);
+  b.shard_of_fragment = s.shard_of_fragment;
+  return b;
+}
+
+broker_wire::broker_wire(const mesh_setup& setup, broker_config settings, incarnation inc,
+                         transport::message_port& port, broker_store* store, const broker_start& start, nanos now)
+    : setup_(setup), inc_(inc), port_(port), store_(store), lease_(start.recovery && store),
+      ledger_write_interval_ns_(start.ledger_write_interval_ns), started_ns_(now) {
+  shard_incarnations_.assign(setup.shard_endpoints.size(), 0);
+  shard_last_heard_.assign(setup.shard_endpoints.size(), -1);
+  fragment_versions_.assign(setup.fragments(), 0);
+  settings.first_round = start.first_round;
+  if (start.recovery) settings.first_round = recover(start);
+  core_ = std::make_unique<broker_core>(settings);
+  chaos_.accept = setup.cfg.wire.accept_chaos;
+}
+
+/// A restarted node broker picks up where its predecessor stopped: rounds
+/// numbered after every round it opened (the round lease, the tape), and the
+/// token ledger it last stored, each incarnation continued from the step count
+/// stored with it (token_ledger::restore). What the predecessor saw after its
+/// last ledger write (at most ledger_write_interval_ns) is not in the store:
+/// those steps are counted again from the learners' cumulative Progress, so
+/// `processed` stays exact, but they start as lost and only a later merged (or
+/// late) contribution covering them moves them; work the predecessor merged in
+/// that window stays counted as lost. The learners' endpoints stored with the
+/// ledger let the new broker greet them at once (they re-join; otherwise they
+/// find the broker silent only after their liveness timeout). Returns the first round.
+std::uint64_t broker_wire::recover(const broker_start& start) {
+  const std::uint64_t first_round = std::max(start.first_round, start.rounds_leased);
+  rounds_leased_ = first_round;
+  std::size_t restored = 0, skipped = 0;
+  for (const storage::learner_ledger& l : start.ledgers) {
+    ledger_totals t;
+    t.processed = l.totals.processed;
+    t.merged = l.totals.merged;
+    t.late = l.totals.late;
+    t.lost = l.totals.lost;
+    t.rejected = l.totals.rejected;
+    t.steps = l.steps;
+    t.step_time_s = l.step_time_s;
+    t.merged_step_time_s = l.merged_step_time_s;
+    const learner_ref who{{l.learner}, incarnation{l.incarnation}};
+    // A record without its step count (an older writer) cannot be continued: that
+    // incarnation is counted afresh from its Progress (processed stays exact).
+    if (!ledger_.restore(who, t, l.steps)) {
+      ++skipped;
+      continue;
+    }
+    records_[who].ledger = t;
+    if (!l.endpoint.empty()) endpoints_[who] = l.endpoint;
+    ++restored;
+  }
+  const ledger_totals sum = ledger_.totals();
+  if (!start.ledgers.empty() || first_round > 0)
+    std::fprintf(stderr, "archipelago broker: recovered (incarnation %llu): rounds from %llu; the ledger of %zu learner "
+                         "incarnation(s) restored (%llu tokens processed, %llu merged)%s\n",
+                 static_cast<unsigned long long>(inc_.value), static_cast<unsigned long long>(first_round), restored,
+                 static_cast<unsigned long long>(sum.processed), static_cast<unsigned long long>(sum.merged),
+                 skipped ? ", records without a step count skipped" : "");
+  return first_round;
+}
+
+void broker_wire::start(nanos now) {
+  for (std::uint32_t s = 0; s < setup_.shard_endpoints.size(); ++s)
+    (void)port_.add_peer({role::parameter_shard, s}, setup_.shard_endpoints[s]);
+  welcome_silent_shards(now);
+  // A restarted broker greets the learners its predecessor knew (the newest incarnation of each): they re-join.
+  for (auto it = endpoints_.begin(); it != endpoints_.end(); ++it) {
+    const auto next = std::next(it);
+    if (next != endpoints_.end() && next->first.learner == it->first.learner) continue;
+    const node_address learner{role::learner, it->first.learner.value};
+    if (port_.add_peer(learner, it->second)) send_welcome(learner);
+  }
+}
+
+/// Before round `round` is announced: the store's round lease must cover it, so a
+/// restarted broker numbers after it. Written synchronously, once per block.
+void broker_wire::lease_round(std::uint64_t round) {
+  if (!lease_ || round < rounds_leased_) return;
+  rounds_leased_ = round + round_lease_block;
+  if (auto ok = store_->lease_rounds(rounds_leased_, inc_); !ok)
+    std::fprintf(stderr, "archipelago broker: round lease not written (%s): a restarted broker may reuse round "
+                         "numbers\n", ok.err().message.c_str());
+}
+
+/// Tells `to` this broker's incarnation (the header) and where its rounds stand.
+/// `schedule_step`: where a restarted learner takes up the learning-rate schedule (0: its start).
+void broker_wire::send_welcome(node_address to, std::uint64_t schedule_step) {
+  auto b = port_.make_envelope();
+  auto w = b.body().initWelcome();
+  w.setFragments(static_cast<std::uint32_t>(setup_.fragments()));
+  w.setHeartbeatIntervalMs(static_cast<std::uint32_t>(setup_.cfg.wire.heartbeat_interval_ms));
+  w.setCurrentRound(core_->next_round().value);
+  w.setScheduleStep(schedule_step);
+  (void)port_.send(to, b.finish());
+}
+
+/// Shards learn this incarnation from a Welcome (again each heartbeat interval
+/// until they answer): after a broker restart they drop the old rounds and re-join.
+void broker_wire::welcome_silent_shards(nanos now) {
+  const nanos interval_ns = setup_.cfg.wire.heartbeat_interval_ms * 1'000'000;
+  if (last_welcome_ns_ >= 0 && now - last_welcome_ns_ < interval_ns) return;
+  last_welcome_ns_ = now;
+  for (std::uint32_t s = 0; s < shard_incarnations_.size(); ++s)
+    if (shard_incarnations_[s] == 0) send_welcome({role::parameter_shard, s});
+}
+
+void broker_wire::tick(nanos now) {
+  core_->tick(now);
+  dispatch(now);
+  welcome_silent_shards(now);
+  if (store_ && now - last_ledger_write_ns_ >= ledger_write_interval_ns_) write_ledger(now);
+}
+
+void broker_wire::write_ledger(nanos now) {
+  last_ledger_write_ns_ = now;
+  std::vector<storage::learner_ledger> ledgers;
+  for (const auto& [who, totals] : ledger_.per_learner()) {
+    const auto endpoint = endpoints_.find(who);
+    ledgers.push_back({who.learner.value, who.inc.value, stored(totals), totals.steps, totals.step_time_s,
+                       totals.merged_step_time_s, endpoint == endpoints_.end() ? "" : endpoint->second});
+  }
+  store_->write_ledger(std::move(ledgers));
+}
+
+void broker_wire::on_peer(node_address peer, bool alive, nanos now) {
+  if (peer.kind != role::learner) return;
+  if (alive) {
+    core_->on_peer_alive({peer.index}, now);
+  } else {
+    std::fprintf(stderr, "archipelago broker: learner/%u fell silent (no message or heartbeat): dead\n", peer.index);
+    core_->on_peer_lost({peer.index}, now);
+  }
+  dispatch(now);
+}
+
+/// Turns the core's effects into messages: RoundOpen to every learner, RoundClose to the owning shard.
+void broker_wire::dispatch(nanos now) {
+  for (auto& effect : core_->take_effects()) {
+    if (auto* o = std::get_if<open_round>(&effect)) {
+      if (first_open_ns_ < 0) first_open_ns_ = now;
+      lease_round(o->round.value);
+      auto b = port_.make_envelope(o->round.value);
+      auto body = b.body().initRoundOpen();
+      body.setFragment(o->fragment.value);
+      body.setShard(o->shard);
+      if (o->shard < shard_incarnations_.size()) body.setShardIncarnation(shard_incarnations_[o->shard]);
+      (void)port_.broadcast(learners_, b.finish());
+    } else if (auto* c = std::get_if<close_round>(&effect)) {
+      auto b = port_.make_envelope(c->round.value);
+      auto body = b.body().initRoundClose();
+      body.setFragment(c->fragment.value);
+      body.setQuorumNs(c->quorum_ns);
+      body.setGraceNs(c->grace_ns);
+      body.setReason(to_wire(c->reason));
+      auto members = body.initMembers(static_cast<unsigned>(c->members.size()));
+      std::vector<learner_ref> refs;
+      for (unsigned i = 0; i < c->members.size(); ++i) {
+        members[i].setLearner(c->members[i].learner.value);
+        members[i].setIncarnation(c->members[i].inc.value);
+        members[i].setWeight(c->members[i].weight);
+        refs.push_back({c->members[i].learner, c->members[i].inc});
+      }
+      ledger_.on_round_closed(c->round, refs, c->merge());
+      if (c->merge())
+        for (const auto& who : refs)
+          if (auto& rec = records_[who]; rec.first_merged_ns < 0) rec.first_merged_ns = now;
+      last_grace_ns_ = c->grace_ns;
+      (void)port_.send({role::parameter_shard, c->shard}, b.finish());
+      ++counts_.rounds_closed;
+      counts_.members += c->members.size();
+    } else if (auto* d = std::get_if<learner_dead>(&effect)) {
+      records_[{d->learner, d->inc}].left_ns = now;
+    }
+  }
+}
+
+/// A message from a shard: a higher incarnation than the one known restarted
+/// from its snapshot, and the contributions it held for its open rounds are gone.
+void broker_wire::shard_seen(node_address from, std::uint64_t inc, nanos now) {
+  shard_last_heard_[from.index] = now;
+  std::uint64_t& known = shard_incarnations_[from.index];
+  if (inc <= known) return;
+  if (known != 0) {
+    std::fprintf(stderr, "archipelago broker: shard/%u restarted (incarnation %llu)\n", from.index,
+                 static_cast<unsigned long long>(inc));
+    core_->on_shard_restarted(from.index, now);
+    // A new connection too: the old one may be dead for good (inproc:// never reconnects).
+    (void)port_.add_peer(from, setup_.shard_endpoints[from.index]);
+  }
+  known = inc;
+}
+
+void broker_wire::on_message(const transport::decoded_envelope& env, nanos now) {
+  const node_address from = env.sender();
+  if (env.body() == wire::Envelope::Body::CHAOS_COMMAND) {
+    (void)chaos_.on_command(env, port_, now);
+    return;
+  }
+  const learner_ref who{{from.index}, incarnation{env.header().getIncarnation()}};
+  if (from.kind == role::parameter_shard && from.index < shard_incarnations_.size())
+    shard_seen(from, env.header().getIncarnation(), now);
+  if (from.kind == role::learner && refused_.count(who)) return;  // a refused incarnation is not a member
+  switch (env.body()) {
+    case wire::Envelope::Body::JOIN:
+      if (from.kind == role::learner) on_join(env, now);
+      else send_welcome(from);  // a shard announcing its (new) incarnation: seen above
+      break;
+    case wire::Envelope::Body::LEAVE: on_leave(who, now); break;
+    case wire::Envelope::Body::PROGRESS: {
+      auto p = env.root().getBody().getProgress();
+      core_->on_progress(who.learner, who.inc, p.getStep(), static_cast<nanos>(p.getStepTimeNs()), now);
+      ledger_.on_progress(who, p.getStep(), p.getTokens(), static_cast<nanos>(p.getStepTimeNs()));
+      break;
+    }
+    case wire::Envelope::Body::CONTRIBUTION: on_arrival(env, now); break;  // a shard's arrival notice
+    case wire::Envelope::Body::FRAGMENT_UPDATE: on_fragment_update(env, now); break;  // a shard published
+    default: break;
+  }
+  dispatch(now);
+}
+
+void broker_wire::on_join(const transport::decoded_envelope& env, nanos now) {
+  const node_address from = env.sender();
+  const incarnation inc{env.header().getIncarnation()};
+  auto join = env.root().getBody().getJoin();
+  (void)port_.add_peer(from, join.getEndpoint().cStr());
+  if (join.getLayoutFingerprint() != setup_.layout.fingerprint() ||
+      join.getConfigHash() != mesh_agreement_hash(setup_.cfg)) {
+    const std::string why = from.to_string() + " refused: its " +
+                            (join.getLayoutFingerprint() != setup_.layout.fingerprint()
+                                 ? "model layout (model.* knobs) differs from the mesh's"
+                                 : "mesh policy (mesh.mode, fragments, shards, inner_steps, rounds_in_flight or "
+                                   "wire.encoding) differs from the mesh's");
+    std::fprintf(stderr, "archipelago broker: %s\n", why.c_str());
+    refused_.insert({{from.index}, inc});
+    auto b = port_.make_envelope();
+    auto e = b.body().initError();
+    e.setCode(wire::ErrorCode::MESH_MISMATCH);
+    e.setMessage(why);
+    e.setInReplyTo(env.header().getSequence());
+    (void)port_.send(from, b.finish());
+    return;
+  }
+  if (std::find(learners_.begin(), learners_.end(), from) == learners_.end()) learners_.push_back(from);
+  core_->on_join({from.index}, inc, now);
+  endpoints_[{{from.index}, inc}] = join.getEndpoint().cStr();
+  // A restart (an earlier incarnation of this learner is known) takes up the mesh's
+  // schedule: the ledger's steps / M. A first start begins at the schedule's start,
+  // however late it joins (at a mesh's start the learners come up a few steps apart).
+  const bool restarted = std::any_of(records_.begin(), records_.end(), [&](const auto& r) {
+    return r.first.learner.value == from.index && r.first.inc < inc;
+  });
+  const std::uint64_t schedule_step =
+      restarted ? ledger_.totals().steps / static_cast<std::uint64_t>(std::max(1, setup_.cfg.mesh.learners)) : 0;
+  send_welcome(from, schedule_step);  // after a broker restart: the learner drops the old broker's rounds
+  if (first_join_ns_ < 0) first_join_ns_ = now;
+  for (auto& [known, rec] : records_)  // a restart ends the earlier incarnations
+    if (known.learner.value == from.index && known.inc < inc && rec.left_ns < 0) rec.left_ns = now;
+  records_[{{from.index}, inc}].joined_ns = now;
+}
+
+void broker_wire::on_leave(learner_ref who, nanos now) {
+  core_->on_leave(who.learner, who.inc, now);
+  last_leave_ns_ = now;
+  records_[who].left_ns = now;
+  endpoints_.erase(who);  // nobody to greet there
+}
+
+/// A shard's notice of a contribution: buffered ones join their round; every one goes to the ledger.
+void broker_wire::on_arrival(const transport::decoded_envelope& env, nanos now) {
+  auto c = env.root().getBody().getContribution();
+  const round_number round{env.header().getRound()};
+  const learner_ref who{{c.getLearner()}, incarnation{c.getLearnerIncarnation()}};
+  if (refused_.count(who)) return;
+  // Buffered for a round of an earlier broker (the shard had not heard of this one yet):
+  // that round will never close here; the shard drops it once it hears of this broker.
+  const bool earlier_broker = c.getBrokerIncarnation() != 0 && c.getBrokerIncarnation() != inc_.value;
+  const wire::Verdict verdict =
+      earlier_broker && c.getVerdict() == wire::Verdict::BUFFERED ? wire::Verdict::LATE : c.getVerdict();
+  switch (verdict) {
+    case wire::Verdict::BUFFERED:
+      ledger_.on_arrival(round, who, c.getStep(), c.getSteps());
+      core_->on_contribution(round, who.learner, who.inc, c.getTokens(), c.getSteps(), now);
+      break;
+    case wire::Verdict::LATE: ledger_.on_outcome(who, c.getStep(), c.getSteps(), ledger_bucket::late); break;
+    case wire::Verdict::REJECTED: ledger_.on_outcome(who, c.getStep(), c.getSteps(), ledger_bucket::rejected); break;
+  }
+}
+
+/// A shard published a new version — or, later, made it durable: then the tape records the round.
+void broker_wire::on_fragment_update(const transport::decoded_envelope& env, nanos now) {
+  auto u = env.root().getBody().getFragmentUpdate();
+  const round_number round{env.header().getRound()};
+  if (u.getCommitted()) {
+    ++counts_.committed;
+    const round_record* r = core_->find_record(round);
+    if (store_ && r) store_->append_tape(tape_entry(*r, u.getVersion()));
+    return;
+  }
+  core_->on_published(round, {u.getFragment()}, u.getVersion(), now);
+  if (u.getFragment() < fragment_versions_.size())  // a restarted shard may publish lower ones: the newest is what it holds
+    fragment_versions_[u.getFragment()] = u.getVersion();
+  if (published_at_.size() < (std::size_t{1} << 24)) published_at_.push_back(now);
+}
+
+/// The uptime so far: a gap between publications longer than a few planned round intervals is down time.
+double broker_wire::uptime_until(nanos end) const {
+  const auto stall = static_cast<nanos>(
+      std::max(1e9, 4 * setup_.policy.steps_per_round * static_cast<double>(last_xi_step_ns_)));
+  return first_open_ns_ < 0 ? 1.0 : uptime_from_publications(published_at_, first_open_ns_, end, stall);
+}
+
+/// The learners' share of time spent on steps whose tokens were merged, since the first Join.
+double broker_wire::live_goodput(const ledger_totals& l, nanos now) const {
+  const int learners = setup_.cfg.mesh.learners;
+  if (first_join_ns_ < 0 || now <= first_join_ns_ || learners <= 0) return 0;
+  return l.merged_step_time_s / (learners * static_cast<double>(now - first_join_ns_) * 1e-9);
+}
+
+broker_report broker_wire::report(nanos now, bool final) {
+  last_xi_step_ns_ = core_->xi_step_ns().value_or(last_xi_step_ns_);
+  broker_report r;
+  r.started_ns = started_ns_;
+  const auto per_learner = ledger_.per_learner();
+  r.ledger = token_ledger::sum(per_learner);
+  for (const auto& [who, totals] : per_learner) records_[who].ledger = totals;
+  for (auto& [who, rec] : records_) {
+    rec.who = who;
+    r.learners.push_back(rec);
+  }
+  r.uptime = uptime_until(last_leave_ns_ >= 0 ? last_leave_ns_ : now);
+  r.first_join_ns = first_join_ns_;
+  r.last_leave_ns = last_leave_ns_;
+  r.xi_step_ms = static_cast<double>(last_xi_step_ns_) * 1e-6;
+  r.xi_quorum_ms = core_->xi_quorum_ns() * 1e-6;
+  r.last_grace_ms = static_cast<double>(last_grace_ns_) * 1e-6;
+  const broker_counters& c = core_->counters();
+  r.closed_all_eligible = c.closed_all_eligible;
+  r.closed_grace_expired = c.closed_grace_expired;
+  r.closed_timeout = c.closed_timeout;
+  if (final) {  // at most history_capacity rounds, once per run
+    for (const round_record& rec : core_->history()) {
+      if (rec.published_ns < 0) continue;
+      r.round_latency_ms.push_back(static_cast<double>(rec.published_ns - rec.closed_ns) * 1e-6);
+      r.round_open_to_published_ms.push_back(static_cast<double>(rec.published_ns - rec.opened_ns) * 1e-6);
+    }
+  }
+  return r;
+}
+
+}  // namespace archipelago

@@ -1,0 +1,101 @@
+// The broker's pages: its figures on /metrics and its view of the mesh on /status.
+
+#include "core/json_line.hpp"
+#include "sync_broker/broker_wire.hpp"
+
+namespace archipelago {
+
+void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
+  const metric_labels l = {{"role", to_string(role::sync_broker)}, {"index", "0"}};
+  auto with = [&](const char* key, std::string value) {
+    metric_labels x = l;
+    x.emplace_back(key, std::move(value));
+    return x;
+  };
+  const broker_counters& c = core_->counters();
+  page.counter("archipelago_rounds_opened_total", "Rounds the broker opened.", static_cast<double>(c.rounds_opened), l);
+  const std::pair<const char*, std::uint64_t> closed[] = {
+      {"all_eligible", c.closed_all_eligible}, {"grace_expired", c.closed_grace_expired}, {"timeout", c.closed_timeout}};
+  for (const auto& [reason, n] : closed)
+    page.counter("archipelago_rounds_closed_total", "Rounds closed, by why they closed.", static_cast<double>(n),
+                 with("reason", reason));
+  page.counter("archipelago_rounds_dropped_total", "Rounds closed without a merge (their shard restarted, or a younger round merged).",
+               static_cast<double>(c.rounds_aborted + c.rounds_superseded), l);
+  page.gauge("archipelago_rounds_open", "Rounds open now (at most mesh.rounds_in_flight per fragment).",
+             static_cast<double>(core_->rounds_open()), l);
+  page.counter("archipelago_late_contributions_total", "Contributions that arrived after their round closed.",
+               static_cast<double>(c.late), l);
+  const auto& history = core_->history();
+  page.gauge("archipelago_quorum_size", "Learners merged in the last closed round.",
+             history.empty() ? 0.0 : static_cast<double>(history.back().members.size()), l);
+  page.gauge("archipelago_quorum_min", "The minimum quorum K.", static_cast<double>(setup_.policy.quorum), l);
+  page.gauge("archipelago_grace_seconds", "The last round's grace window after its quorum.",
+             static_cast<double>(last_grace_ns_) * 1e-9, l);
+  page.gauge("archipelago_step_time_seconds", "The pace of the learners that form the quorum (xi_step).",
+             static_cast<double>(core_->xi_step_ns().value_or(0)) * 1e-9, l);
+  for (std::size_t p = 0; p < fragment_versions_.size(); ++p)
+    page.gauge("archipelago_fragment_version", "The version of each fragment this node holds.",
+               static_cast<double>(fragment_versions_[p]), with("fragment", std::to_string(p)));
+  std::size_t live = 0;
+  for (const member_view& m : core_->members()) {
+    live += m.live && !m.departed;
+    page.gauge("archipelago_learner_last_seen_seconds", "Time since the broker last heard from each learner.",
+               static_cast<double>(now - m.last_heard_ns) * 1e-9, with("learner", std::to_string(m.learner.value)));
+  }
+  page.gauge("archipelago_learners_live", "Learners alive and not departed.", static_cast<double>(live), l);
+  const ledger_totals led = ledger_.totals();
+  const std::pair<const char*, std::uint64_t> buckets[] = {{"processed", led.processed}, {"merged", led.merged},
+                                                           {"late", led.late},           {"lost", led.lost},
+                                                           {"rejected", led.rejected}};
+  for (const auto& [bucket, tokens] : buckets)
+    page.counter("archipelago_ledger_tokens_total", "The token ledger: processed, and the bucket each processed token ended in.",
+                 static_cast<double>(tokens), with("bucket", bucket));
+  page.gauge("archipelago_ledger_balanced", "1 when merged + late + lost + rejected = processed.", led.balanced() ? 1 : 0, l);
+  page.gauge("archipelago_goodput", "Learner time on steps whose tokens were merged, over mesh.learners x time since the first Join.",
+             live_goodput(led, now), l);
+  page.gauge("archipelago_uptime", "Share of time since the first round in which the global model advanced.",
+             uptime_until(now), l);
+}
+
+std::string broker_wire::status_json(nanos now) const {
+  auto age_s = [&](nanos t) { return t < 0 ? -1.0 : static_cast<double>(now - t) * 1e-9; };
+  const ledger_totals led = ledger_.totals();
+  std::string learners = "[";
+  for (const member_view& m : core_->members()) {
+    json_line j;
+    const learner_ref who{m.learner, m.inc};
+    const auto endpoint = endpoints_.find(who);
+    j.add("learner", static_cast<std::uint64_t>(m.learner.value)).add("incarnation", m.inc.value)
+        .add("state", m.departed ? "left" : !m.live ? "dead" : m.eligible ? "live" : "joining")
+        .add("last_seen_s", age_s(m.last_heard_ns)).add("steps", m.steps_done).add("step_ms", m.step_ema_ns * 1e-6)
+        .add("endpoint", endpoint == endpoints_.end() ? std::string() : endpoint->second);
+    if (const auto rec = records_.find(who); rec != records_.end()) j.add("merged_tokens", rec->second.ledger.merged);
+    learners += (learners.size() > 1 ? "," : "") + j.str();
+  }
+  std::string shards = "[";
+  for (std::size_t s = 0; s < shard_incarnations_.size(); ++s) {
+    json_line j;
+    j.add("shard", static_cast<std::uint64_t>(s)).add("incarnation", shard_incarnations_[s])
+        .add("endpoint", setup_.shard_endpoints[s]).add("last_seen_s", age_s(shard_last_heard_[s]));
+    shards += (shards.size() > 1 ? "," : "") + j.str();
+  }
+  std::string versions = "[";
+  for (std::size_t p = 0; p < fragment_versions_.size(); ++p)
+    versions += (p ? "," : "") + std::to_string(fragment_versions_[p]);
+  const broker_counters& c = core_->counters();
+  json_line out;
+  out.add("mode", setup_.cfg.mesh.mode).add("incarnation", inc_.value).add("uptime_s", age_s(started_ns_))
+      .add("learners_configured", setup_.cfg.mesh.learners).add("quorum", setup_.policy.quorum)
+      .add("rounds_opened", c.rounds_opened).add("rounds_closed", c.rounds_closed())
+      .add("rounds_open", static_cast<std::uint64_t>(core_->rounds_open())).add("late", c.late)
+      .add("grace_ms", static_cast<double>(last_grace_ns_) * 1e-6)
+      .add("goodput", live_goodput(led, now))
+      .add_raw("ledger", "{\"processed\":" + std::to_string(led.processed) + ",\"merged\":" + std::to_string(led.merged) +
+                             ",\"late\":" + std::to_string(led.late) + ",\"lost\":" + std::to_string(led.lost) +
+                             ",\"rejected\":" + std::to_string(led.rejected) + "}")
+      .add("ledger_balanced", led.balanced())
+      .add_raw("learners", learners + "]").add_raw("shards", shards + "]").add_raw("fragment_versions", versions + "]");
+  return out.str();
+}
+
+}  // namespace archipelago

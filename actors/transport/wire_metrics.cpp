@@ -1,0 +1,51 @@
+#include "transport/wire_metrics.hpp"
+
+namespace archipelago {
+
+metric_labels role_labels(node_address self) {
+  return {{"role", to_string(self.kind)}, {"index", std::to_string(self.index)}};
+}
+
+void add_node_metrics(prometheus_text& page, node_address self, incarnation inc, nanos up_ns,
+                      const transport::transport_counters& wire) {
+  const metric_labels me = role_labels(self);
+  auto with = [&](std::string key, std::string value) {
+    metric_labels l = me;
+    l.emplace_back(std::move(key), std::move(value));
+    return l;
+  };
+  page.gauge("archipelago_node_info", "One per actor: its role, index and incarnation (a restart is a new one).", 1,
+             with("incarnation", std::to_string(inc.value)));
+  page.gauge("archipelago_node_uptime_seconds", "Time since this incarnation started.",
+             static_cast<double>(up_ns) * 1e-9, me);
+  for (const auto& [peer, link] : wire.links) {
+    const metric_labels l = with("peer", peer.to_string());
+    page.counter("archipelago_wire_sent_bytes_total", "Bytes sent to a peer (frames as written to its socket).",
+                 static_cast<double>(link.sent_bytes), l);
+    page.counter("archipelago_wire_received_bytes_total", "Bytes of valid messages received from a peer.",
+                 static_cast<double>(link.received_bytes), l);
+    page.counter("archipelago_wire_sent_messages_total", "Messages sent to a peer, heartbeats included.",
+                 static_cast<double>(link.sent_messages), l);
+    page.counter("archipelago_wire_received_messages_total", "Valid messages received from a peer, heartbeats included.",
+                 static_cast<double>(link.received_messages), l);
+  }
+  page.counter("archipelago_wire_rejected_total", "Inbound messages refused as malformed, oversized or foreign.",
+               static_cast<double>(wire.rejected_total()), me);
+  page.counter("archipelago_wire_duplicates_total", "Inbound messages dropped as duplicates or from an old incarnation.",
+               static_cast<double>(wire.duplicates + wire.stale_incarnation + wire.too_old), me);
+  page.counter("archipelago_wire_peers_lost_total", "Peers declared silent (no message or heartbeat within the liveness window).",
+               static_cast<double>(wire.peers_died), me);
+  page.counter("archipelago_wire_reconnects_total", "Reconnection attempts to silent peers.",
+               static_cast<double>(wire.reconnects), me);
+  page.counter("archipelago_wire_dropped_total", "Outbound messages dropped: the outbox or a peer's queue was full.",
+               static_cast<double>(wire.outbox_full + wire.peer_queue_full), me);
+  for (const auto& [outcome, n] : {std::pair{"accepted", wire.curve_accepted}, std::pair{"refused", wire.curve_refused}}) {
+    metric_labels l = me;
+    l.emplace_back("outcome", outcome);
+    page.counter("archipelago_wire_curve_handshakes_total",
+                 "CURVE handshakes of clients with this node: accepted, or refused (a key not on the allow-list).",
+                 static_cast<double>(n), l);
+  }
+}
+
+}  // namespace archipelago
