@@ -28,13 +28,29 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+    """`count` loopback ports free right now, below the kernel's ephemeral range: the
+    mesh's own outgoing connections take their local ports from that range and could
+    take one between this pick and a node's bind (the node would then exit)."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    span = low - 10000
+    start = (os.getpid() * 7919) % span  # two launchers at once rarely meet
+    ports = []
+    for k in range(span):
+        port = 10000 + (start + k) % span
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"cannot find {count} free loopback ports below {low}")
 
 
 def parse_kill(text):

@@ -11,17 +11,14 @@
 #include "chaos_monkey/chaos_wire.hpp"
 #include "core/clock.hpp"
 #include "core/mesh_setup.hpp"
-
-namespace zmq {
-class context_t;
-}
+#include "transport/io_context.hpp"
 
 namespace archipelago {
 
 /// What the chaos monkey's actor is given; the pointers outlive it.
 struct chaos_actor_args {
   const mesh_setup* setup = nullptr;
-  std::shared_ptr<zmq::context_t> io;  // the process's transport context
+  transport::io_context io;  // the process's transport context
   const clock_source* clock = nullptr;
   std::string endpoint;                // where it listens (nobody calls it)
   std::vector<planned_fault> timeline;

@@ -14,11 +14,8 @@
 #include "core/clock.hpp"
 #include "core/ids.hpp"
 #include "core/mesh_setup.hpp"
+#include "transport/io_context.hpp"
 #include "core/node_status.hpp"
-
-namespace zmq {
-class context_t;
-}
 
 namespace archipelago {
 
@@ -29,7 +26,7 @@ struct learner_actor_args {
   const mesh_setup* setup = nullptr;
   std::uint32_t index = 0;
   const dataset* data = nullptr;
-  std::shared_ptr<zmq::context_t> io;  // the process's transport context
+  transport::io_context io;  // the process's transport context
   const clock_source* clock = nullptr;
   /// A restarted learner has a higher incarnation (and draws new batches).
   incarnation inc{1};

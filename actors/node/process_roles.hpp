@@ -15,14 +15,8 @@
 #include "core/ids.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/node_status.hpp"
-#include "storage/snapshot_store.hpp"
-
-namespace zmq {
-class context_t;
-}
-namespace archipelago::storage {
-class snapshot_writer;
-}
+#include "storage/snapshot_writer.hpp"
+#include "transport/io_context.hpp"
 
 namespace archipelago {
 
@@ -31,7 +25,7 @@ struct dataset;
 struct process_roles {
   caf::actor_system& sys;
   const mesh_setup& setup;
-  std::shared_ptr<zmq::context_t> io;
+  transport::io_context io;
   const clock_source& clock;
   status_board& board;
   const dataset* data = nullptr;               // learners

@@ -14,14 +14,8 @@
 #include "core/ids.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/node_status.hpp"
-#include "storage/snapshot_store.hpp"
-
-namespace zmq {
-class context_t;
-}
-namespace archipelago::storage {
-class snapshot_writer;
-}
+#include "storage/snapshot_writer.hpp"
+#include "transport/io_context.hpp"
 
 namespace archipelago {
 
@@ -30,7 +24,7 @@ struct shard_actor_args {
   const mesh_setup* setup = nullptr;
   std::uint32_t index = 0;
   const std::vector<float>* initial = nullptr;  // the initial global model, laid out by the layout
-  std::shared_ptr<zmq::context_t> io;          // the process's transport context
+  transport::io_context io;          // the process's transport context
   const clock_source* clock = nullptr;
   incarnation inc{1};
   /// Commits go here (with no snapshot to resume from, the initial state first); null: no snapshots.

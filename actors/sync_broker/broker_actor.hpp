@@ -11,21 +11,15 @@
 #include "core/ids.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/node_status.hpp"
-#include "storage/snapshot_store.hpp"
-
-namespace zmq {
-class context_t;
-}
-namespace archipelago::storage {
-class snapshot_writer;
-}
+#include "storage/snapshot_writer.hpp"
+#include "transport/io_context.hpp"
 
 namespace archipelago {
 
 /// What the broker's actor is given; the pointers outlive it.
 struct broker_actor_args {
   const mesh_setup* setup = nullptr;
-  std::shared_ptr<zmq::context_t> io;  // the process's transport context
+  transport::io_context io;  // the process's transport context
   const clock_source* clock = nullptr;
   incarnation inc{1};
   /// The tape and the ledger go here; null: no snapshots.

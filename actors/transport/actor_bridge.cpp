@@ -5,7 +5,7 @@
 namespace archipelago {
 
 std::unique_ptr<transport::node_transport> start_actor_wire(caf::scheduled_actor* self, const config& cfg,
-                                                            std::shared_ptr<zmq::context_t> io, node_address address,
+                                                            transport::io_context io, node_address address,
                                                             incarnation inc, const std::string& endpoint,
                                                             const clock_source& clock) {
   auto settings = transport::transport_config_from(cfg, address, inc, endpoint);

@@ -63,7 +63,7 @@ inline transport::node_transport::peer_handler deliver_peer_events_to(caf::actor
 /// `self`'s mailbox. On failure it says why on stderr, ends the actor and
 /// returns null.
 std::unique_ptr<transport::node_transport> start_actor_wire(caf::scheduled_actor* self, const config& cfg,
-                                                            std::shared_ptr<zmq::context_t> io, node_address address,
+                                                            transport::io_context io, node_address address,
                                                             incarnation inc, const std::string& endpoint,
                                                             const clock_source& clock);
 

@@ -19,7 +19,7 @@
 
 namespace archipelago::transport {
 
-std::shared_ptr<zmq::context_t> make_io_context() {
+io_context make_io_context() {
   // One I/O thread: ZeroMQ suggests one per GB/s, and this machine class has 2 cores.
   return std::make_shared<zmq::context_t>(1);
 }

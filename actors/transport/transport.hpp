@@ -29,6 +29,7 @@
 #include "core/ids.hpp"
 #include "transport/codec.hpp"
 #include "transport/curve_keys.hpp"
+#include "transport/io_context.hpp"
 #include "transport/link_shaper.hpp"
 #include "transport/message_port.hpp"
 #include "transport/reliability.hpp"
@@ -41,7 +42,7 @@ class context_t;
 namespace archipelago::transport {
 
 /// One ZeroMQ context per process; transports that share it can talk over inproc://.
-std::shared_ptr<zmq::context_t> make_io_context();
+io_context make_io_context();
 
 /// CURVE encryption and authentication on tcp:// (inproc:// stays in the process).
 struct curve_config {

@@ -19,13 +19,15 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
+from launch import free_ports  # noqa: E402  (deploy/launch.py: ports below the ephemeral range)
 
 BINARY = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="archipelago-metrics-")
@@ -44,16 +46,6 @@ def fail(message):
 def check(condition, message):
     if not condition:
         fail(message)
-
-
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 broker_port, shard_port, *metrics_ports = free_ports(7)

@@ -34,6 +34,17 @@ encoded_message contribution(node_transport& t, const std::vector<float>& delta)
   return b.finish();
 }
 
+/// A transport of `who` on loopback tcp:// with CURVE: its own keys, the allow-list every node shares.
+std::unique_ptr<node_transport> curve_node(node_address who, const curve_keypair& keys,
+                                           std::shared_ptr<const key_allow_list> allow, const clock_source& clock,
+                                           inbox& received) {
+  auto cfg = fast_config(who, "tcp://127.0.0.1:0");
+  cfg.curve = {true, keys, std::move(allow)};
+  auto t = node_transport::start(cfg, clock, received.handler());
+  REQUIRE(t);
+  return std::move(*t);
+}
+
 void exchange(const std::string& endpoint_a, const std::string& endpoint_b) {
   steady_clock_source clock;
   inbox at_a, at_b;
@@ -195,33 +206,22 @@ TEST_CASE("transport: CURVE admits allowed keys and refuses strangers") {
 
   steady_clock_source clock;
   inbox at_server, at_allowed, at_stranger;
-  auto server_cfg = fast_config(broker, "tcp://127.0.0.1:0");
-  server_cfg.curve = {true, *server_keys, allow};
-  auto server = node_transport::start(server_cfg, clock, at_server.handler());
-  REQUIRE(server);
-
-  auto client_cfg = fast_config(learner, "tcp://127.0.0.1:0");
-  client_cfg.curve = {true, *allowed_keys, allow};
-  auto allowed = node_transport::start(client_cfg, clock, at_allowed.handler());
-  REQUIRE(allowed);
-  const node_address stranger_address{role::learner, 9};
-  auto stranger_cfg = fast_config(stranger_address, "tcp://127.0.0.1:0");
-  stranger_cfg.curve = {true, *stranger_keys, allow};
-  auto stranger = node_transport::start(stranger_cfg, clock, at_stranger.handler());
-  REQUIRE(stranger);
+  auto server = curve_node(broker, *server_keys, allow, clock, at_server);
+  auto allowed = curve_node(learner, *allowed_keys, allow, clock, at_allowed);
+  auto stranger = curve_node({role::learner, 9}, *stranger_keys, allow, clock, at_stranger);
 
   // A peer without a valid server key is refused up front.
-  CHECK_FALSE((*allowed)->add_peer(broker, (*server)->endpoint(), "not-a-key"));
-  REQUIRE((*allowed)->add_peer(broker, (*server)->endpoint(), server_keys->public_z85));
-  REQUIRE((*stranger)->add_peer(broker, (*server)->endpoint(), server_keys->public_z85));
+  CHECK_FALSE(allowed->add_peer(broker, server->endpoint(), "not-a-key"));
+  REQUIRE(allowed->add_peer(broker, server->endpoint(), server_keys->public_z85));
+  REQUIRE(stranger->add_peer(broker, server->endpoint(), server_keys->public_z85));
   std::vector<float> delta(64, 0.25f);
-  REQUIRE((*allowed)->send(broker, contribution(**allowed, delta)));
-  REQUIRE((*stranger)->send(broker, contribution(**stranger, delta)));
+  REQUIRE(allowed->send(broker, contribution(*allowed, delta)));
+  REQUIRE(stranger->send(broker, contribution(*stranger, delta)));
   REQUIRE(at_server.wait_for([&] { return !at_server.messages.empty(); }));
   std::this_thread::sleep_for(300ms);
   REQUIRE(at_server.messages.size() == 1);
   CHECK(at_server.messages[0]->envelope->sender() == learner);
-  const auto c = (*server)->counters();
+  const auto c = server->counters();
   CHECK(c.curve_accepted >= 1);
   CHECK(c.curve_refused >= 1);
 }
@@ -241,22 +241,16 @@ TEST_CASE("transport: CURVE finds a server's key on the allow-list by the peer's
 
   steady_clock_source clock;
   inbox at_broker, at_learner;
-  auto broker_cfg = fast_config(broker, "tcp://127.0.0.1:0");
-  broker_cfg.curve = {true, *broker_keys, allow};
-  auto b = node_transport::start(broker_cfg, clock, at_broker.handler());
-  REQUIRE(b);
-  auto learner_cfg = fast_config(learner, "tcp://127.0.0.1:0");
-  learner_cfg.curve = {true, *learner_keys, allow};
-  auto l = node_transport::start(learner_cfg, clock, at_learner.handler());
-  REQUIRE(l);
+  auto b = curve_node(broker, *broker_keys, allow, clock, at_broker);
+  auto l = curve_node(learner, *learner_keys, allow, clock, at_learner);
 
   // No key named shard-0 on the list: refused up front, not a silent dead link.
-  CHECK_FALSE((*l)->add_peer({role::parameter_shard, 0}, (*b)->endpoint()));
-  REQUIRE((*l)->add_peer(broker, (*b)->endpoint()));
-  REQUIRE((*b)->add_peer(learner, (*l)->endpoint()));  // learner/1 falls back to "learner"
+  CHECK_FALSE(l->add_peer({role::parameter_shard, 0}, b->endpoint()));
+  REQUIRE(l->add_peer(broker, b->endpoint()));
+  REQUIRE(b->add_peer(learner, l->endpoint()));  // learner/1 falls back to "learner"
   std::vector<float> delta(64, 0.5f);
-  REQUIRE((*l)->send(broker, contribution(**l, delta)));
-  REQUIRE((*b)->send(learner, contribution(**b, delta)));
+  REQUIRE(l->send(broker, contribution(*l, delta)));
+  REQUIRE(b->send(learner, contribution(*b, delta)));
   REQUIRE(at_broker.wait_for([&] { return !at_broker.messages.empty(); }));
   REQUIRE(at_learner.wait_for([&] { return !at_learner.messages.empty(); }));
   CHECK(at_broker.messages[0]->envelope->sender() == learner);

@@ -155,9 +155,19 @@ struct drill_work_area {
   expected<std::filesystem::path> fresh(const std::string& name) const;
 };
 
-/// A drill's report before its runs: plan, mode, seed, the mesh's shape, the phases, the pace.
-drill_report new_drill_report(const drill_options& o, const config& cfg, const fault_plan_spec& plan,
-                              const sync_policy& policy, double step_time_ms);
+/// A drill before its runs: its plan checked and scaled, its mesh's
+/// configuration (time-bounded, paced), layout and policy, the work area for
+/// its stores, and the report's header (plan, mode, seed, shape, phases, pace).
+struct prepared_drill {
+  fault_plan_spec plan;
+  sync_policy policy;
+  config cfg;
+  mesh_setup layout;
+  std::unique_ptr<drill_work_area> area;
+  drill_report report;
+};
+expected<prepared_drill> prepare_drill(const config& base, const drill_options& o);
+
 /// `progress` with every line prefixed by the phase's name.
 mesh_progress phase_progress(const mesh_progress& progress, const char* name);
 

@@ -93,19 +93,29 @@ expected<fs::path> drill_work_area::fresh(const std::string& name) const {
   return p;
 }
 
-drill_report new_drill_report(const drill_options& o, const config& cfg, const fault_plan_spec& plan,
-                              const sync_policy& policy, double step_time_ms) {
-  drill_report r;
+expected<prepared_drill> prepare_drill(const config& base, const drill_options& o) {
+  auto plan = load_drill_plan(base, o);
+  if (!plan) return plan.err();
+  auto policy = resolve_policy(base);
+  if (!policy) return policy.err();
+  const double step_ms = base.mesh.step_time_ms > 0 ? base.mesh.step_time_ms : calibrate_step_time_ms(base);
+  config cfg = drill_config(base, *plan, step_ms);
+  if (auto ok = validate_mesh(cfg); !ok) return ok.err();
+  auto area = drill_work_area::open(o.work_dir);
+  if (!area) return area.err();
+  prepared_drill d{std::move(*plan), *policy, cfg, make_mesh_setup(cfg, *policy), std::move(*area), {}};
+  drill_report& r = d.report;
   r.plan = o.plan_origin;
   r.mode = cfg.mesh.mode;
-  r.seed = plan.seed;
+  r.seed = d.plan.seed;
   r.learners = cfg.mesh.learners;
-  r.shards = policy.shards;
-  r.quorum = policy.wait_for_all ? cfg.mesh.learners : policy.quorum;
-  r.safety_s = static_cast<double>(plan.duration_ns) * 1e-9;
-  r.liveness_s = static_cast<double>(plan.liveness_ns) * 1e-9;
-  r.step_time_ms = step_time_ms;
-  return r;
+  r.shards = d.policy.shards;
+  r.quorum = d.policy.wait_for_all ? cfg.mesh.learners : d.policy.quorum;
+  r.safety_s = static_cast<double>(d.plan.duration_ns) * 1e-9;
+  r.liveness_s = static_cast<double>(d.plan.liveness_ns) * 1e-9;
+  r.step_time_ms = step_ms;
+  r.processes = !o.binary.empty();
+  return d;
 }
 
 mesh_progress phase_progress(const mesh_progress& progress, const char* name) {

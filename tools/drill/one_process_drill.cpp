@@ -9,20 +9,14 @@ namespace archipelago {
 expected<drill_report> run_drill(const config& base, const drill_options& o, const mesh_progress& progress,
                                  const std::function<bool()>& stop_requested) {
   if (!o.binary.empty()) return run_process_drill(base, o, progress, stop_requested);
-  auto plan = load_drill_plan(base, o);
-  if (!plan) return plan.err();
-  auto policy = resolve_policy(base);
-  if (!policy) return policy.err();
-  const double step_ms = base.mesh.step_time_ms > 0 ? base.mesh.step_time_ms : calibrate_step_time_ms(base);
-  const config cfg = drill_config(base, *plan, step_ms);
-  if (auto ok = validate_mesh(cfg); !ok) return ok.err();
-  const mesh_setup layout = make_mesh_setup(cfg, *policy);
-
-  auto area = drill_work_area::open(o.work_dir);
-  if (!area) return area.err();
-  drill_report r = new_drill_report(o, cfg, *plan, *policy, step_ms);
+  auto prepared = prepare_drill(base, o);
+  if (!prepared) return prepared.err();
+  const config& cfg = prepared->cfg;
+  const mesh_setup& layout = prepared->layout;
+  drill_work_area& area = *prepared->area;
+  drill_report& r = prepared->report;
   if (o.reference) {
-    auto db = (*area)->fresh("reference.db");
+    auto db = area.fresh("reference.db");
     if (!db) return db.err();
     mesh_snapshots snaps;
     snaps.db = db->string();
@@ -32,13 +26,13 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
     if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");
   }
 
-  auto db = (*area)->fresh("drill.db");
+  auto db = area.fresh("drill.db");
   if (!db) return db.err();
   mesh_snapshots snaps;
   snaps.db = db->string();
   mesh_drill drill;
-  drill.timeline = expand_fault_plan(*plan, cfg.mesh.learners);
-  drill.safety_ns = plan->duration_ns;
+  drill.timeline = expand_fault_plan(prepared->plan, cfg.mesh.learners);
+  drill.safety_ns = prepared->plan.duration_ns;
   first_merges merges;
   drill.sample = [&](nanos since_start, const status_board& board) {
     r.samples.push_back(sample_of(board, drill.log, layout, static_cast<double>(since_start) * 1e-9));
@@ -54,7 +48,7 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
   r.chaos_commands = drill.log.commands_sent.load();
   r.chaos_commands_failed = drill.log.commands_failed.load();
   finish_drill_report(r, drill, cfg, layout);
-  return r;
+  return std::move(r);
 }
 
 }  // namespace archipelago

@@ -468,25 +468,18 @@ status process_run_of::summarize(const process_mesh& mesh, double wall_s, proces
 
 expected<drill_report> run_process_drill(const config& base, const drill_options& o, const mesh_progress& progress,
                                          const std::function<bool()>& stop_requested) {
-  auto plan = load_drill_plan(base, o);
-  if (!plan) return plan.err();
-  auto policy = resolve_policy(base);
-  if (!policy) return policy.err();
-  const double step_ms = base.mesh.step_time_ms > 0 ? base.mesh.step_time_ms : calibrate_step_time_ms(base);
-  const config cfg = drill_config(base, *plan, step_ms);
-  if (auto ok = validate_mesh(cfg); !ok) return ok.err();
-  const mesh_setup layout = make_mesh_setup(cfg, *policy);
-
-  auto area = drill_work_area::open(o.work_dir);
-  if (!area) return area.err();
-  drill_report r = new_drill_report(o, cfg, *plan, *policy, step_ms);
-  r.processes = true;
+  auto prepared = prepare_drill(base, o);
+  if (!prepared) return prepared.err();
+  const config& cfg = prepared->cfg;
+  const sync_policy& policy = prepared->policy;
+  drill_work_area& area = *prepared->area;
+  drill_report& r = prepared->report;
   auto one_run = [&](const char* name, mesh_drill& drill, const char* phase) -> expected<process_run> {
-    auto d = (*area)->fresh(name);
+    auto d = area.fresh(name);
     if (!d) return d.err();
-    auto run = process_run_of(cfg, drill, phase_progress(progress, phase), stop_requested).run(*policy, *d, o.binary);
+    auto run = process_run_of(cfg, drill, phase_progress(progress, phase), stop_requested).run(policy, *d, o.binary);
     if (!run) {
-      (*area)->keep = true;
+      area.keep = true;
       return make_error(run.err().code, std::string(phase) + ": " + run.err().message + " (logs kept in " +
                                             (*d / "logs").string() + ")");
     }
@@ -494,15 +487,15 @@ expected<drill_report> run_process_drill(const config& base, const drill_options
   };
   if (o.reference) {
     mesh_drill none;
-    none.safety_ns = plan->duration_ns;
+    none.safety_ns = prepared->plan.duration_ns;
     auto ref = one_run("reference", none, "reference (no faults)");
     if (!ref) return ref.err();
     r.reference = std::move(ref->summary);
     if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");
   }
   mesh_drill drill;
-  drill.timeline = expand_fault_plan(*plan, cfg.mesh.learners);
-  drill.safety_ns = plan->duration_ns;
+  drill.timeline = expand_fault_plan(prepared->plan, cfg.mesh.learners);
+  drill.safety_ns = prepared->plan.duration_ns;
   auto run = one_run("drill", drill, "drill");
   if (!run) return run.err();
   r.run = std::move(run->summary);
@@ -510,8 +503,8 @@ expected<drill_report> run_process_drill(const config& base, const drill_options
   r.process_events = std::move(run->events);
   r.chaos_commands = drill.log.commands_sent.load();
   r.chaos_commands_failed = drill.log.commands_failed.load();
-  finish_drill_report(r, drill, cfg, layout);
-  return r;
+  finish_drill_report(r, drill, cfg, prepared->layout);
+  return std::move(r);
 }
 
 }  // namespace archipelago
