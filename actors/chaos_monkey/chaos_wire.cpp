@@ -30,9 +30,14 @@ link_profile shaped(const link_profile& normal, const link_fault& f) {
   return p;
 }
 
-std::vector<node_address> addresses(const std::vector<fault_target>& targets) {
+/// The nodes a group of targets names ("learners": every learner).
+std::vector<node_address> addresses(const mesh_setup& setup, const std::vector<fault_target>& targets) {
   std::vector<node_address> out;
-  for (const auto& t : targets) out.push_back(address_of(t));
+  for (const auto& t : targets)
+    if (t.every_learner)
+      for (std::uint32_t l = 0; l < setup.learner_endpoints.size(); ++l) out.push_back({role::learner, l});
+    else
+      out.push_back(address_of(t));
   return out;
 }
 
@@ -99,7 +104,6 @@ void chaos_wire::shape_between(const std::vector<node_address>& a, const std::ve
 void chaos_wire::carry_out(const chaos_action& a, nanos since_start) {
   const planned_fault& f = core_.timeline()[a.fault];
   const bool inject = a.action == chaos_action::what::inject;
-  const link_profile& normal = port_.default_link();
   // A pause or a storage fault never outlasts the safety phase.
   const nanos bounded_ns = std::max<nanos>(0, std::min(f.for_ns, safety_ns_ - since_start));
   active_[a.fault] = inject;
@@ -107,32 +111,22 @@ void chaos_wire::carry_out(const chaos_action& a, nanos since_start) {
     case fault_kind::crash:
     case fault_kind::shard_crash:
     case fault_kind::broker_crash:
-      for (const auto& t : f.targets) inject ? control_.crash(t) : control_.restart(t);
+      for (const auto& t : f.targets) {
+        if (inject) {
+          control_.crash(t);
+        } else {
+          control_.restart(t);
+          reapply(t);
+        }
+      }
       break;
     case fault_kind::pause:  // the launcher resumes it itself
       if (inject)
         for (const auto& t : f.targets) control_.pause(t, bounded_ns);
       break;
     case fault_kind::slow:
-      for (const auto& t : f.targets) {
-        chaos_order o;
-        o.kind = chaos_order::what::slow_down;
-        o.factor = inject ? std::max(1.0, f.factor) : 1.0;
-        command(address_of(t), o);
-      }
-      break;
-    case fault_kind::partition: {
-      link_profile cut = normal;
-      cut.loss = 1;
-      for (std::size_t i = 0; i < f.groups.size(); ++i)
-        for (std::size_t j = i + 1; j < f.groups.size(); ++j)
-          shape_between(addresses(f.groups[i]), addresses(f.groups[j]), inject ? cut : normal);
-      break;
-    }
-    case fault_kind::link:
-      for (const auto& t : f.targets)
-        shape_between({address_of(t)}, peers_of(setup_, address_of(t)), inject ? shaped(normal, f.link) : normal);
-      break;
+    case fault_kind::partition:
+    case fault_kind::link: shape(f, inject, std::nullopt); break;
     case fault_kind::storage_errors:
       for (const auto& t : f.targets) {
         chaos_order o;
@@ -142,6 +136,48 @@ void chaos_wire::carry_out(const chaos_action& a, nanos since_start) {
       }
       break;
   }
+}
+
+void chaos_wire::shape(const planned_fault& f, bool inject, std::optional<node_address> only) {
+  const link_profile& normal = port_.default_link();
+  auto with = [&](std::vector<node_address> nodes) {  // narrowed to `only` when given
+    if (only) std::erase_if(nodes, [&](node_address n) { return n != *only; });
+    return nodes;
+  };
+  switch (f.kind) {
+    case fault_kind::slow:
+      for (node_address n : with(addresses(setup_, f.targets))) {
+        chaos_order o;
+        o.kind = chaos_order::what::slow_down;
+        o.factor = inject ? std::max(1.0, f.factor) : 1.0;
+        command(n, o);
+      }
+      break;
+    case fault_kind::partition: {
+      link_profile cut = normal;
+      cut.loss = 1;
+      for (std::size_t i = 0; i < f.groups.size(); ++i)
+        for (std::size_t j = 0; j < f.groups.size(); ++j)
+          if (i != j && (only || i < j))  // both ways once; a restarted node on either side
+            shape_between(with(addresses(setup_, f.groups[i])), addresses(setup_, f.groups[j]), inject ? cut : normal);
+      break;
+    }
+    case fault_kind::link:
+      for (node_address t : addresses(setup_, f.targets)) {
+        const link_profile p = inject ? shaped(normal, f.link) : normal;
+        if (!only || *only == t) shape_between({t}, peers_of(setup_, t), p);
+        else shape_between({t}, with(peers_of(setup_, t)), p);
+      }
+      break;
+    default: break;
+  }
+}
+
+void chaos_wire::reapply(const fault_target& restarted) {
+  const node_address n = address_of(restarted);
+  const auto& timeline = core_.timeline();
+  for (std::size_t i = 0; i < timeline.size(); ++i)
+    if (active_[i]) shape(timeline[i], true, n);
 }
 
 /// What is down now, from the faults still active.

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,14 @@ class chaos_wire {
   /// once every fault is repaired and every node told to heal.
   nanos tick(nanos since_start);
 
+  /// A restarted node's transport has its default links and its learner no
+  /// slow-down: the faults in force that concern it (slow-downs, link faults,
+  /// partitions) are sent to it again. Called after every restart it orders; a
+  /// launcher whose restarts start later calls it again once the node is up.
+  /// (A storage fault is not sent again: a shard's disk outlives its process in
+  /// one process and is new across processes; the drills say which they measure.)
+  void reapply(const fault_target& restarted);
+
   const chaos_core& core() const { return core_; }
 
  private:
@@ -79,6 +88,9 @@ class chaos_wire {
   void shape_between(const std::vector<node_address>& a, const std::vector<node_address>& b,
                      const link_profile& profile);
   void carry_out(const chaos_action& a, nanos since_start);
+  /// Carries out fault `f`'s shaping (slow-downs, link faults, partitions) again, only
+  /// on what concerns `node`; `inject` false restores the normal link instead.
+  void shape(const planned_fault& f, bool inject, std::optional<node_address> only);
   void count_down();
 
   const mesh_setup& setup_;

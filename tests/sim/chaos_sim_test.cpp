@@ -1,6 +1,6 @@
 // The fault drills of deploy/drills run against the deterministic simulation:
-// each plan's safety phase with its faults (a chaos_core drives them in virtual
-// time), then its liveness phase healed, and the properties the drills exist
+// each plan's safety phase with its faults (the chaos monkey's real wire layer
+// carries them out in virtual time), then its liveness phase healed, and the properties the drills exist
 // for checked on the result. A failure prints the plan and the seed; rerun one
 // plan with -tc="sim: fault drill <plan>", and another seed with
 // SIM_CHAOS_SEED=<n> (it reseeds both the plan's random faults and the sim).

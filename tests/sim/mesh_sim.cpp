@@ -8,6 +8,7 @@
 #include <queue>
 #include <set>
 
+#include "chaos_monkey/chaos_wire.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/prng.hpp"
 #include "learner/learner_wire.hpp"
@@ -26,19 +27,6 @@ using transport::encoded_message;
 const model_shape sim_shape{256, 4, 8, 1, 2, true};
 constexpr std::size_t heartbeat_bytes = 64;
 
-/// A plan's link fault on top of the sim's default link: its probabilities
-/// replace the default's; a delay or bandwidth of 0 leaves the default's.
-link_profile faulted_link(const link_profile& base, const link_fault& f) {
-  link_profile p = base;
-  p.loss = f.loss;
-  p.duplicate = f.duplicate;
-  p.reorder = f.reorder;
-  p.corrupt = f.corrupt;
-  if (f.delay_ms > 0) p.latency_ns = std::llround(f.delay_ms * 1e6);
-  if (f.bandwidth_mbit > 0) p.bandwidth_bytes_per_s = f.bandwidth_mbit * 1e6 / 8;
-  return p;
-}
-
 /// The mesh as its wire layers see it: the quadratic's layout, its plan and shards,
 /// the transport's heartbeat period, and where each node "listens".
 mesh_setup sim_setup(const sim_config& c) {
@@ -48,6 +36,7 @@ mesh_setup sim_setup(const sim_config& c) {
   s.cfg.mesh.fragments = c.fragments;
   s.cfg.wire.heartbeat_interval_ms = std::max<std::int64_t>(1, c.broker_silence_ns / 3 / 1'000'000);
   s.cfg.wire.liveness = 3;
+  s.cfg.wire.accept_chaos = true;  // the fault drills' ChaosCommands
   s.policy.fragments = c.fragments;
   s.policy.shards = c.shards;
   s.policy.quorum = c.broker.quorum;
@@ -82,9 +71,7 @@ class sim_port final : public transport::message_port {
   }
   status send(node_address peer, encoded_message&& message) override;
   status broadcast(const std::vector<node_address>& peers, encoded_message&& message) override;
-  status set_link(node_address, const link_profile&) override {
-    return make_error(errc::invalid_input, "the simulation shapes its links itself");
-  }
+  status set_link(node_address peer, const link_profile& profile) override;
   const link_profile& default_link() const override { return link_; }
 
   incarnation inc{1};
@@ -121,8 +108,11 @@ class mesh {
   int node_of(node_address a) const {
     if (a.kind == role::learner) return static_cast<int>(a.index);
     if (a.kind == role::sync_broker) return broker_node();
+    if (a.kind == role::chaos_monkey) return chaos_node();
     return shard_node(a.index);
   }
+  /// A node's transport shapes its link to `to` (a ChaosCommand it obeyed).
+  void shape(int from, int to, const link_profile& profile);
 
  private:
   /// One delivery on a link, in flight or held by a stopped process.
@@ -145,7 +135,6 @@ class mesh {
     bool paused = false;            // SIGSTOP: nothing runs; deliveries and timers wait in `held`
     std::vector<std::function<void()>> held;
     bool step_due = false;          // a step came due while paused
-    double slow = 1;                // step time factor of slow faults in force
     // What earlier incarnations counted (the wire's counters start anew with each).
     std::uint64_t contributions_before = 0, wait_ns_before = 0;
   };
@@ -166,7 +155,7 @@ class mesh {
     std::unique_ptr<sim_shard_store> store;
     std::unique_ptr<shard_wire> wire;
     bool up = true;
-    int storage_failing = 0;  // storage_errors faults in force: commits fail
+    nanos storage_failing_until = 0;  // the chaos monkey's storage fault: commits before this fail
     std::map<std::uint32_t, fragment_outer_state> durable;  // fragment → newest committed outer state
   };
 
@@ -190,10 +179,12 @@ class mesh {
   int shard_node(std::uint32_t s) const { return cfg_.learners + 1 + static_cast<int>(s); }
   bool is_shard_node(int node) const { return node > broker_node(); }
   std::uint32_t shard_at(int node) const { return static_cast<std::uint32_t>(node - cfg_.learners - 1); }
-  int nodes() const { return cfg_.learners + 1 + cfg_.shards; }
+  int nodes() const { return cfg_.learners + 1 + cfg_.shards; }  // the mesh's; the chaos monkey's is after them
+  int chaos_node() const { return nodes(); }
   node_address address_of(int node) const {
     if (node < cfg_.learners) return {role::learner, static_cast<std::uint32_t>(node)};
     if (node == broker_node()) return broker_address;
+    if (node == chaos_node()) return {role::chaos_monkey, 0};
     return {role::parameter_shard, shard_at(node)};
   }
   std::uint32_t shard_of(fragment_index p) const { return setup_.shard_of_fragment[p.value]; }
@@ -213,7 +204,9 @@ class mesh {
   // -- roles ------------------------------------------------------------------
   void start_learner(std::uint32_t i, nanos t);
   void crash(std::uint32_t i);
-  nanos step_time(const learner& l) const { return std::llround(static_cast<double>(l.step_ns) * l.slow); }
+  nanos step_time(const learner& l) const {
+    return std::llround(static_cast<double>(l.step_ns) * l.wire->slowdown());  // the chaos monkey's slow-down
+  }
   void schedule_step(std::uint32_t i);
   void step(std::uint32_t i, incarnation inc);
   void learner_do(std::uint32_t i, incarnation inc, std::function<void(learner&)> fn);
@@ -229,10 +222,15 @@ class mesh {
   void restart_shard(std::uint32_t s);
 
   // -- fault drills -----------------------------------------------------------
+  class sim_processes;
   void chaos_tick();
-  std::vector<int> nodes_of(const fault_target& t) const;
-  void apply(const planned_fault& f, std::size_t fault, bool inject);
+  void crash_target(const fault_target& t);
+  void restart_target(const fault_target& t);
+  void pause_target(const fault_target& t, nanos duration);
   void resume(std::uint32_t i);
+  void storage_order(std::uint32_t s, const chaos_order& order);
+  void fresh_transport(int node);
+  bool cut(int a, int b) const { return profile_for(a, b).loss >= 1; }
   int healthy_learners() const;
   int faults_in_place() const;
 
@@ -254,15 +252,36 @@ class mesh {
   bool broker_up_ = true;
   std::vector<round_record> earlier_history_;
   std::vector<node_transport_state> transports_;
-  std::unique_ptr<chaos_core> chaos_;
-  std::vector<std::pair<std::size_t, std::vector<int>>> plan_partitions_;  // fault → node → group (-1: none)
-  std::map<int, std::vector<std::pair<std::size_t, link_profile>>> link_faults_;  // node → faults in force, newest last
+  // The chaos monkey: its wire layer, its port, the launcher it drives, its record.
+  std::unique_ptr<sim_port> chaos_port_;
+  std::unique_ptr<process_control> processes_;
+  chaos_log chaos_log_;
+  std::unique_ptr<chaos_wire> chaos_;
+  std::map<int, nanos> crashed_at_;  // node → its crash: a shard's or the broker's restart takes restart_ns
+  std::map<std::pair<int, int>, link_profile> shaped_;  // directed links a node's transport shaped (ChaosCommands)
   std::map<std::pair<int, int>, link_shaper> links_;
   std::priority_queue<event, std::vector<event>, std::greater<>> events_;
   std::uint64_t seq_ = 0;
   nanos now_ = 0;
   sim_result result_;
 };
+
+/// The launcher the chaos monkey drives: the sim's own processes (see "fault drills" below).
+class mesh::sim_processes final : public process_control {
+ public:
+  explicit sim_processes(mesh& world) : world_(world) {}
+  void crash(const fault_target& t) override { world_.crash_target(t); }
+  void restart(const fault_target& t) override { world_.restart_target(t); }
+  void pause(const fault_target& t, nanos duration) override { world_.pause_target(t, duration); }
+
+ private:
+  mesh& world_;
+};
+
+status sim_port::set_link(node_address peer, const link_profile& profile) {
+  world_.shape(node_, world_.node_of(peer), profile);
+  return {};
+}
 
 status sim_port::send(node_address peer, encoded_message&& message) {
   return broadcast({peer}, std::move(message));
@@ -288,7 +307,7 @@ mesh::mesh(const sim_config& c) : cfg_(c), setup_(sim_setup(c)), rng_(derive_see
   target_.resize(setup_.layout.total_floats);
   for (auto& x : target_) x = static_cast<float>(rng_.normal());
   const heartbeat_config hb{c.broker_silence_ns / 3, 3};
-  for (int n = 0; n < nodes(); ++n) transports_.push_back({peer_liveness(hb), {}, {}});
+  for (int n = 0; n <= chaos_node(); ++n) transports_.push_back({peer_liveness(hb), {}, {}});
   shards_.resize(static_cast<std::size_t>(c.shards));
   for (std::uint32_t s = 0; s < shards_.size(); ++s) {
     shard_process& proc = shards_[s];
@@ -327,8 +346,11 @@ mesh::mesh(const sim_config& c) : cfg_(c), setup_(sim_setup(c)), rng_(derive_see
     if (f.restart_at_ns >= f.at_ns) at(f.restart_at_ns, [this, f] { start_broker(f.with_store); });
   }
   if (!c.timeline.empty()) {
-    chaos_ = std::make_unique<chaos_core>(c.timeline, c.safety_ns);
-    if (const nanos first = chaos_->next_due(); first >= 0) at(first, [this] { chaos_tick(); });
+    chaos_port_ = std::make_unique<sim_port>(*this, chaos_node(), node_address{role::chaos_monkey, 0}, "sim://chaos", c.link);
+    processes_ = std::make_unique<sim_processes>(*this);
+    chaos_ = std::make_unique<chaos_wire>(setup_, c.timeline, c.safety_ns, *chaos_port_, *processes_, chaos_log_);
+    chaos_->start();
+    at(0, [this] { chaos_tick(); });
   }
 }
 
@@ -352,19 +374,30 @@ bool mesh::partitioned(int a, int b) const {
     const int l = static_cast<int>(p.learner);
     if ((a == l) != (b == l)) return true;
   }
-  for (const auto& [fault, group_of] : plan_partitions_) {
-    const int ga = group_of[static_cast<std::size_t>(a)], gb = group_of[static_cast<std::size_t>(b)];
-    if (ga >= 0 && gb >= 0 && ga != gb) return true;
-  }
   return false;
 }
 
-/// A link fault on either end (the sender's first) replaces the default link.
+/// The link as the sender's transport shaped it (ChaosCommands), else the default.
 link_profile mesh::profile_for(int from, int to) const {
-  for (int node : {from, to})
-    if (auto it = link_faults_.find(node); it != link_faults_.end() && !it->second.empty())
-      return it->second.back().second;
-  return cfg_.link;
+  const auto it = shaped_.find({from, to});
+  return it == shaped_.end() ? cfg_.link : it->second;
+}
+
+void mesh::shape(int from, int to, const link_profile& profile) {
+  shaped_[{from, to}] = profile;
+  (void)link(from, to).set_profile(profile);
+}
+
+/// A new process of `node`: a transport that knows no peer and shapes no link.
+void mesh::fresh_transport(int node) {
+  transports_[static_cast<std::size_t>(node)] = {peer_liveness({cfg_.broker_silence_ns / 3, 3}), {}, {}};
+  for (auto it = shaped_.begin(); it != shaped_.end();)
+    if (it->first.first == node) {
+      (void)link(node, it->first.second).set_profile(cfg_.link);
+      it = shaped_.erase(it);
+    } else {
+      ++it;
+    }
 }
 
 link_shaper& mesh::link(int from, int to) {
@@ -379,6 +412,7 @@ link_shaper& mesh::link(int from, int to) {
 std::uint64_t mesh::incarnation_of(int node) const {
   if (node < cfg_.learners) return learners_[static_cast<std::size_t>(node)].inc.value;
   if (node == broker_node()) return broker_port_->inc.value;
+  if (node == chaos_node()) return chaos_port_->inc.value;
   return shards_[shard_at(node)].port->inc.value;
 }
 
@@ -479,8 +513,8 @@ void mesh::dispatch(int to, int from, const decoded_envelope& env) {
       delivered = std::max(delivered, env.root().getBody().getProgress().getStep());
     }
     broker_->on_message(env, now_);
-  } else {
-    (void)shards_[shard_at(to)].wire->on_message(env, now_);
+  } else if (auto order = shards_[shard_at(to)].wire->on_message(env, now_)) {
+    storage_order(shard_at(to), *order);
   }
 }
 
@@ -520,7 +554,7 @@ void mesh::start_learner(std::uint32_t i, nanos t) {
   l.wire = std::make_unique<learner_wire>(setup_, cfg_.sync, i, l.inc, *l.port,
                                           learner_model_view{l.params.data(), nullptr,
                                                              static_cast<std::uint32_t>(cfg_.tokens_per_step), 1});
-  transports_[i] = {peer_liveness({cfg_.broker_silence_ns / 3, 3}), {}, {}};  // a new process
+  fresh_transport(static_cast<int>(i));
   // Clone pattern: subscribe with (fetch from) every shard first, then Join.
   at(t, [this, i, inc = l.inc] {
     if (learners_[i].inc == inc && learners_[i].alive) learners_[i].wire->start();
@@ -629,7 +663,7 @@ void mesh::start_broker(bool with_store) {
   if (broker_) {
     ++broker_port_->inc.value;
     ++result_.broker_restarts;
-    transports_[static_cast<std::size_t>(broker_node())] = {peer_liveness({cfg_.broker_silence_ns / 3, 3}), {}, {}};
+    fresh_transport(broker_node());
   }
   broker_start start;
   start.first_round = cfg_.broker.first_round;
@@ -678,7 +712,7 @@ void mesh::on_shard_commit(std::uint32_t s, shard_commit c) {
   ++result_.published;
   result_.versions.push_back({version_event::what::published, now_, s, pub.fragment, pub.version});
   shard_process& proc = shards_[s];
-  if (proc.storage_failing > 0) return;
+  if (now_ < proc.storage_failing_until) return;
   auto state = std::make_shared<fragment_outer_state>(std::move(c.state));
   at(now_ + cfg_.commit_delay_ns, [this, s, p = pub.fragment, r = pub.round, inc = proc.port->inc, state] {
     shard_process& proc = shards_[s];
@@ -703,98 +737,67 @@ void mesh::restart_shard(std::uint32_t s) {
   ++proc.port->inc.value;
   proc.wire = make_shard(s, std::move(restored));
   proc.up = true;
-  transports_[static_cast<std::size_t>(shard_node(s))] = {peer_liveness({cfg_.broker_silence_ns / 3, 3}), {}, {}};
+  fresh_transport(shard_node(s));
   ++result_.shard_restarts;
   proc.wire->start();
 }
 
 // -- fault drills -------------------------------------------------------------------
 //
-// What each fault kind of a plan does to the simulated mesh:
-//   crash          the learner dies (its held messages too); repair: it restarts
-//                  with a new incarnation and rejoins (fetch, Join).
+// The chaos monkey is the real chaos_wire: it walks the plan's timeline and sends
+// its ChaosCommands over the sim's links to the nodes, whose wire layers obey them
+// as in a process — a link fault or a partition shapes the directed links at both
+// ends (a partition is loss 1), a slow-down stretches the learner's steps, a
+// storage fault fails its shard's commits — and heals every node at the end. Its
+// process faults go to the sim's launcher (sim_processes):
+//   crash          the learner dies (its held messages too); restart: a new
+//                  incarnation that rejoins (fetch, Join), with a fresh transport.
 //   pause          SIGSTOP: nothing runs and nothing is sent, heartbeats included;
-//                  deliveries and timers are held and handed over on the repair
-//                  (SIGCONT), same incarnation; a step that came due restarts then.
-//   slow           the learner's step time × factor (it survives a restart: the
-//                  machine is slow) until repaired.
-//   partition      no message (nor heartbeat) sent between nodes of different
-//                  groups; a node in no group is unaffected. What is in flight arrives.
-//   link           every link to and from the target (either end's fault, the
-//                  sender's first) uses faulted_link(default, fault); then the default.
+//                  deliveries and timers are held and handed over on the resume
+//                  (SIGCONT, after the pause's length), same incarnation.
 //   shard_crash    the shard's process is down (receives nothing) for at least
 //                  restart_ns, then a new wire layer restores each fragment's newest
-//                  committed outer state under a higher incarnation and Joins; the
-//                  broker and the learners see the new incarnation on its messages.
+//                  committed outer state under a higher incarnation and Joins.
 //   broker_crash   crash_broker(), then start_broker() with its store at least
 //                  restart_ns later (see broker_crash_fault for what either does).
-//   storage_errors the shard's commits fail: its durable copies stop advancing.
 
 void mesh::chaos_tick() {
-  for (const chaos_action& a : chaos_->tick(now_))
-    if (a.action != chaos_action::what::skip) apply(chaos_->timeline()[a.fault], a.fault, a.action == chaos_action::what::inject);
-  if (const nanos next = chaos_->next_due(); next >= 0) at(next, [this] { chaos_tick(); });
+  if (const nanos next = chaos_->tick(now_); next >= 0) at(next, [this] { chaos_tick(); });
 }
 
-std::vector<int> mesh::nodes_of(const fault_target& t) const {
-  std::vector<int> out;
-  if (t.every_learner)
-    for (int i = 0; i < cfg_.learners; ++i) out.push_back(i);
-  else if (t.kind == role::sync_broker) out.push_back(broker_node());
-  else if (t.kind == role::parameter_shard) out.push_back(shard_node(t.index));  // shard/N and storage/N
-  else out.push_back(static_cast<int>(t.index));
-  return out;
+void mesh::crash_target(const fault_target& t) {
+  const int node = node_of({t.kind, t.index});
+  crashed_at_[node] = now_;
+  if (t.kind == role::learner) crash(t.index);
+  else if (t.kind == role::parameter_shard) shards_[t.index].up = false;
+  else crash_broker();
 }
 
-void mesh::apply(const planned_fault& f, std::size_t fault, bool inject) {
-  std::vector<int> targets;
-  for (const fault_target& t : f.targets)
-    for (int node : nodes_of(t)) targets.push_back(node);
-  // A crashed process comes back after its `for`, but never sooner than a restart takes.
-  const nanos back_at = std::max(now_, f.at_ns + cfg_.restart_ns);
-  for (int node : targets) {
-    const auto i = static_cast<std::uint32_t>(node);
-    switch (f.kind) {
-      case fault_kind::crash:
-        if (inject) crash(i);
-        else start_learner(i, now_);
-        break;
-      case fault_kind::pause:
-        if (inject) learners_[i].paused = true;
-        else resume(i);
-        break;
-      case fault_kind::slow: learners_[i].slow = inject ? learners_[i].slow * f.factor : learners_[i].slow / f.factor; break;
-      case fault_kind::link: {
-        auto& stack = link_faults_[node];
-        if (inject) stack.emplace_back(fault, faulted_link(cfg_.link, f.link));
-        else std::erase_if(stack, [&](const auto& entry) { return entry.first == fault; });
-        for (auto& [ends, shaper] : links_)
-          if (ends.first == node || ends.second == node) (void)shaper.set_profile(profile_for(ends.first, ends.second));
-        break;
-      }
-      case fault_kind::shard_crash:
-        if (inject) shards_[shard_at(node)].up = false;
-        else at(back_at, [this, s = shard_at(node)] { restart_shard(s); });
-        break;
-      case fault_kind::broker_crash:
-        if (inject) crash_broker();
-        else at(back_at, [this] { start_broker(true); });
-        break;
-      case fault_kind::storage_errors: shards_[shard_at(node)].storage_failing += inject ? 1 : -1; break;
-      case fault_kind::partition: break;
-    }
-  }
-  if (f.kind == fault_kind::partition) {
-    if (inject) {
-      std::vector<int> group_of(static_cast<std::size_t>(nodes()), -1);
-      for (std::size_t g = 0; g < f.groups.size(); ++g)
-        for (const fault_target& t : f.groups[g])
-          for (int node : nodes_of(t)) group_of[static_cast<std::size_t>(node)] = static_cast<int>(g);
-      plan_partitions_.emplace_back(fault, std::move(group_of));
-    } else {
-      std::erase_if(plan_partitions_, [&](const auto& entry) { return entry.first == fault; });
-    }
-  }
+/// A crashed process comes back after its fault's length, but never sooner than a restart takes.
+void mesh::restart_target(const fault_target& t) {
+  const int node = node_of({t.kind, t.index});
+  if (t.kind == role::learner) return start_learner(t.index, now_);
+  // Later than the chaos monkey's own reapply: the faults in force reach the new process once it runs.
+  at(std::max(now_, crashed_at_[node] + cfg_.restart_ns), [this, t] {
+    if (t.kind == role::parameter_shard) restart_shard(t.index);
+    else start_broker(true);
+    chaos_->reapply(t);
+  });
+}
+
+void mesh::pause_target(const fault_target& t, nanos duration) {
+  learner& l = learners_[t.index];
+  if (!l.alive || l.paused) return;
+  l.paused = true;
+  at(now_ + duration, [this, i = t.index, inc = l.inc] {
+    if (learners_[i].alive && learners_[i].inc == inc && learners_[i].paused) resume(i);
+  });
+}
+
+/// The chaos monkey's storage fault on a shard's disk: its commits fail for the order's length.
+void mesh::storage_order(std::uint32_t s, const chaos_order& order) {
+  const bool failing = order.kind == chaos_order::what::storage_fault && order.duration_ns > 0;
+  shards_[s].storage_failing_until = failing ? now_ + order.duration_ns : 0;
 }
 
 /// SIGCONT: what arrived meanwhile is handled in order, then stepping goes on.
@@ -816,8 +819,9 @@ int mesh::healthy_learners() const {
   int n = 0;
   for (int i = 0; i < cfg_.learners; ++i) {
     const learner& l = learners_[static_cast<std::size_t>(i)];
-    bool reachable = broker_up_ && !partitioned(i, broker_node());
-    for (std::uint32_t s = 0; s < shards_.size(); ++s) reachable &= !partitioned(i, shard_node(s));
+    bool reachable = broker_up_;
+    for (int peer = broker_node(); peer < nodes(); ++peer)
+      reachable &= !partitioned(i, peer) && !cut(i, peer) && !cut(peer, i);
     bool joined = l.alive;
     for (std::uint32_t p = 0; joined && p < setup_.fragments(); ++p) joined = l.wire->core().installed({p});
     n += l.alive && !l.paused && joined && reachable;
@@ -826,10 +830,10 @@ int mesh::healthy_learners() const {
 }
 
 int mesh::faults_in_place() const {
-  int n = static_cast<int>(plan_partitions_.size()) + !broker_up_;
-  for (const learner& l : learners_) n += !l.alive + l.paused + (std::abs(l.slow - 1) > 1e-9);
-  for (const auto& [node, stack] : link_faults_) n += static_cast<int>(stack.size());
-  for (const shard_process& proc : shards_) n += !proc.up + proc.storage_failing;
+  int n = !broker_up_;
+  for (const learner& l : learners_) n += !l.alive + l.paused + (l.alive && std::abs(l.wire->slowdown() - 1) > 1e-9);
+  for (const auto& [ends, profile] : shaped_) n += !(profile == cfg_.link);
+  for (const shard_process& proc : shards_) n += !proc.up + (now_ < proc.storage_failing_until);
   return n;
 }
 
@@ -872,9 +876,9 @@ void mesh::collect(sim_result& r) const {
   for (std::uint32_t p = 0; p < setup_.fragments(); ++p)
     r.shard_versions.push_back(shards_[shard_of({p})].wire->core().version({p}));
   if (chaos_) {
-    r.chaos_record = chaos_->record();
-    r.faults_injected = chaos_->injected();
-    r.chaos_healed = chaos_->healed(now_);
+    r.chaos_record = chaos_->core().record();
+    r.faults_injected = chaos_->core().injected();
+    r.chaos_healed = chaos_->core().healed(now_) && chaos_log_.healed;
   }
   r.faults_in_place = faults_in_place();
 }

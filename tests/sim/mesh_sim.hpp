@@ -21,8 +21,10 @@
 //    commit_delay_ns after it is published;
 //  - learners optimise a quadratic with per-learner targets instead of the
 //    transformer, so thousands of rounds simulate in seconds.
-// Crashes, rejoins and partitions, and the fault drills of deploy/drills run by a
-// chaos_core in virtual time. One seed reproduces a run exactly.
+// Crashes, rejoins and partitions, and the fault drills of deploy/drills run by
+// the real chaos monkey's wire layer in virtual time: its ChaosCommands travel
+// the sim's links and the nodes' wire layers obey them; its process faults go
+// to the sim's launcher. One seed reproduces a run exactly.
 
 #include <cstdint>
 #include <map>
@@ -97,9 +99,9 @@ struct sim_config {
   /// every third of it). A learner finds a crashed broker silent this much later.
   nanos broker_silence_ns = 300'000'000;
   nanos broker_ledger_write_ns = 1'000'000'000;  // the broker writes its ledger to its store this often
-  /// A fault drill's timeline (expand_fault_plan of a deploy/drills plan): a
-  /// chaos_core walks it in virtual time and the sim applies every injection
-  /// and repair (mesh_sim.cpp, "fault drills", says what each kind does here).
+  /// A fault drill's timeline (expand_fault_plan of a deploy/drills plan): the
+  /// chaos monkey's wire layer walks it in virtual time (mesh_sim.cpp, "fault
+  /// drills", says what each kind does here).
   /// Every fault is repaired by safety_ns at the latest (the plan's duration).
   std::vector<planned_fault> timeline;
   nanos safety_ns = 0;
@@ -164,10 +166,12 @@ struct sim_result {
   std::vector<std::vector<std::uint64_t>> learner_versions;      // at the end: learner → fragment → version held
   std::vector<std::uint64_t> shard_versions;                     // at the end: fragment → version
   std::uint64_t shard_restarts = 0;
-  std::vector<chaos_action> chaos_record;    // what the chaos_core did, in time order
+  std::vector<chaos_action> chaos_record;    // what the chaos monkey did, in time order
   std::size_t faults_injected = 0;
-  bool chaos_healed = false;                 // chaos_core::healed at the end
-  int faults_in_place = 0;                   // sim-side fault effects still applied at the end (should be 0)
+  bool chaos_healed = false;                 // every fault repaired and every node told to heal, at the end
+  /// Fault effects still in force at the end (should be 0): nodes down or paused,
+  /// slowed learners, shaped links, failing disks.
+  int faults_in_place = 0;
 };
 
 /// Runs the mesh until config.duration_ns of virtual time.
