@@ -130,7 +130,7 @@ TEST_CASE("snapshot store: the broker's ledger with its step counts and the roun
     REQUIRE(store);
     auto& s = **store;
     CHECK_FALSE(s.read_round_lease().value().has_value());  // no broker wrote one yet
-    REQUIRE(s.put_ledger({{2, 1700000000123, {640, 64, 0, 128, 832}, 13, 0.5, 0.25}}));
+    REQUIRE(s.put_ledger({{2, 1700000000123, {640, 64, 0, 128, 832}, 13, 0.5, 0.25, ""}}));
     REQUIRE(s.put_ledger({{2, 1700000000123, {704, 64, 0, 128, 896}, 14, 0.6, 0.3, "tcp://127.0.0.1:7001"}}));  // rewritten
     REQUIRE(s.put_round_lease({512, 77, 5}));
     REQUIRE(s.put_round_lease({256, 78, 6}));  // never lowered

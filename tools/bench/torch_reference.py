@@ -325,7 +325,7 @@ def blas_info():
 # --------------------------------------------------------------------------------------------
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=sorted(PRESETS), default="nano")
     ap.add_argument("--context", type=int, help="override T")
@@ -347,29 +347,25 @@ def main():
                          "every step; off by default (plain PyTorch behaviour)")
     ap.add_argument("--json", action="store_true", help="print one JSON line (last line)")
     args = ap.parse_args()
-
     if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.threads < 1:
         ap.error("--steps, --batch and --threads must be >= 1 and --warmup >= 0")
-    mallopt_ok = tune_malloc() if args.mallopt else False
+    return ap, args
 
-    # Threads first: set_num_interop_threads fails once the inter-op pool has started.
-    torch.set_num_threads(args.threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
-    torch.manual_seed(args.seed)
 
-    T0, C0, L0, H0, expected_preset = PRESETS[args.model]
+def shape_of(ap, args):
+    """(T, C, L, H, overridden): the preset with the command line's overrides."""
+    T0, C0, L0, H0, _ = PRESETS[args.model]
     T = args.context or T0
     C = args.d_model or C0
     L = args.n_layer or L0
     H = args.n_head or H0
-    B = args.batch
-    overridden = (T, C, L, H) != (T0, C0, L0, H0)
     if min(T, C, L, H) < 1 or C % H != 0:
         ap.error(f"need positive sizes and d_model divisible by n_head (got C={C}, H={H})")
+    return T, C, L, H, (T, C, L, H) != (T0, C0, L0, H0)
 
+
+def build_model(args, T, C, L, H, overridden):
+    """The model and its parameter count, checked against the formula (and the preset's)."""
     model = GPT(T, C, L, H, args.untied, args.seed)
     params = sum(p.numel() for p in model.parameters())
     expected = expected_params(T, C, L, args.untied)
@@ -377,17 +373,18 @@ def main():
     if params != expected:
         errors.append(f"parameter count {params} != formula {expected}")
     if not overridden:
-        want = expected_preset + (C * VOCAB if args.untied else 0)
+        want = PRESETS[args.model][4] + (C * VOCAB if args.untied else 0)
         if params != want:
             errors.append(f"preset {args.model}: parameter count {params} != expected {want}")
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
     if errors:
         sys.exit(2)
+    return model, params
 
-    embed_params = VOCAB * C + T * C
-    params_nonembedding = params - embed_params  # (lm_head counts as non-embedding if untied)
 
+def train_timed(model, args, B, T):
+    """Warm-up and timed steps; (losses, step seconds, CPU use, page faults, load before)."""
     opt = torch.optim.AdamW(model.param_groups(0.1), lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
                             foreach=True)
     all_params = list(model.parameters())
@@ -426,6 +423,15 @@ def main():
     cpu_util = ((time.process_time() - cpu0) / (time.perf_counter() - wall0)
                 if times else float("nan"))
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt0 if times else 0
+    return losses, times, cpu_util, faults, load_before
+
+
+def make_result(args, shape, params, run, mallopt_ok):
+    """The JSON summary of a run: shape, step times, FLOP rates, losses, BLAS."""
+    T, C, L, H, overridden = shape
+    losses, times, cpu_util, faults, load_before = run
+    B = args.batch
+    params_nonembedding = params - (VOCAB * C + T * C)  # (lm_head counts as non-embedding if untied)
     blas = blas_info()  # after matmuls ran, so the BLAS library is mapped
 
     tokens_per_step = B * T
@@ -437,7 +443,7 @@ def main():
     best = min(times) if times else float("nan")
     gf = lambda flops, t: flops / t / 1e9 if t > 0 else float("nan")  # noqa: E731
 
-    result = {
+    return {
         "model": args.model if not overridden else f"{args.model}*",
         "context": T, "d_model": C, "n_layer": L, "n_head": H, "tied": not args.untied,
         "params": params,
@@ -475,26 +481,48 @@ def main():
         "torch_version": torch.__version__,
     }
 
+
+def print_text(result, args):
+    T, C, L, H = result["context"], result["d_model"], result["n_layer"], result["n_head"]
+    print(f"model {result['model']}: T={T} C={C} L={L} H={H} "
+          f"{'tied' if not args.untied else 'untied'}, {result['params']:,} params "
+          f"({result['params_nonembedding']:,} non-embedding)")
+    print(f"batch {result['batch']} x {T} = {result['tokens_per_step']} tokens/step, threads "
+          f"{result['threads']}, {args.warmup} warm-up + {result['steps']} timed steps")
+    print(f"step ms: median {result['step_ms_median']:.2f}, best {result['step_ms_best']:.2f}")
+    print(f"tokens/s: median {result['tokens_per_s']:,.0f}, "
+          f"best {result['tokens_per_s_best']:,.0f}")
+    print(f"GFLOP/s (exact matmul, dense attn): median {result['gflops']:.1f}, "
+          f"best {result['gflops_best']:.1f}  [6N: {result['gflops_6n']:.1f}]")
+    print(f"loss: first {result['loss_first']:.4f} -> last {result['loss_last']:.4f} "
+          f"({'decreased' if result['loss_decreased'] else 'DID NOT DECREASE'}; "
+          f"data {result['data']})")
+    print(f"CPU use {result['cpu_util']:.2f} cores, {result['minor_faults_per_step']} page "
+          f"faults/step, mallopt {'on' if result['mallopt'] else 'off'}")
+    print(f"BLAS: {result['blas']}")
+    print(f"torch {result['torch_version']}")
+
+
+def main():
+    ap, args = parse_args()
+    mallopt_ok = tune_malloc() if args.mallopt else False
+
+    # Threads first: set_num_interop_threads fails once the inter-op pool has started.
+    torch.set_num_threads(args.threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    torch.manual_seed(args.seed)
+
+    shape = shape_of(ap, args)
+    model, params = build_model(args, *shape)
+    run = train_timed(model, args, args.batch, shape[0])
+    result = make_result(args, shape, params, run, mallopt_ok)
     if args.json:
         print(json.dumps(result, separators=(",", ":")))
     else:
-        print(f"model {result['model']}: T={T} C={C} L={L} H={H} "
-              f"{'tied' if not args.untied else 'untied'}, {params:,} params "
-              f"({params_nonembedding:,} non-embedding)")
-        print(f"batch {B} x {T} = {tokens_per_step} tokens/step, threads {result['threads']}, "
-              f"{args.warmup} warm-up + {len(times)} timed steps")
-        print(f"step ms: median {result['step_ms_median']:.2f}, best {result['step_ms_best']:.2f}")
-        print(f"tokens/s: median {result['tokens_per_s']:,.0f}, "
-              f"best {result['tokens_per_s_best']:,.0f}")
-        print(f"GFLOP/s (exact matmul, dense attn): median {result['gflops']:.1f}, "
-              f"best {result['gflops_best']:.1f}  [6N: {result['gflops_6n']:.1f}]")
-        print(f"loss: first {result['loss_first']:.4f} -> last {result['loss_last']:.4f} "
-              f"({'decreased' if result['loss_decreased'] else 'DID NOT DECREASE'}; "
-              f"data {result['data']})")
-        print(f"CPU use {result['cpu_util']:.2f} cores, {result['minor_faults_per_step']} page "
-              f"faults/step, mallopt {'on' if mallopt_ok else 'off'}")
-        print(f"BLAS: {blas['short']}")
-        print(f"torch {torch.__version__}")
+        print_text(result, args)
 
 
 if __name__ == "__main__":

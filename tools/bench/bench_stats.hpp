@@ -1,18 +1,20 @@
 #pragma once
-// Small statistics and formatting shared by the bench subcommands.
+// Small statistics and formatting shared by the benches: order statistics for
+// per-round ratios, the mean and spread over seeds, and the JSON and text forms
+// of figures.
 
-#include <algorithm>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "cli_common.hpp"
+#include "core/json_line.hpp"
 
-namespace archipelago::cli {
+namespace archipelago {
 
 using seconds_clock = std::chrono::steady_clock;
 
@@ -20,6 +22,7 @@ inline double since(seconds_clock::time_point t0) {
   return std::chrono::duration<double>(seconds_clock::now() - t0).count();
 }
 
+/// NaN for no values.
 inline double median(std::vector<double> v) {
   if (v.empty()) return std::nan("");
   std::sort(v.begin(), v.end());
@@ -35,6 +38,21 @@ inline double percentile(std::vector<double> v, double q) {
   const auto lo = static_cast<std::size_t>(std::floor(at));
   const std::size_t hi = std::min(lo + 1, v.size() - 1);
   return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
+}
+
+/// NaN for no values.
+inline double mean(const std::vector<double>& v) {
+  if (v.empty()) return std::nan("");
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+
+/// Half the range: with 1-3 seeds an honest spread, unlike a standard deviation.
+inline double spread(const std::vector<double>& v) {
+  if (v.size() < 2) return 0;
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return (*hi - *lo) / 2;
 }
 
 /// The values printed with `format`, separated by spaces.
@@ -58,10 +76,25 @@ inline std::string json_array(const std::vector<double>& v) {
   return out + "]";
 }
 
+/// One number printed with `format` (printf's), as a string.
+inline std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+/// Bytes in the unit that keeps them readable: "1.5 MB".
+inline std::string human_bytes(double b) {
+  if (b >= 1e9) return fmt("%.2f GB", b / 1e9);
+  if (b >= 1e6) return fmt("%.1f MB", b / 1e6);
+  if (b >= 1e3) return fmt("%.1f kB", b / 1e3);
+  return fmt("%.0f B", b);
+}
+
 /// The 1-minute load average, so a reader can tell a busy machine from a slow one.
 inline double load_average() {
   double load[1] = {std::nan("")};
   return getloadavg(load, 1) == 1 ? load[0] : std::nan("");
 }
 
-}  // namespace archipelago::cli
+}  // namespace archipelago

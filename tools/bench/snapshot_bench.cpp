@@ -1,0 +1,416 @@
+#include "bench/snapshot_bench.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "bench/bench_mesh.hpp"
+#include "bench/bench_stats.hpp"
+#include "bench/snapshot_baseline.hpp"
+#include "core/clock.hpp"
+#include "core/config.hpp"
+#include "core/mesh_setup.hpp"
+#include "core/prng.hpp"
+#include "node/mesh_snapshots.hpp"
+#include "parameter_shard/shard_snapshots.hpp"
+#include "storage/snapshot_store.hpp"
+
+namespace archipelago {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A fresh directory under `parent`, removed with everything in it on destruction.
+class scratch_dir {
+ public:
+  static expected<std::unique_ptr<scratch_dir>> make(const std::string& parent, const std::string& tag) {
+    std::string pattern = (fs::path(parent) / ("archipelago-bench-snapshot-" + tag + "-XXXXXX")).string();
+    if (::mkdtemp(pattern.data()) == nullptr)
+      return make_error(errc::io_error,
+                        "cannot create a temporary directory under " + parent + ": " + std::strerror(errno));
+    return std::unique_ptr<scratch_dir>(new scratch_dir(pattern));
+  }
+  ~scratch_dir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+  /// A path inside it that does not exist yet (RocksDB creates it).
+  std::string sub(const std::string& name) const { return (fs::path(path_) / name).string(); }
+
+ private:
+  explicit scratch_dir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+std::uint64_t bytes_on_disk(const std::string& dir) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
+  return total;
+}
+
+// ---- 1. round latency, snapshots on vs off ------------------------------------------
+
+expected<mesh_run> run_mesh(const config& cfg, const std::string& db, const bench_hooks& hooks,
+                            const std::string& label) {
+  mesh_snapshots snaps;
+  snaps.db = db;
+  auto s = run_bench_mesh(cfg, hooks, "bench snapshot: " + label, 90, mesh_eval{}, snaps);
+  if (!s) return s.err();
+  mesh_run r;
+  r.close_ms = s->broker.round_latency_ms;
+  r.open_ms = s->broker.round_open_to_published_ms;
+  // The learners' span on the broker's clock: the loop of run_local_mesh polls every 0.5 s.
+  const nanos span = s->broker.last_leave_ns - s->broker.first_join_ns;
+  const double span_s = s->broker.first_join_ns >= 0 && span > 0 ? static_cast<double>(span) * 1e-9 : s->wall_s;
+  r.tokens_per_s = static_cast<double>(s->tokens) / span_s;
+  r.rounds = s->rounds;
+  r.published = s->published;
+  r.mesh_version = s->mesh_version;
+  r.snapshot_errors = s->snapshot_errors;
+  if (!db.empty()) r.disk_bytes = bytes_on_disk(db);
+  if (r.close_ms.empty())
+    return make_error(errc::internal, label + ": the broker reported no published round (" +
+                                          std::to_string(s->rounds) + " rounds closed)");
+  return r;
+}
+
+/// One run of a pair: with snapshots into a fresh store, or without.
+expected<mesh_run> run_side(const config& cfg, bool on, int number, int runs, const std::string& parent,
+                            const bench_hooks& hooks) {
+  const std::string label = "mesh run " + std::to_string(number) + "/" + std::to_string(runs) +
+                            (on ? " (snapshots on)" : " (snapshots off)");
+  hooks.begin("bench snapshot: " + label);
+  std::unique_ptr<scratch_dir> dir;
+  if (on) {
+    auto d = scratch_dir::make(parent, "mesh");
+    if (!d) return d.err();
+    dir = std::move(*d);
+  }
+  auto r = run_mesh(cfg, dir ? dir->sub("db") : std::string(), hooks, label);
+  if (!r) return r.err();
+  if (on && r->mesh_version < 2)
+    return make_error(errc::internal, label + ": no snapshot beyond the initial one was committed");
+  return r;
+}
+
+// ---- 2. write throughput --------------------------------------------------------------
+
+/// A mesh setup of `model` in decoupled mode (theta + Nesterov momentum per fragment)
+/// and random parameters for it.
+struct model_fixture {
+  config cfg;
+  mesh_setup setup;
+  std::vector<float> params;
+};
+
+expected<model_fixture> make_fixture(const std::string& model) {
+  model_fixture f;
+  f.cfg.model.size = model;
+  f.cfg.mesh.mode = "decoupled";
+  auto policy = resolve_policy(f.cfg);
+  if (!policy) return policy.err();
+  f.setup = make_mesh_setup(f.cfg, *policy);
+  f.params.resize(f.setup.layout.total_floats);
+  prng rng(42);
+  for (float& x : f.params) x = static_cast<float>(rng.uniform() * 0.1 - 0.05);
+  return f;
+}
+
+/// What one store sample wrote and how long it took.
+struct store_sample_out {
+  std::vector<batch_shape> setup_batches, timed_batches;  // the initial commit's; the timed commits'
+  std::uint64_t payload = 0;  // theta + momentum (+ Adam moments) floats committed, in bytes
+  double seconds = 0;         // in commit() plus the final flush
+  double kv_seconds = 0;      // of that, in RocksDB's write and flush
+};
+
+/// The `k`-th timed commit: one fragment state, built outside the timed part, as
+/// a shard hands it over ready.
+storage::commit_job nth_commit(const storage::commit_job& initial, int k) {
+  const std::size_t fragments = initial.fragments.size();
+  storage::commit_job job;
+  job.fragments.push_back(initial.fragments[static_cast<std::size_t>(k) % fragments]);
+  storage::fragment_state& s = job.fragments.back();
+  s.version = static_cast<std::uint64_t>(k) / fragments + 1;
+  s.round = static_cast<std::uint64_t>(k) + 1;
+  s.theta[0] += 1e-3f * static_cast<float>(k);  // each version differs
+  job.time_ns = s.time_ns = wall_clock_ns();
+  return job;
+}
+
+/// Commits `commits` one-fragment jobs through the snapshot store in a new store at `path`.
+expected<store_sample_out> store_sample(const model_fixture& f, const storage::commit_job& initial, int commits,
+                                        bool sync, const std::string& path, const bench_hooks& hooks,
+                                        const std::string& label) {
+  auto kv = storage::open_rocksdb(path, {storage::open_mode::create, sync});
+  if (!kv) return kv.err();
+  auto recorder = std::make_shared<recording_kv>(std::move(*kv));
+  auto store = storage::snapshot_store::create(recorder, store_info_of(f.setup), retention_of(f.cfg));
+  if (!store) return store.err();
+  if (auto v = (*store)->commit(initial); !v) return v.err();
+  store_sample_out out;
+  out.setup_batches = recorder->take();
+  (void)recorder->take_write_seconds();
+  for (int k = 0; k < commits; ++k) {
+    if (hooks.stopped()) return interrupted();
+    if (k % 8 == 0) hooks.update(label + ": commit " + std::to_string(k + 1) + "/" + std::to_string(commits));
+    const storage::commit_job job = nth_commit(initial, k);
+    const storage::fragment_state& s = job.fragments.back();
+    out.payload += (s.theta.size() + s.momentum.size() + s.adam_m.size() + s.adam_v.size()) * sizeof(float);
+    const auto t0 = seconds_clock::now();
+    auto v = (*store)->commit(job);
+    out.seconds += since(t0);
+    if (!v) return v.err();
+  }
+  const auto t0 = seconds_clock::now();
+  if (auto ok = recorder->flush(); !ok) return ok.err();
+  const double flush_s = since(t0);
+  out.seconds += flush_s;
+  out.timed_batches = recorder->take();
+  out.kv_seconds = recorder->take_write_seconds() + flush_s;
+  return out;
+}
+
+/// One round of the write figure: the store and both baselines, the order rotating
+/// round by round; each in a fresh directory.
+status write_round(write_result& out, const snapshot_options& o, const model_fixture& f,
+                   const storage::commit_job& initial, const store_sample_out& recorded, int round,
+                   const std::string& parent, const bench_hooks& hooks) {
+  double mbps[3] = {};  // store, plain, plain into the store's families
+  for (int k = 0; k < 3; ++k) {
+    if (hooks.stopped()) return interrupted();
+    const int side = (k + round) % 3;
+    static const char* const names[] = {" (snapshot store)", " (plain RocksDB)", " (plain RocksDB, store's families)"};
+    const std::string label = "bench snapshot: write round " + std::to_string(round + 1) + "/" +
+                              std::to_string(o.rounds) + names[side];
+    hooks.begin(label);
+    auto dir = scratch_dir::make(parent, "write");
+    if (!dir) return dir.err();
+    expected<double> seconds = 0.0;
+    if (side > 0) {
+      seconds = plain_write_sample(recorded.setup_batches, recorded.timed_batches, o.sync, side == 2,
+                                   (*dir)->sub("db"), hooks, label);
+    } else if (auto s = store_sample(f, initial, o.commits, o.sync, (*dir)->sub("db"), hooks, label); s) {
+      out.kv_share.push_back(s->kv_seconds / s->seconds);
+      seconds = s->seconds;
+    } else {
+      seconds = s.err();
+    }
+    if (!seconds) return seconds.err();
+    mbps[side] = static_cast<double>(out.timed_bytes) / *seconds * 1e-6;
+  }
+  out.store_mbps.push_back(mbps[0]);
+  out.plain_mbps.push_back(mbps[1]);
+  out.families_mbps.push_back(mbps[2]);
+  out.ratio.push_back(mbps[0] / mbps[1]);
+  out.families_ratio.push_back(mbps[0] / mbps[2]);
+  return {};
+}
+
+// ---- 3. restore ----------------------------------------------------------------------------
+
+/// Open read-only, pick the newest valid manifest, read the parameters; checks
+/// them against what was written.
+expected<double> restore_sample(const model_fixture& f, const std::string& path, restore_layout& out) {
+  const auto t0 = seconds_clock::now();
+  auto store = open_store_read_only(path);
+  if (!store) return store.err();
+  const double opened = since(t0);
+  auto m = pick_manifest(**store, std::nullopt);
+  if (!m) return m.err();
+  const double picked = since(t0);
+  auto params = (*store)->read_params(*m, f.setup.layout, f.setup.plan);
+  if (!params) return params.err();
+  const double seconds = since(t0);
+  for (const auto& t : f.setup.layout.tensors)
+    if (std::memcmp(params->data() + t.offset, f.params.data() + t.offset, t.size() * sizeof(float)) != 0)
+      return make_error(errc::internal, "restored tensor " + t.name + " differs from the one written");
+  out.open_s.push_back(opened);
+  out.pick_s.push_back(picked - opened);
+  out.read_s.push_back(seconds - picked);
+  return seconds;
+}
+
+/// One snapshot of the fixture, committed as open_mesh_store creates a run's
+/// store, with a recorder in between to count the fragment records' bytes.
+status write_one_snapshot(restore_result& out, const model_fixture& f, bool sync, const std::string& path) {
+  auto kv = storage::open_rocksdb(path, {storage::open_mode::create, sync});
+  if (!kv) return kv.err();
+  auto recorder = std::make_shared<recording_kv>(std::move(*kv));
+  auto store = storage::snapshot_store::create(recorder, store_info_of(f.setup), retention_of(f.cfg));
+  if (!store) return store.err();
+  if (auto v = (*store)->commit(initial_commit(f.setup, f.params)); !v) return v.err();
+  if (auto ok = recorder->flush(); !ok) return ok.err();
+  for (const auto& b : recorder->take())
+    for (const auto& p : b.puts)
+      if (p.col == storage::column::fragments) out.fragment_bytes += p.value_bytes;
+  return {};
+}
+
+/// Rounds of (store, plain) restores of one layout, the order alternating.
+status restore_rounds(restore_layout& layout, bool flushed, const snapshot_options& o, const model_fixture& f,
+                      const std::string& path, std::vector<char>& buffer, const bench_hooks& hooks) {
+  for (int round = 0; round < o.rounds; ++round) {
+    double seconds[2] = {};  // store, plain
+    for (int k = 0; k < 2; ++k) {
+      if (hooks.stopped()) return interrupted();
+      const bool plain = (k == 1) == (round % 2 == 0);
+      hooks.update("bench snapshot: restore" + std::string(flushed ? " (flushed)" : "") + " round " +
+                   std::to_string(round + 1) + "/" + std::to_string(o.rounds) +
+                   (plain ? " (plain RocksDB)" : " (snapshot store)"));
+      auto s = plain ? plain_restore_sample(path, buffer, layout) : restore_sample(f, path, layout);
+      if (!s) return s.err();
+      seconds[plain] = *s;
+    }
+    layout.store_s.push_back(seconds[0]);
+    layout.plain_s.push_back(seconds[1]);
+    layout.ratio.push_back(seconds[0] / seconds[1]);
+  }
+  return {};
+}
+
+/// --dir, or $TMPDIR, or /tmp; it must be a directory.
+expected<std::string> parent_dir(const snapshot_options& o) {
+  std::string parent = o.dir;
+  if (parent.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    parent = tmp && *tmp ? tmp : "/tmp";
+  }
+  if (std::error_code ec; !fs::is_directory(parent, ec))
+    return make_error(errc::invalid_input, "--dir " + parent + " is not a directory");
+  return parent;
+}
+
+}  // namespace
+
+bool wants(const snapshot_options& o, const std::string& part) {
+  return std::find(o.parts.begin(), o.parts.end(), part) != o.parts.end();
+}
+
+std::vector<double> latency_result::pooled(bool snapshots, bool open) const {
+  std::vector<double> all;
+  for (const auto& r : snapshots ? on : off) {
+    const auto& v = open ? r.open_ms : r.close_ms;
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+double latency_result::tokens(bool snapshots) const {
+  std::vector<double> v;
+  for (const auto& r : snapshots ? on : off) v.push_back(r.tokens_per_s);
+  return median(v);
+}
+
+expected<latency_result> measure_latency(const snapshot_options& o, const std::string& parent, const bench_hooks& hooks) {
+  config cfg;
+  cfg.model.size = o.model;
+  cfg.mesh.mode = "decoupled";
+  cfg.mesh.learners = o.learners;
+  cfg.train.steps = o.steps;
+  cfg.storage.sync = o.sync;
+  if (auto ok = validate_mesh(cfg); !ok) return ok.err();
+  latency_result out;
+  for (int pair = 0; pair < o.pairs; ++pair) {
+    mesh_run sides[2];  // off, on
+    for (int k = 0; k < 2; ++k) {
+      if (hooks.stopped()) return interrupted();
+      const bool on = (k == 0) == (pair % 2 == 1);  // off, on; then on, off; ...
+      auto r = run_side(cfg, on, 2 * pair + k + 1, 2 * o.pairs, parent, hooks);
+      if (!r) return r.err();
+      sides[on] = std::move(*r);
+    }
+    out.p50_ratio.push_back(percentile(sides[1].close_ms, 0.5) / percentile(sides[0].close_ms, 0.5));
+    out.p99_ratio.push_back(percentile(sides[1].close_ms, 0.99) / percentile(sides[0].close_ms, 0.99));
+    out.tokens_ratio.push_back(sides[1].tokens_per_s / sides[0].tokens_per_s);
+    out.off.push_back(std::move(sides[0]));
+    out.on.push_back(std::move(sides[1]));
+  }
+  return out;
+}
+
+expected<write_result> measure_writes(const snapshot_options& o, const std::string& parent, const bench_hooks& hooks) {
+  auto f = make_fixture(o.write_model);
+  if (!f) return f.err();
+  const storage::commit_job initial = initial_commit(f->setup, f->params);
+  write_result out;
+  out.fragments = initial.fragments.size();
+  // An untimed store sample first: it records the batches the baselines repeat,
+  // and warms up what a process does once (heap growth, RocksDB's first open).
+  const std::string label = "bench snapshot: write warm-up (snapshot store)";
+  hooks.begin(label);
+  auto dir = scratch_dir::make(parent, "write");
+  if (!dir) return dir.err();
+  auto recorded = store_sample(*f, initial, o.commits, o.sync, (*dir)->sub("db"), hooks, label);
+  dir->reset();
+  if (!recorded) return recorded.err();
+  out.payload_bytes = recorded->payload;
+  for (const auto& b : recorded->timed_batches) {
+    out.timed_bytes += b.bytes();
+    out.deletes += b.deletes;
+  }
+  for (int round = 0; round < o.rounds; ++round)
+    if (auto ok = write_round(out, o, *f, initial, *recorded, round, parent, hooks); !ok) return ok.err();
+  return out;
+}
+
+expected<restore_result> measure_restore(const snapshot_options& o, const std::string& parent,
+                                         const bench_hooks& hooks) {
+  auto f = make_fixture(o.restore_model);
+  if (!f) return f.err();
+  restore_result out;
+  out.params = f->setup.layout.param_count;
+  out.fragments = f->setup.plan.fragments.size();
+  auto dir = scratch_dir::make(parent, "restore");
+  if (!dir) return dir.err();
+  const std::string path = (*dir)->sub("db");
+  hooks.begin("bench snapshot: restore: writing one snapshot of " + o.restore_model);
+  // Closed before the restores: they open it as a resumed or replayed run would.
+  if (auto ok = write_one_snapshot(out, *f, o.sync, path); !ok) return ok.err();
+  out.disk_bytes = bytes_on_disk(path);
+  std::vector<char> buffer(out.fragment_bytes, 1);  // the baseline's destination, touched
+  if (auto ok = restore_rounds(out.logged, false, o, *f, path, buffer, hooks); !ok) return ok.err();
+  if (auto ok = flush_to_tables(path); !ok) return ok.err();
+  if (auto ok = restore_rounds(out.flushed, true, o, *f, path, buffer, hooks); !ok) return ok.err();
+  return out;
+}
+
+expected<snapshot_result> run_snapshot_bench(const snapshot_options& o, const bench_hooks& hooks) {
+  auto parent = parent_dir(o);
+  if (!parent) return parent.err();
+  for (const auto* model : {&o.model, &o.write_model, &o.restore_model})
+    if (auto shape = model_preset(*model); !shape) return shape.err();
+  snapshot_result r;
+  r.load_before = load_average();
+  const auto started = seconds_clock::now();
+  if (wants(o, "latency")) {
+    auto x = measure_latency(o, *parent, hooks);
+    if (!x) return x.err();
+    r.latency = std::move(*x);
+  }
+  if (wants(o, "write")) {
+    auto x = measure_writes(o, *parent, hooks);
+    if (!x) return x.err();
+    r.write = std::move(*x);
+  }
+  if (wants(o, "restore")) {
+    auto x = measure_restore(o, *parent, hooks);
+    if (!x) return x.err();
+    r.restore = std::move(*x);
+  }
+  r.load_after = load_average();
+  r.wall_s = since(started);
+  return r;
+}
+
+}  // namespace archipelago
