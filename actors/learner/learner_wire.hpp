@@ -45,7 +45,7 @@ struct learner_event {
   /// The broker's first Welcome: a restarted learner takes up the mesh's
   /// learning-rate schedule here (forward only).
   std::optional<std::int64_t> schedule_step;
-  bool refused = false;  // the broker refused this learner (refusal() says why): nothing to train for
+  bool refused = false;  // the broker refused this learner (its status says why): nothing to train for
 };
 
 class learner_wire {
@@ -79,7 +79,6 @@ class learner_wire {
 
   bool done() const { return done_; }
   bool waiting() const { return waiting_; }
-  const std::string& refusal() const { return refusal_; }
   /// The chaos monkey's slow-down factor (1: none).
   double slowdown() const { return chaos_.slowdown; }
   const learner_core& core() const { return *core_; }

@@ -70,7 +70,6 @@ class shard_wire {
 
   const shard_core& core() const { return *core_; }
   const std::vector<fragment_index>& owned() const { return owned_; }
-  std::uint32_t index() const { return index_; }
   node_status status() const;
   /// The shard's figures on a /metrics page (the transport's are the shell's).
   void add_metrics(prometheus_text& page) const;

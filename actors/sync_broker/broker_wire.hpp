@@ -56,7 +56,6 @@ class broker_wire {
   nanos started_ns() const { return started_ns_; }
   const broker_core& core() const { return *core_; }
   const token_ledger& ledger() const { return ledger_; }
-  const chaos_receiver& chaos() const { return chaos_; }
 
   /// The broker's figures on a /metrics page (the transport's are the shell's).
   void add_metrics(prometheus_text& page, nanos now) const;

@@ -62,10 +62,7 @@ class sim_port final : public transport::message_port {
 
   node_address self() const override { return self_; }
   const std::string& endpoint() const override { return endpoint_; }
-  status add_peer(node_address, const std::string&) override {
-    ++peers_added;
-    return {};
-  }
+  status add_peer(node_address, const std::string&) override { return {}; }  // routing is by address
   transport::envelope_builder make_envelope(std::uint64_t round) override {
     return transport::envelope_builder(self_, inc, ++sequence_, round);
   }
@@ -75,7 +72,6 @@ class sim_port final : public transport::message_port {
   const link_profile& default_link() const override { return link_; }
 
   incarnation inc{1};
-  std::uint64_t peers_added = 0;
 
  private:
   mesh& world_;
