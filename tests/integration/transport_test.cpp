@@ -92,6 +92,22 @@ bool alive_again(inbox& at, node_address peer) {
   return at.wait_for([&] { return !at.events.empty() && at.events.back() == std::make_pair(peer, true); });
 }
 
+/// A learner that talks with `a` (heartbeats both ways), then vanishes without a
+/// word until `a` declares it dead; returns the endpoint it had.
+std::string peer_that_vanishes(node_transport& a, inbox& at_a, const clock_source& clock) {
+  inbox at_b;
+  auto b = node_transport::start(fast_config(learner, "tcp://127.0.0.1:0"), clock, at_b.handler());
+  REQUIRE(b);
+  const std::string endpoint = (*b)->endpoint();
+  REQUIRE(a.add_peer(learner, endpoint));
+  REQUIRE((*b)->add_peer(broker, a.endpoint()));
+  std::this_thread::sleep_for(150ms);
+  CHECK(a.counters().heartbeats_received >= 1);
+  (*b)->stop();
+  REQUIRE(declared_dead(at_a, learner));
+  return endpoint;
+}
+
 }  // namespace
 
 TEST_CASE("transport: a 4 MiB fragment and heartbeats over tcp loopback") {
@@ -107,16 +123,7 @@ TEST_CASE("transport: a silent peer is declared dead, and alive again after it r
   inbox at_a, at_b;
   auto a = node_transport::start(fast_config(broker, "tcp://127.0.0.1:0"), clock, at_a.handler(), at_a.peer_handler());
   REQUIRE(a);
-  auto b = node_transport::start(fast_config(learner, "tcp://127.0.0.1:0"), clock, at_b.handler());
-  REQUIRE(b);
-  const std::string b_endpoint = (*b)->endpoint();
-  REQUIRE((*a)->add_peer(learner, b_endpoint));
-  REQUIRE((*b)->add_peer(broker, (*a)->endpoint()));
-  std::this_thread::sleep_for(150ms);
-  CHECK((*a)->counters().heartbeats_received >= 1);
-
-  (*b)->stop();  // the peer vanishes without a word
-  REQUIRE(declared_dead(at_a, learner));
+  const std::string b_endpoint = peer_that_vanishes(**a, at_a, clock);
 
   // The peer comes back on the same endpoint with a new incarnation.
   auto cfg = fast_config(learner, b_endpoint, 2);
@@ -132,19 +139,12 @@ TEST_CASE("transport: a dead peer that calls before our reconnect timer can be s
   // Regression: the socket to a dead peer is dropped; hearing from the peer again
   // before the reconnect timer fired left no socket, and nothing reached it again.
   steady_clock_source clock;
-  inbox at_a, at_b;
+  inbox at_a;
   auto slow_reconnect = fast_config(broker, "tcp://127.0.0.1:0");
   slow_reconnect.backoff.initial_ns = slow_reconnect.backoff.max_ns = 60'000'000'000;  // a minute
   auto a = node_transport::start(slow_reconnect, clock, at_a.handler(), at_a.peer_handler());
   REQUIRE(a);
-  auto b = node_transport::start(fast_config(learner, "tcp://127.0.0.1:0"), clock, at_b.handler());
-  REQUIRE(b);
-  const std::string b_endpoint = (*b)->endpoint();
-  REQUIRE((*a)->add_peer(learner, b_endpoint));
-  REQUIRE((*b)->add_peer(broker, (*a)->endpoint()));
-  std::this_thread::sleep_for(150ms);
-  (*b)->stop();
-  REQUIRE(declared_dead(at_a, learner));
+  const std::string b_endpoint = peer_that_vanishes(**a, at_a, clock);
 
   inbox at_b2;
   auto b2 = node_transport::start(fast_config(learner, b_endpoint, 2), clock, at_b2.handler());
