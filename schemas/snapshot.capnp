@@ -46,6 +46,7 @@ struct LedgerTotals {
   rejectedTokens @2 :UInt64;
   lostTokens @3 :UInt64;         # shards: buffered but not merged (not a member); broker: lost
   processedTokens @4 :UInt64;    # tokens the learners reported processed; 0 when unknown here
+  overwrittenTokens @5 :UInt64;  # broker: token-shares installed over before they were contributed
 }
 
 struct Manifest {
@@ -110,6 +111,8 @@ struct LearnerLedger {
   mergedStepTimeS @5 :Float64;   # ... over those whose tokens were merged
   endpoint @6 :Text;             # where the incarnation listens (its Join), so that a restarted broker
                                  # greets it at once; empty: unknown, or it left
+  fragments @7 :List(LedgerTotals);  # the same totals per fragment (token-shares), summing to `totals`;
+                                     # empty: an older writer (the incarnation is then counted afresh)
 }
 
 struct RoundLease {

@@ -77,9 +77,11 @@ void set_ledger(wire_snapshot::LedgerTotals::Builder b, const stored_ledger& l) 
   b.setRejectedTokens(l.rejected);
   b.setLostTokens(l.lost);
   b.setProcessedTokens(l.processed);
+  b.setOverwrittenTokens(l.overwritten);
 }
 stored_ledger get_ledger(wire_snapshot::LedgerTotals::Reader r) {
-  return {r.getMergedTokens(), r.getLateTokens(), r.getRejectedTokens(), r.getLostTokens(), r.getProcessedTokens()};
+  return {r.getMergedTokens(), r.getLateTokens(),      r.getRejectedTokens(),
+          r.getLostTokens(),   r.getProcessedTokens(), r.getOverwrittenTokens()};
 }
 
 // ---- encoders / decoders ------------------------------------------------------
@@ -257,6 +259,8 @@ std::string encode(const learner_ledger& l) {
   r.setStepTimeS(l.step_time_s);
   r.setMergedStepTimeS(l.merged_step_time_s);
   r.setEndpoint(l.endpoint);
+  auto fragments = r.initFragments(static_cast<unsigned>(l.fragments.size()));
+  for (unsigned p = 0; p < fragments.size(); ++p) set_ledger(fragments[p], l.fragments[p]);
   return frame(b);
 }
 
@@ -648,8 +652,10 @@ expected<std::vector<learner_ledger>> snapshot_store::ledgers() const {
       *kv_, column::ledger,
       [](std::string_view, std::string_view value) {
         return unframe<wire_snapshot::LearnerLedger>(value, "ledger record", [](wire_snapshot::LearnerLedger::Reader r) {
-          return learner_ledger{r.getLearner(), r.getIncarnation(), get_ledger(r.getTotals()), r.getSteps(),
-                                r.getStepTimeS(), r.getMergedStepTimeS(), r.getEndpoint().cStr()};
+          learner_ledger l{r.getLearner(),   r.getIncarnation(),       get_ledger(r.getTotals()), r.getSteps(),
+                           r.getStepTimeS(), r.getMergedStepTimeS(), r.getEndpoint().cStr(),    {}};
+          for (auto f : r.getFragments()) l.fragments.push_back(get_ledger(f));
+          return l;
         });
       },
       [&](learner_ledger l) {

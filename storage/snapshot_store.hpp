@@ -49,7 +49,7 @@ struct manifest_entry {
 };
 
 struct stored_ledger {
-  std::uint64_t merged = 0, late = 0, rejected = 0, lost = 0, processed = 0;  // tokens
+  std::uint64_t merged = 0, late = 0, rejected = 0, lost = 0, processed = 0, overwritten = 0;  // tokens
 };
 
 struct manifest {
@@ -100,6 +100,7 @@ struct learner_ledger {
   std::uint64_t steps = 0;  // the incarnation's steps the totals cover; 0: unknown (a record of an older writer)
   double step_time_s = 0, merged_step_time_s = 0;
   std::string endpoint;  // where it listens (its Join); empty: unknown, or it left
+  std::vector<stored_ledger> fragments;  // the totals per fragment; empty: unknown (an older writer)
 };
 
 /// The broker's round numbers handed out so far (meta column): every round it opened is below rounds_below.

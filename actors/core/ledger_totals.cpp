@@ -4,10 +4,24 @@
 
 namespace archipelago {
 
+ledger_totals& ledger_totals::operator+=(const ledger_totals& o) {
+  processed += o.processed;
+  merged += o.merged;
+  late += o.late;
+  overwritten += o.overwritten;
+  lost += o.lost;
+  rejected += o.rejected;
+  steps += o.steps;
+  step_time_s += o.step_time_s;
+  merged_step_time_s += o.merged_step_time_s;
+  return *this;
+}
+
 std::string ledger_json(const ledger_totals& l) {
   json_line j;
   j.add("merged", static_cast<std::int64_t>(l.merged))
       .add("late", static_cast<std::int64_t>(l.late))
+      .add("overwritten", static_cast<std::int64_t>(l.overwritten))
       .add("lost", static_cast<std::int64_t>(l.lost))
       .add("rejected", static_cast<std::int64_t>(l.rejected))
       .add("processed", static_cast<std::int64_t>(l.processed));

@@ -8,15 +8,18 @@
 
 namespace archipelago {
 
+/// Tokens are token-shares: a step's tokens split over the fragments it trained
+/// (in proportion to their parameters), each share in one bucket.
 struct ledger_totals {
-  std::uint64_t processed = 0, merged = 0, late = 0, lost = 0, rejected = 0;  // tokens
+  std::uint64_t processed = 0, merged = 0, late = 0, overwritten = 0, lost = 0, rejected = 0;  // tokens
   std::uint64_t steps = 0;
   double step_time_s = 0;         // summed over every reported step
-  double merged_step_time_s = 0;  // ... over the steps whose tokens were merged
-  bool balanced() const { return merged + late + lost + rejected == processed; }
+  double merged_step_time_s = 0;  // ... weighted by the step's merged share
+  bool balanced() const { return merged + late + overwritten + lost + rejected == processed; }
+  ledger_totals& operator+=(const ledger_totals& o);
 };
 
-/// {"merged":…,"late":…,"lost":…,"rejected":…,"processed":…} in tokens.
+/// {"merged":…,"late":…,"overwritten":…,"lost":…,"rejected":…,"processed":…} in tokens.
 std::string ledger_json(const ledger_totals& l);
 
 }  // namespace archipelago

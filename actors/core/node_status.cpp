@@ -8,8 +8,8 @@ namespace {
 using json = nlohmann::json;
 
 json ledger_object(const ledger_totals& l) {
-  return {{"processed", l.processed}, {"merged", l.merged},       {"late", l.late},
-          {"lost", l.lost},           {"rejected", l.rejected},   {"steps", l.steps},
+  return {{"processed", l.processed}, {"merged", l.merged},     {"late", l.late},
+          {"overwritten", l.overwritten}, {"lost", l.lost}, {"rejected", l.rejected}, {"steps", l.steps},
           {"step_time_s", l.step_time_s}, {"merged_step_time_s", l.merged_step_time_s}};
 }
 
@@ -18,6 +18,7 @@ ledger_totals ledger_of(const json& j) {
   l.processed = j.at("processed").get<std::uint64_t>();
   l.merged = j.at("merged").get<std::uint64_t>();
   l.late = j.at("late").get<std::uint64_t>();
+  l.overwritten = j.at("overwritten").get<std::uint64_t>();
   l.lost = j.at("lost").get<std::uint64_t>();
   l.rejected = j.at("rejected").get<std::uint64_t>();
   l.steps = j.at("steps").get<std::uint64_t>();
@@ -35,7 +36,11 @@ json report_json(const broker_report& r) {
                         {"joined_ns", rec.joined_ns},
                         {"first_merged_ns", rec.first_merged_ns},
                         {"left_ns", rec.left_ns}});
+  json fragments = json::array();
+  for (const ledger_totals& f : r.fragment_ledger) fragments.push_back(ledger_object(f));
   return {{"started_ns", r.started_ns},
+          {"fragment_ledger", fragments},
+          {"fragment_availability", r.fragment_availability},
           {"broker_cpu_s", r.broker_cpu_s},
           {"ledger", ledger_object(r.ledger)},
           {"learners", learners},
@@ -57,6 +62,8 @@ broker_report report_of(const json& j) {
   r.started_ns = j.at("started_ns").get<nanos>();
   r.broker_cpu_s = j.at("broker_cpu_s").get<double>();
   r.ledger = ledger_of(j.at("ledger"));
+  for (const json& f : j.at("fragment_ledger")) r.fragment_ledger.push_back(ledger_of(f));
+  r.fragment_availability = j.at("fragment_availability").get<std::vector<double>>();
   for (const json& rec : j.at("learners"))
     r.learners.push_back({{{rec.at("learner").get<std::uint32_t>()}, incarnation{rec.at("incarnation").get<std::uint64_t>()}},
                           ledger_of(rec.at("ledger")),
@@ -83,6 +90,13 @@ broker_report report_of(const json& j) {
   X(snapshot_errors) X(rounds_closed) X(members) X(committed) X(bytes_sent)
 
 }  // namespace
+
+double broker_report::availability() const {
+  if (fragment_availability.empty()) return uptime;
+  double sum = 0;
+  for (double a : fragment_availability) sum += a;
+  return sum / static_cast<double>(fragment_availability.size());
+}
 
 node_counters& node_counters::operator+=(const node_counters& o) {
 #define ARCHIPELAGO_ADD(name) name += o.name;

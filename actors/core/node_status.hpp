@@ -34,7 +34,12 @@ struct broker_report {
   double broker_cpu_s = 0;  // the broker actor's CPU time (not its transport's I/O thread)
   ledger_totals ledger;
   std::vector<learner_record> learners;
-  double uptime = 1;
+  std::vector<ledger_totals> fragment_ledger;  // the ledger per fragment (token-shares)
+  double uptime = 1;  // share of the time in which some fragment advanced
+  /// Per fragment, the share of the time in which it advanced (a silent shard's fragments lose theirs).
+  std::vector<double> fragment_availability;
+  /// The mean over fragments: a shard outage is partial downtime.
+  double availability() const;
   nanos first_join_ns = -1, last_leave_ns = -1;  // the learners' span, for goodput
   double xi_step_ms = 0, xi_quorum_ms = 0, last_grace_ms = 0;
   std::uint64_t closed_grace_expired = 0, closed_all_eligible = 0, closed_timeout = 0;

@@ -31,14 +31,21 @@ bool learner_core::install(fragment_index p, std::uint64_t version, std::span<co
                            float* params) {
   fragment_state& s = state_.at(p.value);
   assert(global.size() == s.anchor.size());
-  if (s.installed && !s.forgotten && version <= s.version) return false;
+  if (s.installed && version <= s.version) return false;
   std::copy(global.begin(), global.end(), s.anchor.begin());
   scatter(p, global.data(), params);
   s.version = version;
   s.steps = s.tokens = s.contributed_steps = 0;
   s.installed = true;
-  s.forgotten = false;
   return true;
+}
+
+void learner_core::reanchor(fragment_index p, std::uint64_t version, std::span<const float> global) {
+  fragment_state& s = state_.at(p.value);
+  assert(global.size() == s.anchor.size());
+  std::copy(global.begin(), global.end(), s.anchor.begin());
+  s.version = version;
+  s.contributed_steps = 0;
 }
 
 void learner_core::on_step(std::uint64_t tokens) {
@@ -110,7 +117,7 @@ bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, s
                                       float* params, round_number from_round) {
   if (p.value >= state_.size()) return false;
   fragment_state& s = state_[p.value];
-  if (global.size() != s.anchor.size() || (s.installed && !s.forgotten && version <= s.version)) return false;
+  if (global.size() != s.anchor.size() || (s.installed && version <= s.version)) return false;
   if (config_.mix > 0 && s.installed) {
     // θ_p ← α·θ_p + (1−α)·Θ_p, in a scratch copy of the local fragment.
     std::vector<float> local(s.anchor.size());
@@ -125,7 +132,6 @@ bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, s
   s.version = version;
   s.steps = s.tokens = s.contributed_steps = 0;
   s.installed = true;
-  s.forgotten = false;
   std::erase_if(pending_, [&](const pending_round& r) { return r.fragment == p && r.round <= from_round; });
   return true;
 }

@@ -94,12 +94,13 @@ class learner_core {
   std::size_t on_broker_restarted();
 
   std::uint64_t version(fragment_index p) const { return state_.at(p.value).version; }
-  /// Its shard restarted from a snapshot with older versions: the next update
-  /// of p is accepted whatever its version.
-  void forget_version(fragment_index p) {
-    state_.at(p.value).version = 0;
-    state_.at(p.value).forgotten = true;  // version 0 too: a shard restored from its initial snapshot
-  }
+  /// Fragment p's shard restarted from its snapshot, at `version` with value
+  /// Θ_p = `global`: the anchor becomes the recovered value and the local
+  /// progress stays — θ_p and the counters are kept, so the next contribution
+  /// carries θ_p − Θ_recovered, and the work since the last merge is not thrown
+  /// away. What was contributed to the dead incarnation's rounds is gone with
+  /// it: all the work since the anchor may be contributed again.
+  void reanchor(fragment_index p, std::uint64_t version, std::span<const float> global);
   std::uint64_t steps_since_anchor(fragment_index p) const { return state_.at(p.value).steps; }
   std::uint64_t tokens_since_anchor(fragment_index p) const { return state_.at(p.value).tokens; }
   bool installed(fragment_index p) const { return state_.at(p.value).installed; }
@@ -115,7 +116,6 @@ class learner_core {
     std::uint64_t tokens = 0;
     std::uint64_t contributed_steps = 0;  // c_steps when last contributed since the anchor
     bool installed = false;
-    bool forgotten = false;  // forget_version(): the next update is accepted whatever its version
   };
   struct pending_round {
     round_number round;

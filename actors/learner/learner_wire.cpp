@@ -54,9 +54,10 @@ void learner_wire::send_join() {
   (void)port_.send(broker_address, b.finish());
 }
 
-/// A shard restarted from its snapshot (a higher incarnation): its versions
-/// start again from the snapshot's, below the ones held here, and it lost our
-/// endpoint. Accept its versions from now on; fetch when asked to.
+/// A shard restarted from its snapshot (a higher incarnation) and lost our
+/// endpoint. Its fragments re-anchor on the version it recovered — the first
+/// it sends, whatever its number — keeping this learner's local progress (no
+/// work thrown away). Fetch when asked to.
 bool learner_wire::shard_restarted(std::uint32_t shard, std::uint64_t inc) {
   if (inc == 0 || shard >= shard_incarnations_.size() || inc <= shard_incarnations_[shard]) return false;
   const bool restarted = shard_incarnations_[shard] != 0;
@@ -65,7 +66,7 @@ bool learner_wire::shard_restarted(std::uint32_t shard, std::uint64_t inc) {
   // Reconnect now: the link may sit in a long back-off after the shard's crash,
   // and the new shard cannot call first (it lost our endpoint).
   (void)port_.add_peer({role::parameter_shard, shard}, setup_.shard_endpoints[shard]);
-  for (fragment_index p : setup_.fragments_of(shard)) core_->forget_version(p);
+  for (fragment_index p : setup_.fragments_of(shard)) reanchor_.insert(p.value);
   return true;
 }
 
@@ -217,10 +218,14 @@ learner_event learner_wire::on_fragment_update(const transport::decoded_envelope
   if (!env.decode_tensor_values(0, value.data())) return out;
   if (!core_->installed(p)) {
     if (!core_->install(p, u.getVersion(), value, model_.params)) return out;
+    reanchor_.erase(p.value);
     if (--to_install_ == 0 && !stepping_) out.start_stepping = stepping_ = true;
     return out;
   }
-  core_->on_fragment_update(p, u.getVersion(), value, model_.params, round_number{env.header().getRound()});
+  if (env.sender().kind == role::parameter_shard && reanchor_.erase(p.value) != 0)
+    core_->reanchor(p, u.getVersion(), value);
+  else
+    core_->on_fragment_update(p, u.getVersion(), value, model_.params, round_number{env.header().getRound()});
   if (waiting_ && !core_->must_wait()) {
     waiting_ = false;
     counts_.wait_ns += static_cast<std::uint64_t>(now - wait_since_);

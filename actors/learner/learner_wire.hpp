@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,7 @@ class learner_wire {
   bool broker_silent_ = false;                     // the transport found the broker silent; Join is re-sent
   bool welcomed_ = false;                          // the broker's first Welcome of this incarnation arrived
   std::string refusal_;
+  std::set<std::uint32_t> reanchor_;  // fragments of a restarted shard: its next version re-anchors them
 };
 
 }  // namespace archipelago

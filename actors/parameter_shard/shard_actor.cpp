@@ -10,6 +10,11 @@ namespace archipelago {
 namespace {
 
 using committed_atom = caf::atom_constant<caf::atom("committed")>;
+/// (commit_failed_atom, fragment, version): a version's snapshot was refused or failed.
+using commit_failed_atom = caf::atom_constant<caf::atom("cmtfailed")>;
+using retry_atom = caf::atom_constant<caf::atom("retry")>;
+/// A failed commit is tried again this much later (a failing disk is not hammered).
+constexpr auto commit_retry = std::chrono::milliseconds(500);
 using disk_atom = caf::atom_constant<caf::atom("disk")>;
 
 storage::stored_ledger stored(const shard_ledger& l) {
@@ -17,11 +22,10 @@ storage::stored_ledger stored(const shard_ledger& l) {
 }
 
 /// A shard's new versions, through the snapshot writer (off the round's path);
-/// once one is durable the actor hears of it (committed_atom).
+/// once one is durable the actor hears of it (committed_atom), or of its failure.
 class writer_shard_store final : public shard_store {
  public:
-  writer_shard_store(const shard_actor_args& args, caf::actor shard, std::uint64_t& errors)
-      : args_(args), shard_(std::move(shard)), errors_(errors) {}
+  writer_shard_store(const shard_actor_args& args, caf::actor shard) : args_(args), shard_(std::move(shard)) {}
 
   void commit(shard_commit c) override {
     storage::commit_job job;
@@ -40,19 +44,15 @@ class writer_shard_store final : public shard_store {
     auto done = [shard = shard_, f = p.fragment.value, v = p.version,
                  r = p.round.value](const expected<std::uint64_t>& mesh_version) {
       if (mesh_version) caf::anon_send(shard, committed_atom::value, f, v, r);
+      else caf::anon_send(shard, commit_failed_atom::value, f, v, mesh_version.err().message);
     };
-    if (auto ok = args_.writer->submit(std::move(job), std::move(done)); !ok) {
-      const std::uint64_t n = ++errors_;
-      if (n <= 10 || n % 1000 == 0)
-        std::fprintf(stderr, "archipelago shard %u: version %llu of fragment %u not snapshotted: %s\n", args_.index,
-                     static_cast<unsigned long long>(p.version), p.fragment.value, ok.err().message.c_str());
-    }
+    if (auto ok = args_.writer->submit(std::move(job), std::move(done)); !ok)
+      caf::anon_send(shard_, commit_failed_atom::value, p.fragment.value, p.version, ok.err().message);
   }
 
  private:
   const shard_actor_args& args_;
   caf::actor shard_;
-  std::uint64_t& errors_;
 };
 
 /// The owned fragments' outer states in the manifest to resume from.
@@ -78,6 +78,7 @@ struct shard_state {
   std::unique_ptr<shard_wire> shard;
   std::uint64_t snapshot_errors = 0;
   std::uint64_t disk_generation = 0;  // invalidates the end of an earlier storage fault
+  bool retry_armed = false;           // a retry of failed commits is scheduled
   nanos started_ns = 0;
   static inline const char* name = "parameter_shard";
 
@@ -135,7 +136,7 @@ caf::behavior shard_actor(shard_self* self, shard_actor_args args) {
   st.wire = start_actor_wire(self, a.setup->cfg, a.io, me, a.inc, a.setup->shard_endpoints[a.index], *a.clock);
   if (!st.wire) return {};
   if (a.writer)
-    st.store = std::make_unique<writer_shard_store>(st.args, caf::actor_cast<caf::actor>(self), st.snapshot_errors);
+    st.store = std::make_unique<writer_shard_store>(st.args, caf::actor_cast<caf::actor>(self));
   const bool resumed = !restored->empty();
   st.shard = std::make_unique<shard_wire>(*a.setup, a.index, a.inc, *st.wire, st.store.get(),
                                           shard_settings(*a.setup, a.writer && a.record_contributions),
@@ -161,6 +162,23 @@ caf::behavior shard_actor(shard_self* self, shard_actor_args args) {
       [self](committed_atom, std::uint32_t p, std::uint64_t version, std::uint64_t round) {
         self->state.shard->on_committed({p}, version, round_number{round});
         self->state.publish();
+      },
+      [self](commit_failed_atom, std::uint32_t p, std::uint64_t version, const std::string& why) {
+        auto& st = self->state;
+        const std::uint64_t n = ++st.snapshot_errors;
+        if (n <= 10 || n % 1000 == 0)
+          std::fprintf(stderr, "archipelago shard %u: version %llu of fragment %u not snapshotted (%s): it stays "
+                       "invisible and its fragment paused until a retry succeeds\n", st.args.index,
+                       static_cast<unsigned long long>(version), p, why.c_str());
+        st.shard->on_commit_failed({p}, version);
+        if (!st.retry_armed) {
+          st.retry_armed = true;
+          self->delayed_send(self, commit_retry, retry_atom::value);
+        }
+      },
+      [self](retry_atom) {
+        self->state.retry_armed = false;
+        (void)self->state.shard->retry_commits();
       },
       // The end of a storage fault (unless a later one superseded it).
       [self](disk_atom, std::uint64_t generation) {

@@ -28,14 +28,13 @@ shard_wire::shard_wire(const mesh_setup& setup, std::uint32_t index, incarnation
                        shard_store* store, shard_config config, const float* initial_params,
                        std::vector<std::pair<fragment_index, fragment_outer_state>> restored)
     : setup_(setup), index_(index), inc_(inc), port_(port), store_(store), owned_(setup.fragments_of(index)),
-      core_(std::make_unique<shard_core>(setup.layout, setup.plan, owned_, config, initial_params)),
-      committed_versions_(setup.fragments(), 0) {
+      core_(std::make_unique<shard_core>(setup.layout, setup.plan, owned_, config, initial_params)) {
   for (auto& [p, state] : restored) {
-    const std::uint64_t version = state.version;
     // Restoring a fragment the shard owns from a state its own layout produced cannot fail.
     [[maybe_unused]] const archipelago::status ok = core_->restore(p, std::move(state));
-    committed_versions_[p.value] = version;
   }
+  // The start (initial or restored) is durable: what the learners may see.
+  for (fragment_index p : owned_) visible_[p.value] = {core_->version(p), core_->value(p)};
   chaos_.accept = setup.cfg.wire.accept_chaos;
 }
 
@@ -91,13 +90,14 @@ std::optional<chaos_order> shard_wire::on_message(const transport::decoded_envel
   return std::nullopt;
 }
 
+/// A FragmentUpdate of what the learners may see of `p`.
 transport::encoded_message shard_wire::fragment_message(fragment_index p, std::uint64_t round) {
+  const visible_state& v = visible_.at(p.value);
   auto b = port_.make_envelope(round);
   auto u = b.body().initFragmentUpdate();
   u.setFragment(p.value);
-  u.setVersion(core_->version(p));
-  const auto& value = core_->value(p);
-  (void)b.add_tensor_values("fragment/" + std::to_string(p.value), value.data(), value.size(), tensor_encoding::fp32);
+  u.setVersion(v.version);
+  (void)b.add_tensor_values("fragment/" + std::to_string(p.value), v.theta.data(), v.theta.size(), tensor_encoding::fp32);
   return b.finish();
 }
 
@@ -148,8 +148,12 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
   const round_number r{env.header().getRound()};
   const fragment_index p{close.getFragment()};
   std::vector<learner_ref> members;
-  if (close.getQuorumNs() >= 0)
+  // A fragment whose newest version is not durable yet merges nothing more: its
+  // next version would build on one a crash may take back (the broker pauses it).
+  const bool paused = pending_.count(p.value) != 0;
+  if (close.getQuorumNs() >= 0 && !paused)
     for (auto mb : close.getMembers()) members.push_back({{mb.getLearner()}, incarnation{mb.getIncarnation()}});
+  if (paused && close.getQuorumNs() >= 0) ++deferred_rounds_;
   auto published = core_->on_round_close(r, p, members);
   if (!published) {
     std::fprintf(stderr, "archipelago shard %u: round %llu not merged: %s\n", index_,
@@ -157,15 +161,50 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
     return;
   }
   if (!published->has_value()) return;
+  const std::uint64_t version = (*published)->version;
+  if (!store_) return publish(p, version, r, core_->value(p), false);  // nothing to make durable
+  pending_commit& pc = pending_[p.value];
+  pc.commit = {std::move(**published), core_->outer_state(p), core_->ledger()};
+  store_->commit(pc.commit);
+}
+
+/// A version becomes visible: broadcast to the learners, announced to the broker.
+void shard_wire::publish(fragment_index p, std::uint64_t version, round_number round, std::vector<float> theta,
+                         bool committed) {
+  visible_[p.value] = {version, std::move(theta)};
   ++counts_.published;
-  counts_.bytes_sent += core_->value(p).size() * 4 * learners_.size();
-  (void)port_.broadcast(learners_, fragment_message(p, r.value));
-  auto b = port_.make_envelope(r.value);
+  counts_.bytes_sent += visible_[p.value].theta.size() * 4 * learners_.size();
+  (void)port_.broadcast(learners_, fragment_message(p, round.value));
+  auto b = port_.make_envelope(round.value);
   auto u = b.body().initFragmentUpdate();
   u.setFragment(p.value);
-  u.setVersion((*published)->version);
+  u.setVersion(version);
+  u.setCommitted(committed);
   (void)port_.send(broker_address, b.finish());
-  if (store_) store_->commit({std::move(**published), core_->outer_state(p), core_->ledger()});
+}
+
+void shard_wire::on_committed(fragment_index p, std::uint64_t version, round_number round) {
+  auto it = pending_.find(p.value);
+  if (it == pending_.end() || it->second.commit.published.version != version) return;  // not ours, or superseded
+  std::vector<float> theta = std::move(it->second.commit.state.theta);
+  pending_.erase(it);
+  publish(p, version, round, std::move(theta), true);
+}
+
+void shard_wire::on_commit_failed(fragment_index p, std::uint64_t version) {
+  if (auto it = pending_.find(p.value); it != pending_.end() && it->second.commit.published.version == version)
+    it->second.failed = true;
+}
+
+bool shard_wire::retry_commits() {
+  bool any = false;
+  for (auto& [p, pc] : pending_)
+    if (pc.failed) {
+      pc.failed = false;
+      any = true;
+      store_->commit(pc.commit);
+    }
+  return any;
 }
 
 void shard_wire::on_fetch(const transport::decoded_envelope& env) {
@@ -184,25 +223,15 @@ void shard_wire::on_fetch(const transport::decoded_envelope& env) {
   if (core_->owns({f.getFragment()})) (void)port_.send(from, fragment_message({f.getFragment()}, 0));
 }
 
-void shard_wire::on_committed(fragment_index p, std::uint64_t version, round_number round) {
-  if (p.value < committed_versions_.size() && version > committed_versions_[p.value])
-    committed_versions_[p.value] = version;
-  auto b = port_.make_envelope(round.value);
-  auto u = b.body().initFragmentUpdate();
-  u.setFragment(p.value);
-  u.setVersion(version);
-  u.setCommitted(true);
-  (void)port_.send(broker_address, b.finish());
-}
-
 node_status shard_wire::status() const {
   node_status s;
   s.node = {role::parameter_shard, index_};
   s.incarnation = inc_.value;
   s.counts = counts_;
   s.published_versions.assign(setup_.fragments(), 0);
-  for (fragment_index p : owned_) s.published_versions[p.value] = core_->version(p);
-  s.committed_versions = committed_versions_;
+  for (fragment_index p : owned_) s.published_versions[p.value] = visible_version(p);
+  // What is visible is durable (with a store; without one, nothing is).
+  s.committed_versions = store_ ? s.published_versions : std::vector<std::uint64_t>(setup_.fragments(), 0);
   return s;
 }
 
@@ -212,12 +241,17 @@ void shard_wire::add_metrics(prometheus_text& page) const {
     metric_labels f = l;
     f.emplace_back("fragment", std::to_string(p.value));
     page.gauge("archipelago_fragment_version", "The version of each fragment this node holds.",
-               static_cast<double>(core_->version(p)), f);
+               static_cast<double>(visible_version(p)), f);
   }
   page.counter("archipelago_shard_published_total", "Fragment versions this incarnation merged and published.",
                static_cast<double>(counts_.published), l);
   page.gauge("archipelago_shard_subscribers", "Learners the shard broadcasts new versions to.",
              static_cast<double>(learners_.size()), l);
+  page.gauge("archipelago_shard_undurable_fragments", "Fragments whose newest version is not durable yet (paused).",
+             static_cast<double>(pending_.size()), l);
+  page.counter("archipelago_shard_deferred_rounds_total",
+               "Rounds closed while their fragment's newest version was not durable: nothing merged.",
+               static_cast<double>(deferred_rounds_), l);
   const shard_ledger& led = core_->ledger();
   const std::tuple<const char*, std::uint64_t, std::uint64_t> outcomes[] = {
       {"merged", led.merged, led.merged_tokens},

@@ -1,10 +1,14 @@
 #pragma once
 // The parameter shard's wire layer: contributions in, arrival notices to the
 // broker; on the broker's RoundClose, the core's merge and outer step, the new
-// fragment broadcast to the learners and handed to the shard's store;
-// FetchFragment answered for joiners (the Clone pattern). Pure: no CAF, no
-// sockets, no clock reads. The actor shell (shard_actor) and the simulation
-// (tests/sim) both run it.
+// version handed to the shard's store and, once durable, broadcast to the
+// learners and announced to the broker; FetchFragment answered for joiners (the
+// Clone pattern). Durable before visible: no learner ever receives a version a
+// crash can take back — a restarted shard restores at least every version any
+// learner installed. A fragment whose newest version is not durable yet merges
+// nothing more (its next round's contributions stay unmerged in the learners'
+// counters); the broker pauses it meanwhile. Pure: no CAF, no sockets, no clock
+// reads. The actor shell (shard_actor) and the simulation (tests/sim) both run it.
 
 #include <cstdint>
 #include <map>
@@ -41,9 +45,9 @@ struct shard_commit {
 class shard_store {
  public:
   virtual ~shard_store() = default;
-  /// Makes the version durable off the round's path. Once it is, whoever
-  /// implements this calls shard_wire::on_committed (the broker hears of it then);
-  /// a version that never becomes durable is never reported.
+  /// Makes the version durable off the round's path. Whoever implements this
+  /// then calls shard_wire::on_committed — the version becomes visible — or
+  /// shard_wire::on_commit_failed, and the shell calls retry_commits later.
   virtual void commit(shard_commit c) = 0;
 };
 
@@ -65,10 +69,18 @@ class shard_wire {
   std::optional<chaos_order> on_message(const transport::decoded_envelope& env, nanos now);
   /// The broker speaks again after a silence (a restart, or a healed partition): announce this shard again.
   void on_peer(node_address peer, bool alive);
-  /// The store made `version` of fragment `p` (merged in `round`) durable.
+  /// The store made `version` of fragment `p` (merged in `round`) durable: it is
+  /// broadcast to the learners and announced to the broker (committed).
   void on_committed(fragment_index p, std::uint64_t version, round_number round);
+  /// The store could not write `version` of `p` (a failing disk): it stays
+  /// invisible and the fragment paused until retry_commits succeeds.
+  void on_commit_failed(fragment_index p, std::uint64_t version);
+  /// Hands every version whose commit failed to the store again. True if there was one.
+  bool retry_commits();
 
   const shard_core& core() const { return *core_; }
+  /// The newest version of `p` the learners may see (durable, or no store kept).
+  std::uint64_t visible_version(fragment_index p) const { return visible_.at(p.value).version; }
   const std::vector<fragment_index>& owned() const { return owned_; }
   node_status status() const;
   /// The shard's figures on a /metrics page (the transport's are the shell's).
@@ -81,6 +93,7 @@ class shard_wire {
   void on_contribution(const transport::decoded_envelope& env);
   void on_round_close(const transport::decoded_envelope& env);
   void on_fetch(const transport::decoded_envelope& env);
+  void publish(fragment_index p, std::uint64_t version, round_number round, std::vector<float> theta, bool committed);
 
   const mesh_setup& setup_;
   const std::uint32_t index_;
@@ -88,13 +101,26 @@ class shard_wire {
   transport::message_port& port_;
   shard_store* store_;
   std::vector<fragment_index> owned_;
+  std::uint64_t deferred_rounds_ = 0;  // rounds closed while their fragment's last version was not durable
   std::unique_ptr<shard_core> core_;
   chaos_receiver chaos_;
   node_counters counts_;
   std::vector<node_address> learners_;  // broadcast list (learners that fetched)
   std::map<node_address, std::pair<std::string, std::uint64_t>> endpoints_;  // learner → (endpoint, incarnation)
   std::uint64_t broker_incarnation_ = 0;  // as last seen; 0: not yet
-  std::vector<std::uint64_t> committed_versions_;  // per fragment of the mesh
+  /// What the learners see of each owned fragment: its newest durable version.
+  struct visible_state {
+    std::uint64_t version = 0;
+    std::vector<float> theta;
+  };
+  std::map<std::uint32_t, visible_state> visible_;
+  /// Per fragment, a merged version on its way to the store (at most one: the
+  /// fragment merges nothing more until it is durable), and whether its commit failed.
+  struct pending_commit {
+    shard_commit commit;
+    bool failed = false;
+  };
+  std::map<std::uint32_t, pending_commit> pending_;
 };
 
 }  // namespace archipelago

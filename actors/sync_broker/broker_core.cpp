@@ -59,6 +59,9 @@ const char* to_string(close_reason reason) {
 
 broker_core::broker_core(broker_config cfg) : cfg_(std::move(cfg)), next_round_(cfg_.first_round) {
   assert(validate(cfg_).has_value());
+  std::uint32_t shards = 0;
+  for (std::uint32_t s : cfg_.shard_of_fragment) shards = std::max(shards, s + 1);
+  shard_live_.assign(shards, true);
 }
 
 expected<broker_core> broker_core::create(broker_config cfg) {
@@ -308,6 +311,7 @@ std::map<std::uint64_t, broker_core::round_state>::iterator broker_core::close(
   if (rs.quorum_ns >= 0) {
     std::uint64_t& newest = newest_merged_[rs.fragment];
     newest = std::max(newest, rs.round);
+    unpublished_[rs.fragment] = {rs.round, now};
   }
 
   effects_.push_back(close_round{round_number{rs.round}, fragment_index{rs.fragment}, rs.shard,
@@ -315,8 +319,23 @@ std::map<std::uint64_t, broker_core::round_state>::iterator broker_core::close(
   return open_.erase(it);
 }
 
+broker_core::turn broker_core::turn_of(std::uint32_t fragment, std::uint32_t shard, nanos now) const {
+  if (!is_shard_live(shard)) return turn::shard_silent;
+  // Durable before visible: the fragment's last merge is not published yet (a
+  // notice lost on the way is not waited for beyond the round timeout).
+  if (auto u = unpublished_.find(fragment); u != unpublished_.end() && now - u->second.second < cfg_.round_timeout_ns)
+    return turn::not_durable;
+  const auto in_flight = std::count_if(open_.begin(), open_.end(), [&](const auto& r) { return r.second.shard == shard; });
+  if (!cfg_.wait_for_all && in_flight >= cfg_.rounds_in_flight) return turn::shard_busy;
+  return turn::open;
+}
+
 void broker_core::open_due_rounds(nanos now) {
-  while (open_.size() < static_cast<std::size_t>(cfg_.rounds_in_flight)) {
+  const bool one_shard = shard_live_.size() <= 1;
+  // Bounded: one pass over the fragments' turns at most (with ξ_step = 0 every turn is due).
+  for (int skipped = 0; skipped < cfg_.fragments;) {
+    // The synchronous modes keep τ rounds in flight in all; decoupled τ per shard (turn_of).
+    if (cfg_.wait_for_all && open_.size() >= static_cast<std::size_t>(cfg_.rounds_in_flight)) return;
     std::vector<learner_ref> eligible = eligible_now();
     // Rounds go on while at least K learners can contribute; below that they pause.
     if (eligible.size() < static_cast<std::size_t>(cfg_.quorum)) return;
@@ -324,10 +343,25 @@ void broker_core::open_due_rounds(nanos now) {
     if (!step) return;
     if (any_opened_ && now < last_open_ns_ + std::llround(static_cast<double>(*step) * cfg_.steps_per_round)) return;
 
+    const auto fragment = static_cast<std::uint32_t>(next_round_ % static_cast<std::uint64_t>(cfg_.fragments));
+    const std::uint32_t shard = cfg_.shard_of_fragment[fragment];
+    if (const turn t = turn_of(fragment, shard, now); t != turn::open) {
+      // A paused fragment (its shard silent, or its last merge not durable yet)
+      // is skipped: the others keep their turns (not synced more often). A busy
+      // shard is waited for where waiting holds no other shard back (one shard);
+      // the synchronous modes, whose learners wait for every fragment, wait for durability.
+      if ((t == turn::shard_busy && one_shard) || (t == turn::not_durable && cfg_.wait_for_all)) return;
+      ++next_round_;
+      last_open_ns_ = now;
+      any_opened_ = true;
+      ++counters_.rounds_skipped;
+      ++skipped;
+      continue;
+    }
     round_state rs;
     rs.round = next_round_++;
-    rs.fragment = static_cast<std::uint32_t>(rs.round % static_cast<std::uint64_t>(cfg_.fragments));
-    rs.shard = cfg_.shard_of_fragment[rs.fragment];
+    rs.fragment = fragment;
+    rs.shard = shard;
     rs.opened_ns = now;
     rs.eligible = eligible;
     last_open_ns_ = now;
@@ -345,7 +379,7 @@ void broker_core::mark_dead(learner_index index, learner_state& st) {
   effects_.push_back(learner_dead{index, st.inc});
 }
 
-void broker_core::on_shard_restarted(std::uint32_t shard, nanos now) {
+void broker_core::abort_rounds_of(std::uint32_t shard, nanos now) {
   for (auto it = open_.begin(); it != open_.end();) {
     if (it->second.shard != shard) {
       ++it;
@@ -355,6 +389,26 @@ void broker_core::on_shard_restarted(std::uint32_t shard, nanos now) {
     ++counters_.rounds_aborted;
     it = close(it, close_reason::timeout, now);
   }
+}
+
+void broker_core::on_shard_restarted(std::uint32_t shard, nanos now) {
+  abort_rounds_of(shard, now);
+  std::erase_if(unpublished_, [&](const auto& u) { return cfg_.shard_of_fragment[u.first] == shard; });
+  if (shard < shard_live_.size()) shard_live_[shard] = true;
+  open_due_rounds(now);
+}
+
+void broker_core::on_shard_lost(std::uint32_t shard, nanos now) {
+  if (!is_shard_live(shard)) return;
+  shard_live_[shard] = false;
+  ++counters_.shards_lost;
+  abort_rounds_of(shard, now);
+  open_due_rounds(now);
+}
+
+void broker_core::on_shard_alive(std::uint32_t shard, nanos now) {
+  if (shard >= shard_live_.size() || shard_live_[shard]) return;
+  shard_live_[shard] = true;
   open_due_rounds(now);
 }
 
@@ -383,6 +437,8 @@ void broker_core::tick(nanos now) {
 
 void broker_core::on_published(round_number round, fragment_index fragment, std::uint64_t version,
                                nanos now) {
+  if (auto u = unpublished_.find(fragment.value); u != unpublished_.end() && u->second.first <= round.value)
+    unpublished_.erase(u);  // durable and visible: its next round may open
   round_record* rec = find_record_mut(round.value);
   if (rec == nullptr || rec->fragment != fragment) {
     ++counters_.unknown_round;

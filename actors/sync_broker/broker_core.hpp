@@ -22,7 +22,7 @@ namespace archipelago {
 
 struct broker_config {
   int fragments = 24;            // P
-  int rounds_in_flight = 2;      // τ
+  int rounds_in_flight = 2;      // τ: rounds in flight (per parameter shard under decoupled)
   int quorum = 1;                // K
   double grace_factor = 0.8;     // γ
   bool adaptive_grace = true;    // false: close as soon as K have arrived
@@ -118,8 +118,12 @@ struct broker_counters {
   std::uint64_t unknown_round = 0;  // contributions or publications for rounds never opened
   std::uint64_t previous_broker = 0;  // contributions for rounds an earlier broker opened (below first_round; also late)
   std::uint64_t learners_dead = 0;
-  std::uint64_t rounds_aborted = 0;  // closed without a merge because their shard restarted
+  std::uint64_t rounds_aborted = 0;  // closed without a merge because their shard restarted or fell silent
   std::uint64_t rounds_superseded = 0;  // closed without quorum once a younger round of their fragment merged
+  /// A fragment's turn passed without a round: its shard silent, its shard's τ rounds
+  /// in flight, or its last merge not yet durable. The other fragments keep their pace.
+  std::uint64_t rounds_skipped = 0;
+  std::uint64_t shards_lost = 0;  // shards declared silent
   std::uint64_t rounds_closed() const {
     return closed_all_eligible + closed_grace_expired + closed_timeout;
   }
@@ -162,8 +166,17 @@ class broker_core {
   void on_peer_alive(learner_index learner, nanos now);
   /// Shard `shard` restarted from its snapshot: the contributions it held for
   /// its open rounds are gone. Those rounds close now without a merge (the
-  /// learners' next contributions carry the same work, with its steps).
+  /// learners' next contributions carry the same work, with its steps), and
+  /// what it merged but had not made durable is not waited for.
   void on_shard_restarted(std::uint32_t shard, nanos now);
+  /// The transport found shard `shard` silent: its open rounds close without a
+  /// merge and its fragments' turns are skipped until it speaks again (its
+  /// fragments pause; every other fragment keeps its pace). Learners keep
+  /// training: their work on the paused fragments stays in their counters.
+  void on_shard_lost(std::uint32_t shard, nanos now);
+  /// The transport heard from the shard again: its fragments' turns open rounds again.
+  void on_shard_alive(std::uint32_t shard, nanos now);
+  bool is_shard_live(std::uint32_t shard) const { return shard < shard_live_.size() && shard_live_[shard]; }
   /// Liveness, grace and timeout deadlines, and opening of paced rounds.
   void tick(nanos now);
 
@@ -219,6 +232,10 @@ class broker_core {
   std::map<std::uint64_t, round_state>::iterator close(
       std::map<std::uint64_t, round_state>::iterator it, close_reason reason, nanos now);
   void open_due_rounds(nanos now);
+  /// Whether fragment p's turn can open a round now, and if not, why.
+  enum class turn : std::uint8_t { open, shard_silent, not_durable, shard_busy };
+  turn turn_of(std::uint32_t fragment, std::uint32_t shard, nanos now) const;
+  void abort_rounds_of(std::uint32_t shard, nanos now);
   std::vector<learner_ref> eligible_now() const;
   round_record* find_record_mut(std::uint64_t round);
 
@@ -229,6 +246,10 @@ class broker_core {
   std::vector<broker_effect> effects_;
   broker_counters counters_;
   std::map<std::uint32_t, std::uint64_t> newest_merged_;  // fragment → newest round closed with a merge
+  /// Fragment → (round, closed at) of its last merge, until the shard says the
+  /// version is durable and visible (on_published). Its next round waits for it.
+  std::map<std::uint32_t, std::pair<std::uint64_t, nanos>> unpublished_;
+  std::vector<bool> shard_live_;  // per shard: not found silent
 
   std::uint64_t next_round_ = 0;
   nanos last_open_ns_ = 0;

@@ -6,7 +6,26 @@
 namespace archipelago {
 namespace {
 
-storage::stored_ledger stored(const ledger_totals& l) { return {l.merged, l.late, l.rejected, l.lost, l.processed}; }
+storage::stored_ledger stored(const ledger_totals& l) {
+  return {l.merged, l.late, l.rejected, l.lost, l.processed, l.overwritten};
+}
+
+ledger_totals totals_of(const storage::stored_ledger& l) {
+  ledger_totals t;
+  t.processed = l.processed;
+  t.merged = l.merged;
+  t.late = l.late;
+  t.overwritten = l.overwritten;
+  t.lost = l.lost;
+  t.rejected = l.rejected;
+  return t;
+}
+
+std::vector<std::uint64_t> fragment_floats(const mesh_setup& setup) {
+  std::vector<std::uint64_t> floats;
+  for (const auto& f : setup.plan.fragments) floats.push_back(f.floats);
+  return floats;
+}
 
 /// The tape's record of a round whose fragment version a shard committed (the store stamps the time).
 storage::tape_record tape_entry(const round_record& r, std::uint64_t version) {
@@ -56,10 +75,11 @@ broker_config broker_settings(const mesh_setup& s) {
 broker_wire::broker_wire(const mesh_setup& setup, broker_config settings, incarnation inc,
                          transport::message_port& port, broker_store* store, const broker_start& start, nanos now)
     : setup_(setup), inc_(inc), port_(port), store_(store), lease_(start.recovery && store),
-      ledger_write_interval_ns_(start.ledger_write_interval_ns), started_ns_(now) {
+      ledger_write_interval_ns_(start.ledger_write_interval_ns), ledger_(fragment_floats(setup)), started_ns_(now) {
   shard_incarnations_.assign(setup.shard_endpoints.size(), 0);
   shard_last_heard_.assign(setup.shard_endpoints.size(), -1);
   fragment_versions_.assign(setup.fragments(), 0);
+  fragment_published_at_.assign(setup.fragments(), {});
   settings.first_round = start.first_round;
   if (start.recovery) settings.first_round = recover(start);
   core_ = std::make_unique<broker_core>(settings);
@@ -82,19 +102,17 @@ std::uint64_t broker_wire::recover(const broker_start& start) {
   rounds_leased_ = first_round;
   std::size_t restored = 0, skipped = 0;
   for (const storage::learner_ledger& l : start.ledgers) {
-    ledger_totals t;
-    t.processed = l.totals.processed;
-    t.merged = l.totals.merged;
-    t.late = l.totals.late;
-    t.lost = l.totals.lost;
-    t.rejected = l.totals.rejected;
+    ledger_totals t = totals_of(l.totals);
     t.steps = l.steps;
     t.step_time_s = l.step_time_s;
     t.merged_step_time_s = l.merged_step_time_s;
+    std::vector<ledger_totals> by_fragment;
+    for (const storage::stored_ledger& f : l.fragments) by_fragment.push_back(totals_of(f));
+    for (ledger_totals& f : by_fragment) f.steps = l.steps;
     const learner_ref who{{l.learner}, incarnation{l.incarnation}};
-    // A record without its step count (an older writer) cannot be continued: that
-    // incarnation is counted afresh from its Progress (processed stays exact).
-    if (!ledger_.restore(who, t, l.steps)) {
+    // A record without its step count or its fragments (an older writer) cannot be
+    // continued: that incarnation is counted afresh from its Progress (processed stays exact).
+    if (!ledger_.restore(who, t, by_fragment, l.steps)) {
       ++skipped;
       continue;
     }
@@ -169,13 +187,26 @@ void broker_wire::write_ledger(nanos now) {
   std::vector<storage::learner_ledger> ledgers;
   for (const auto& [who, totals] : ledger_.per_learner()) {
     const auto endpoint = endpoints_.find(who);
+    std::vector<storage::stored_ledger> fragments;
+    for (const ledger_totals& f : ledger_.fragments_of(who)) fragments.push_back(stored(f));
     ledgers.push_back({who.learner.value, who.inc.value, stored(totals), totals.steps, totals.step_time_s,
-                       totals.merged_step_time_s, endpoint == endpoints_.end() ? "" : endpoint->second});
+                       totals.merged_step_time_s, endpoint == endpoints_.end() ? "" : endpoint->second,
+                       std::move(fragments)});
   }
   store_->write_ledger(std::move(ledgers));
 }
 
 void broker_wire::on_peer(node_address peer, bool alive, nanos now) {
+  if (peer.kind == role::parameter_shard) {
+    if (alive) {
+      core_->on_shard_alive(peer.index, now);
+    } else {
+      std::fprintf(stderr, "archipelago broker: shard/%u fell silent: its fragments pause, the others go on\n",
+                   peer.index);
+      core_->on_shard_lost(peer.index, now);
+    }
+    return dispatch(now);
+  }
   if (peer.kind != role::learner) return;
   if (alive) {
     core_->on_peer_alive({peer.index}, now);
@@ -213,10 +244,7 @@ void broker_wire::dispatch(nanos now) {
         members[i].setWeight(c->members[i].weight);
         refs.push_back({c->members[i].learner, c->members[i].inc});
       }
-      ledger_.on_round_closed(c->round, refs, c->merge());
-      if (c->merge())
-        for (const auto& who : refs)
-          if (auto& rec = records_[who]; rec.first_merged_ns < 0) rec.first_merged_ns = now;
+      ledger_.on_round_closed(c->round, refs, c->merge());  // merged once the shard publishes it
       last_grace_ns_ = c->grace_ns;
       (void)port_.send({role::parameter_shard, c->shard}, b.finish());
       ++counts_.rounds_closed;
@@ -330,30 +358,37 @@ void broker_wire::on_arrival(const transport::decoded_envelope& env, nanos now) 
   const bool earlier_broker = c.getBrokerIncarnation() != 0 && c.getBrokerIncarnation() != inc_.value;
   const wire::Verdict verdict =
       earlier_broker && c.getVerdict() == wire::Verdict::BUFFERED ? wire::Verdict::LATE : c.getVerdict();
+  const fragment_index p{c.getFragment()};
   switch (verdict) {
     case wire::Verdict::BUFFERED:
-      ledger_.on_arrival(round, who, c.getStep(), c.getSteps());
+      ledger_.on_arrival(round, p, who, c.getStep(), c.getSteps());
       core_->on_contribution(round, who.learner, who.inc, c.getTokens(), c.getSteps(), now);
       break;
-    case wire::Verdict::LATE: ledger_.on_outcome(who, c.getStep(), c.getSteps(), ledger_bucket::late); break;
-    case wire::Verdict::REJECTED: ledger_.on_outcome(who, c.getStep(), c.getSteps(), ledger_bucket::rejected); break;
+    case wire::Verdict::LATE: ledger_.on_outcome(who, p, c.getStep(), c.getSteps(), ledger_bucket::late); break;
+    case wire::Verdict::REJECTED: ledger_.on_outcome(who, p, c.getStep(), c.getSteps(), ledger_bucket::rejected); break;
   }
 }
 
-/// A shard published a new version — or, later, made it durable: then the tape records the round.
+/// A shard published a new version: durable (committed: the tape records its round)
+/// and broadcast to the learners — or broadcast at once by a shard that keeps no snapshots.
+/// The round's members' work is merged now.
 void broker_wire::on_fragment_update(const transport::decoded_envelope& env, nanos now) {
   auto u = env.root().getBody().getFragmentUpdate();
   const round_number round{env.header().getRound()};
+  const round_record* r = core_->find_record(round);
   if (u.getCommitted()) {
     ++counts_.committed;
-    const round_record* r = core_->find_record(round);
     if (store_ && r) store_->append_tape(tape_entry(*r, u.getVersion()));
-    return;
   }
   core_->on_published(round, {u.getFragment()}, u.getVersion(), now);
-  if (u.getFragment() < fragment_versions_.size())  // a restarted shard may publish lower ones: the newest is what it holds
-    fragment_versions_[u.getFragment()] = u.getVersion();
+  ledger_.on_round_published(round);
+  if (r && r->fragment.value == u.getFragment())
+    for (const round_member& m : r->members)
+      if (auto& rec = records_[{m.learner, m.inc}]; rec.first_merged_ns < 0) rec.first_merged_ns = now;
+  if (u.getFragment() < fragment_versions_.size()) fragment_versions_[u.getFragment()] = u.getVersion();
   if (published_at_.size() < (std::size_t{1} << 24)) published_at_.push_back(now);
+  if (u.getFragment() < fragment_published_at_.size() && fragment_published_at_[u.getFragment()].size() < (std::size_t{1} << 22))
+    fragment_published_at_[u.getFragment()].push_back(now);
 }
 
 /// The uptime so far: a gap between publications longer than a few planned round intervals is down time.
@@ -361,6 +396,17 @@ double broker_wire::uptime_until(nanos end) const {
   const auto stall = static_cast<nanos>(
       std::max(1e9, 4 * setup_.policy.steps_per_round * static_cast<double>(last_xi_step_ns_)));
   return first_open_ns_ < 0 ? 1.0 : uptime_from_publications(published_at_, first_open_ns_, end, stall);
+}
+
+/// Per fragment, the same over its own publications: a gap longer than two of
+/// its planned intervals (P rounds: one missed turn) is down time for it.
+std::vector<double> broker_wire::fragment_availability_until(nanos end) const {
+  const auto stall = static_cast<nanos>(std::max(
+      1e9, 2 * setup_.fragments() * setup_.policy.steps_per_round * static_cast<double>(last_xi_step_ns_)));
+  std::vector<double> out;
+  for (const std::vector<nanos>& published : fragment_published_at_)
+    out.push_back(first_open_ns_ < 0 ? 1.0 : uptime_from_publications(published, first_open_ns_, end, stall));
+  return out;
 }
 
 /// The learners' share of time spent on steps whose tokens were merged, since the first Join.
@@ -382,6 +428,8 @@ broker_report broker_wire::report(nanos now, bool final) {
     r.learners.push_back(rec);
   }
   r.uptime = uptime_until(last_leave_ns_ >= 0 ? last_leave_ns_ : now);
+  r.fragment_availability = fragment_availability_until(last_leave_ns_ >= 0 ? last_leave_ns_ : now);
+  r.fragment_ledger = ledger_.per_fragment();
   r.first_join_ns = first_join_ns_;
   r.last_leave_ns = last_leave_ns_;
   r.xi_step_ms = static_cast<double>(last_xi_step_ns_) * 1e-6;

@@ -75,6 +75,7 @@ class broker_wire {
   void on_fragment_update(const transport::decoded_envelope& env, nanos now);
   void write_ledger(nanos now);
   double uptime_until(nanos end) const;
+  std::vector<double> fragment_availability_until(nanos end) const;
   double live_goodput(const ledger_totals& l, nanos now) const;
 
   const mesh_setup& setup_;
@@ -88,6 +89,7 @@ class broker_wire {
   node_counters counts_;
   chaos_receiver chaos_;
   std::vector<nanos> published_at_;
+  std::vector<std::vector<nanos>> fragment_published_at_;  // per fragment
   nanos first_join_ns_ = -1, last_leave_ns_ = -1, first_open_ns_ = -1, last_grace_ns_ = 0;
   nanos started_ns_ = 0, last_xi_step_ns_ = 0, last_ledger_write_ns_ = 0;
   nanos last_welcome_ns_ = -1;  // the last Welcome to shards not heard from yet

@@ -21,7 +21,12 @@ void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
                  with("reason", reason));
   page.counter("archipelago_rounds_dropped_total", "Rounds closed without a merge (their shard restarted, or a younger round merged).",
                static_cast<double>(c.rounds_aborted + c.rounds_superseded), l);
-  page.gauge("archipelago_rounds_open", "Rounds open now (at most mesh.rounds_in_flight per fragment).",
+  page.counter("archipelago_rounds_skipped_total",
+               "Fragment turns passed without a round: its shard silent or busy, or its last merge not durable yet.",
+               static_cast<double>(c.rounds_skipped), l);
+  page.counter("archipelago_shards_lost_total", "Times a parameter shard fell silent (its fragments paused).",
+               static_cast<double>(c.shards_lost), l);
+  page.gauge("archipelago_rounds_open", "Rounds open now (at most mesh.rounds_in_flight per parameter shard).",
              static_cast<double>(core_->rounds_open()), l);
   page.counter("archipelago_late_contributions_total", "Contributions that arrived after their round closed.",
                static_cast<double>(c.late), l);
@@ -44,13 +49,30 @@ void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
   }
   page.gauge("archipelago_learners_live", "Learners alive and not departed.", static_cast<double>(live), l);
   const ledger_totals led = ledger_.totals();
-  const std::pair<const char*, std::uint64_t> buckets[] = {{"processed", led.processed}, {"merged", led.merged},
-                                                           {"late", led.late},           {"lost", led.lost},
-                                                           {"rejected", led.rejected}};
-  for (const auto& [bucket, tokens] : buckets)
-    page.counter("archipelago_ledger_tokens_total", "The token ledger: processed, and the bucket each processed token ended in.",
-                 static_cast<double>(tokens), with("bucket", bucket));
-  page.gauge("archipelago_ledger_balanced", "1 when merged + late + lost + rejected = processed.", led.balanced() ? 1 : 0, l);
+  auto ledger_counters = [&](const char* name, const char* help, const ledger_totals& t, metric_labels labels) {
+    const std::pair<const char*, std::uint64_t> buckets[] = {
+        {"processed", t.processed}, {"merged", t.merged}, {"late", t.late},
+        {"overwritten", t.overwritten}, {"lost", t.lost}, {"rejected", t.rejected}};
+    labels.emplace_back("bucket", "");
+    for (const auto& [bucket, tokens] : buckets) {
+      labels.back().second = bucket;
+      page.counter(name, help, static_cast<double>(tokens), labels);
+    }
+  };
+  ledger_counters("archipelago_ledger_tokens_total",
+                  "The token ledger: processed tokens, and the bucket each token-share ended in.", led, l);
+  const std::vector<ledger_totals> by_fragment = ledger_.per_fragment();
+  const std::vector<double> availability = fragment_availability_until(now);
+  for (std::size_t p = 0; p < by_fragment.size(); ++p) {
+    ledger_counters("archipelago_fragment_ledger_tokens_total",
+                    "The token ledger per fragment: the token-shares of each fragment, by bucket.", by_fragment[p],
+                    with("fragment", std::to_string(p)));
+    page.gauge("archipelago_fragment_availability",
+               "Per fragment, the share of time since the first round in which it advanced.", availability[p],
+               with("fragment", std::to_string(p)));
+  }
+  page.gauge("archipelago_ledger_balanced", "1 when merged + late + overwritten + lost + rejected = processed.",
+             led.balanced() ? 1 : 0, l);
   page.gauge("archipelago_goodput", "Learner time on steps whose tokens were merged, over mesh.learners x time since the first Join.",
              live_goodput(led, now), l);
   page.gauge("archipelago_uptime", "Share of time since the first round in which the global model advanced.",
@@ -90,9 +112,7 @@ std::string broker_wire::status_json(nanos now) const {
       .add("rounds_open", static_cast<std::uint64_t>(core_->rounds_open())).add("late", c.late)
       .add("grace_ms", static_cast<double>(last_grace_ns_) * 1e-6)
       .add("goodput", live_goodput(led, now))
-      .add_raw("ledger", "{\"processed\":" + std::to_string(led.processed) + ",\"merged\":" + std::to_string(led.merged) +
-                             ",\"late\":" + std::to_string(led.late) + ",\"lost\":" + std::to_string(led.lost) +
-                             ",\"rejected\":" + std::to_string(led.rejected) + "}")
+      .add_raw("ledger", ledger_json(led))
       .add("ledger_balanced", led.balanced())
       .add_raw("learners", learners + "]").add_raw("shards", shards + "]").add_raw("fragment_versions", versions + "]");
   return out.str();

@@ -1,13 +1,36 @@
 #include "sync_broker/token_ledger.hpp"
 
 #include <algorithm>
+#include <cassert>
 
 namespace archipelago {
 
-token_ledger::token_ledger(std::uint64_t max_steps_per_learner, std::size_t max_open_rounds)
-    : max_steps_(max_steps_per_learner), max_open_rounds_(max_open_rounds) {}
+token_ledger::token_ledger(std::vector<std::uint64_t> fragment_floats, std::uint64_t max_steps_per_learner,
+                           std::size_t max_open_rounds)
+    : fragment_floats_(std::move(fragment_floats)), floats_before_(fragment_floats_.size() + 1, 0),
+      max_steps_(max_steps_per_learner), max_open_rounds_(max_open_rounds) {
+  assert(!fragment_floats_.empty());
+  for (std::size_t p = 0; p < fragment_floats_.size(); ++p)
+    floats_before_[p + 1] = floats_before_[p] + fragment_floats_[p];
+  assert(floats_before_.back() > 0);
+}
 
-token_ledger::learner_steps& token_ledger::of(learner_ref who) { return learners_[who]; }
+std::uint64_t token_ledger::share(std::uint64_t tokens, std::uint32_t p) const {
+  // ⌊tokens·F_{<p+1}/F⌋ − ⌊tokens·F_{<p}/F⌋: proportional, and the shares sum to tokens.
+  using wide = unsigned __int128;
+  const wide total = floats_before_.back();
+  return static_cast<std::uint64_t>(wide{tokens} * floats_before_[p + 1] / total -
+                                    wide{tokens} * floats_before_[p] / total);
+}
+
+token_ledger::learner_steps& token_ledger::of(learner_ref who) {
+  learner_steps& l = learners_[who];
+  if (l.fragments.empty()) {
+    l.fragments.resize(fragments());
+    l.window_floor.assign(fragments(), 0);
+  }
+  return l;
+}
 
 bool token_ledger::extend(learner_steps& l, std::uint64_t step) {
   // Only the steps after the frozen ones (restore()) have entries.
@@ -15,23 +38,41 @@ bool token_ledger::extend(learner_steps& l, std::uint64_t step) {
     ++overflowed_steps_;
     return false;
   }
-  if (l.steps.size() < step - l.frozen) l.steps.resize(step - l.frozen);
+  if (l.steps.size() < step - l.frozen) {
+    l.steps.resize(step - l.frozen);
+    l.bucket.resize(l.steps.size() * fragments(), ledger_bucket::lost);
+  }
   return true;
 }
 
-void token_ledger::count(ledger_totals& t, const step_entry& e, ledger_bucket bucket, int sign) {
+void token_ledger::count(learner_steps& l, const step_entry& e, std::uint32_t p, ledger_bucket bucket,
+                         int sign) const {
   // Token counts stay exact: a bucket only ever gains what another loses.
-  const std::uint64_t tokens = e.tokens;
-  auto move = [&](std::uint64_t& field) { field = sign > 0 ? field + tokens : field - tokens; };
-  switch (bucket) {
-    case ledger_bucket::merged:
-      move(t.merged);
-      t.merged_step_time_s += e.time_us * 1e-6;  // merged is the best bucket: never left again
-      break;
-    case ledger_bucket::late: move(t.late); break;
-    case ledger_bucket::rejected: move(t.rejected); break;
-    case ledger_bucket::lost: move(t.lost); break;
+  const std::uint64_t tokens = share(e.tokens, p);
+  const double time_s = e.time_us * 1e-6 * weight(p);
+  for (ledger_totals* t : {&l.totals, &l.fragments[p]}) {
+    auto move = [&](std::uint64_t& field) { field = sign > 0 ? field + tokens : field - tokens; };
+    switch (bucket) {
+      case ledger_bucket::merged:
+        move(t->merged);
+        t->merged_step_time_s += time_s;  // merged is the best bucket: never left again
+        break;
+      case ledger_bucket::late: move(t->late); break;
+      case ledger_bucket::rejected: move(t->rejected); break;
+      case ledger_bucket::overwritten: move(t->overwritten); break;
+      case ledger_bucket::lost: move(t->lost); break;
+    }
   }
+}
+
+void token_ledger::raise(learner_steps& l, std::uint64_t index, std::uint32_t p, ledger_bucket bucket) {
+  ledger_bucket& b = l.bucket[index * fragments() + p];
+  if (bucket <= b) return;
+  if (index + l.frozen < l.reported_step) {  // already counted: move its share to the better bucket
+    count(l, l.steps[index], p, b, -1);
+    count(l, l.steps[index], p, bucket, +1);
+  }
+  b = bucket;
 }
 
 void token_ledger::on_progress(learner_ref who, std::uint64_t step, std::uint64_t tokens_total, nanos step_time) {
@@ -42,38 +83,58 @@ void token_ledger::on_progress(learner_ref who, std::uint64_t step, std::uint64_
   const std::uint64_t tokens = tokens_total - l.reported_tokens;
   const auto time_us = static_cast<std::uint32_t>(std::clamp<nanos>(step_time / 1000, 0, UINT32_MAX));
   for (std::uint64_t k = 0; k < gap; ++k) {
-    step_entry& e = l.steps[l.reported_step - l.frozen + k];
+    const std::uint64_t index = l.reported_step - l.frozen + k;
+    step_entry& e = l.steps[index];
     e.tokens = static_cast<std::uint32_t>(tokens / gap + (k + 1 == gap ? tokens % gap : 0));
     e.time_us = time_us;
-    // Counted now, in the bucket an outcome may already have given it.
+    // Counted now, each share in the bucket an outcome may already have given it.
     l.totals.processed += e.tokens;
     l.totals.step_time_s += e.time_us * 1e-6;
     ++l.totals.steps;
-    count(l.totals, e, e.bucket, +1);
+    for (std::uint32_t p = 0; p < fragments(); ++p) {
+      ledger_totals& f = l.fragments[p];
+      f.processed += share(e.tokens, p);
+      f.step_time_s += e.time_us * 1e-6 * weight(p);
+      ++f.steps;
+      count(l, e, p, l.bucket[index * fragments() + p], +1);
+    }
   }
   l.reported_step = step;
   l.reported_tokens = tokens_total;
 }
 
-void token_ledger::on_outcome(learner_ref who, std::uint64_t step, std::uint64_t steps, ledger_bucket bucket) {
-  learner_steps& l = of(who);
-  // Frozen steps (restore()) keep their stored bucket: only the window's part above them moves.
-  if (steps > step || step <= l.frozen || !extend(l, step)) return;
-  for (std::uint64_t s = std::max(step - steps, l.frozen); s < step; ++s) {
-    step_entry& e = l.steps[s - l.frozen];
-    if (bucket <= e.bucket) continue;
-    if (s < l.reported_step) {  // already counted: move its tokens to the better bucket
-      count(l.totals, e, e.bucket, -1);
-      count(l.totals, e, bucket, +1);
-    }
-    e.bucket = bucket;
+void token_ledger::settle_below(learner_steps& l, std::uint32_t p, std::uint64_t start) {
+  // Windows are cumulative since the learner's anchor: one starting at `start`
+  // means the learner installed a newer version of p there, and p's work below
+  // that no window covered was overwritten. Each step is settled once.
+  std::uint64_t& floor = l.window_floor[p];
+  if (floor == unknown_floor) {  // restored: what the previous broker saw last is unknown here
+    floor = start;
+    return;
   }
+  for (std::uint64_t s = std::max(floor, l.frozen); s < start; ++s)
+    if (l.bucket[(s - l.frozen) * fragments() + p] == ledger_bucket::lost)
+      raise(l, s - l.frozen, p, ledger_bucket::overwritten);
+  floor = std::max(floor, start);
 }
 
-void token_ledger::on_arrival(round_number round, learner_ref who, std::uint64_t step, std::uint64_t steps) {
-  if (closed_.count(round.value) != 0) return on_outcome(who, step, steps, ledger_bucket::late);
+void token_ledger::on_outcome(learner_ref who, fragment_index p, std::uint64_t step, std::uint64_t steps,
+                              ledger_bucket bucket) {
+  learner_steps& l = of(who);
+  // Frozen steps (restore()) keep their stored bucket: only the window's part above them moves.
+  if (p.value >= fragments() || steps > step || step <= l.frozen || !extend(l, step)) return;
+  settle_below(l, p.value, step - steps);
+  for (std::uint64_t s = std::max(step - steps, l.frozen); s < step; ++s) raise(l, s - l.frozen, p.value, bucket);
+}
+
+void token_ledger::on_arrival(round_number round, fragment_index p, learner_ref who, std::uint64_t step,
+                              std::uint64_t steps) {
+  if (closed_.count(round.value) != 0) return on_outcome(who, p, step, steps, ledger_bucket::late);
+  learner_steps& l = of(who);
+  if (p.value < fragments() && steps <= step && step > l.frozen && extend(l, step))
+    settle_below(l, p.value, step - steps);
   if (open_.size() >= max_open_rounds_ && open_.count(round.value) == 0) open_.erase(open_.begin());
-  open_[round.value].push_back({who, step, steps});
+  open_[round.value].push_back({who, p.value, step, steps});
 }
 
 void token_ledger::on_round_closed(round_number round, const std::vector<learner_ref>& members, bool merged) {
@@ -82,20 +143,40 @@ void token_ledger::on_round_closed(round_number round, const std::vector<learner
   auto it = open_.find(round.value);
   if (it == open_.end()) return;
   if (merged) {
+    std::vector<arrival>& waiting = awaiting_[round.value];
     for (const arrival& a : it->second)
-      if (std::find(members.begin(), members.end(), a.who) != members.end())
-        on_outcome(a.who, a.step, a.steps, ledger_bucket::merged);
+      if (std::find(members.begin(), members.end(), a.who) != members.end()) waiting.push_back(a);
+    if (awaiting_.size() > max_open_rounds_) awaiting_.erase(awaiting_.begin());
   }
   open_.erase(it);
 }
 
-bool token_ledger::restore(learner_ref who, const ledger_totals& totals, std::uint64_t step) {
-  if (learners_.count(who) != 0 || totals.steps != step || !totals.balanced() || (step == 0 && totals.processed != 0))
+void token_ledger::on_round_published(round_number round) {
+  auto it = awaiting_.find(round.value);
+  if (it == awaiting_.end()) return;
+  for (const arrival& a : it->second) on_outcome(a.who, {a.fragment}, a.step, a.steps, ledger_bucket::merged);
+  awaiting_.erase(it);
+}
+
+bool token_ledger::restore(learner_ref who, const ledger_totals& totals, const std::vector<ledger_totals>& by_fragment,
+                           std::uint64_t step) {
+  if (learners_.count(who) != 0 || totals.steps != step || !totals.balanced() || (step == 0 && totals.processed != 0) ||
+      by_fragment.size() != fragments())
     return false;
-  learner_steps& l = learners_[who];
+  ledger_totals summed;
+  for (const ledger_totals& f : by_fragment) {
+    if (!f.balanced()) return false;
+    summed += f;
+  }
+  if (summed.processed != totals.processed || summed.merged != totals.merged || summed.late != totals.late ||
+      summed.overwritten != totals.overwritten || summed.lost != totals.lost || summed.rejected != totals.rejected)
+    return false;
+  learner_steps& l = of(who);
   l.frozen = l.reported_step = step;
   l.reported_tokens = totals.processed;
   l.totals = totals;
+  l.fragments = by_fragment;
+  std::fill(l.window_floor.begin(), l.window_floor.end(), unknown_floor);
   return true;
 }
 
@@ -110,18 +191,21 @@ std::map<learner_ref, ledger_totals> token_ledger::per_learner() const {
   return out;
 }
 
+std::vector<ledger_totals> token_ledger::fragments_of(learner_ref who) const {
+  auto it = learners_.find(who);
+  return it == learners_.end() ? std::vector<ledger_totals>(fragments()) : it->second.fragments;
+}
+
+std::vector<ledger_totals> token_ledger::per_fragment() const {
+  std::vector<ledger_totals> out(fragments());
+  for (const auto& [who, l] : learners_)
+    for (std::size_t p = 0; p < out.size(); ++p) out[p] += l.fragments[p];
+  return out;
+}
+
 ledger_totals token_ledger::sum(const std::map<learner_ref, ledger_totals>& per_learner) {
   ledger_totals t;
-  for (const auto& [who, l] : per_learner) {
-    t.processed += l.processed;
-    t.merged += l.merged;
-    t.late += l.late;
-    t.lost += l.lost;
-    t.rejected += l.rejected;
-    t.steps += l.steps;
-    t.step_time_s += l.step_time_s;
-    t.merged_step_time_s += l.merged_step_time_s;
-  }
+  for (const auto& [who, l] : per_learner) t += l;
   return t;
 }
 

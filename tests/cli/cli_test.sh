@@ -76,7 +76,7 @@ assert s["steps"] == 80 and s["tokens"] == 80 * 32 * 64, s
 assert s["rounds"] > 0 and s["mean_members"] >= 1, s
 assert 0 < s["eval_bpb"] < 8.0, s
 l = s["ledger"]
-assert l["merged"] + l["late"] + l["lost"] + l["rejected"] == l["processed"] == s["tokens"] and s["ledger_exact"], s
+assert l["merged"] + l["late"] + l["overwritten"] + l["lost"] + l["rejected"] == l["processed"] == s["tokens"] and s["ledger_exact"], s
 assert 0 < s["goodput"] <= 1 and 0 < s["uptime"] <= 1 and s["bytes_on_wire"] > 0, s
 '; then pass; else fail "run --json: $(tail -n 1 "$work/run.out")"; fi
 else

@@ -25,6 +25,7 @@ using transport::decoded_envelope;
 using transport::encoded_message;
 
 const model_shape sim_shape{256, 4, 8, 1, 2, true};
+constexpr nanos commit_retry_ns = 500'000'000;  // as the shard's shell retries a failed commit
 constexpr std::size_t heartbeat_bytes = 64;
 
 /// The mesh as its wire layers see it: the quadratic's layout, its plan and shards,
@@ -701,22 +702,34 @@ std::unique_ptr<shard_wire> mesh::make_shard(std::uint32_t s,
                                       init.data(), std::move(restored));
 }
 
-/// The snapshot writer: a published version becomes durable commit_delay_ns
-/// later, unless storage is failing or the process dies first.
+/// The snapshot writer: a merged version becomes durable commit_delay_ns later
+/// — then the shard's wire layer makes it visible (broadcast, announced) — unless
+/// the disk is failing (the write fails; the shard retries a while later) or the
+/// process dies first.
 void mesh::on_shard_commit(std::uint32_t s, shard_commit c) {
-  const published_fragment& pub = c.published;
-  ++result_.published;
-  result_.versions.push_back({version_event::what::published, now_, s, pub.fragment, pub.version});
   shard_process& proc = shards_[s];
-  if (now_ < proc.storage_failing_until) return;
+  result_.versions.push_back({version_event::what::merged, now_, s, c.published.fragment, c.state.version});
+  const bool failing = now_ < proc.storage_failing_until;
   auto state = std::make_shared<fragment_outer_state>(std::move(c.state));
-  at(now_ + cfg_.commit_delay_ns, [this, s, p = pub.fragment, r = pub.round, inc = proc.port->inc, state] {
+  at(now_ + cfg_.commit_delay_ns, [this, s, failing, p = c.published.fragment, r = c.published.round,
+                                   inc = proc.port->inc, state] {
     shard_process& proc = shards_[s];
     if (proc.port->inc != inc || !proc.up) return;
+    if (failing) {
+      proc.wire->on_commit_failed(p, state->version);
+      at(now_ + commit_retry_ns, [this, s, inc] {
+        if (shards_[s].port->inc == inc && shards_[s].up) (void)shards_[s].wire->retry_commits();
+      });
+      return;
+    }
     result_.versions.push_back({version_event::what::committed, now_, s, p, state->version});
     const std::uint64_t version = state->version;
     proc.durable[p.value] = std::move(*state);
     proc.wire->on_committed(p, version, r);
+    if (proc.wire->visible_version(p) == version) {
+      ++result_.published;
+      result_.versions.push_back({version_event::what::published, now_, s, p, version});
+    }
   });
 }
 
@@ -810,14 +823,15 @@ void mesh::resume(std::uint32_t i) {
 }
 
 int mesh::healthy_learners() const {
-  for (const shard_process& proc : shards_)
-    if (!proc.up) return 0;
+  // A shard that is down pauses only its own fragments: the rest of the mesh is healthy without it.
+  if (std::none_of(shards_.begin(), shards_.end(), [](const shard_process& proc) { return proc.up; })) return 0;
   int n = 0;
   for (int i = 0; i < cfg_.learners; ++i) {
     const learner& l = learners_[static_cast<std::size_t>(i)];
     bool reachable = broker_up_;
     for (int peer = broker_node(); peer < nodes(); ++peer)
-      reachable &= !partitioned(i, peer) && !cut(i, peer) && !cut(peer, i);
+      if (peer == broker_node() || shards_[shard_at(peer)].up)
+        reachable &= !partitioned(i, peer) && !cut(i, peer) && !cut(peer, i);
     bool joined = l.alive;
     for (std::uint32_t p = 0; joined && p < setup_.fragments(); ++p) joined = l.wire->core().installed({p});
     n += l.alive && !l.paused && joined && reachable;
@@ -858,6 +872,7 @@ void mesh::collect(sim_result& r) const {
   r.broker = broker_->core().counters();
   r.ledger = broker_->ledger().totals();
   r.ledger_by_incarnation = broker_->ledger().per_learner();
+  r.fragment_ledger = broker_->ledger().per_fragment();
   for (const shard_process& proc : shards_) r.shards.push_back(proc.wire->core().ledger());
   for (std::size_t i = 0; i < learners_.size(); ++i) {
     const learner& l = learners_[i];
@@ -870,7 +885,7 @@ void mesh::collect(sim_result& r) const {
       held.push_back(l.alive && l.wire->core().installed({p}) ? l.wire->core().version({p}) : 0);
   }
   for (std::uint32_t p = 0; p < setup_.fragments(); ++p)
-    r.shard_versions.push_back(shards_[shard_of({p})].wire->core().version({p}));
+    r.shard_versions.push_back(shards_[shard_of({p})].wire->visible_version({p}));
   if (chaos_) {
     r.chaos_record = chaos_->core().record();
     r.faults_injected = chaos_->core().injected();

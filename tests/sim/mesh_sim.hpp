@@ -17,8 +17,8 @@
 //    links every broker_silence_ns / 3, and a peer_liveness per node declares a
 //    peer dead after broker_silence_ns of silence (and alive again when heard);
 //  - the broker's store (round lease, ledger) and each shard's durable copies
-//    are kept in memory across their restarts; a shard's version becomes durable
-//    commit_delay_ns after it is published;
+//    are kept in memory across their restarts; a shard's merged version becomes
+//    durable commit_delay_ns later, and only then visible (durable before visible);
 //  - learners optimise a quadratic with per-learner targets instead of the
 //    transformer, so thousands of rounds simulate in seconds.
 // Crashes, rejoins and partitions, and the fault drills of deploy/drills run by
@@ -108,8 +108,8 @@ struct sim_config {
   /// A killed shard (or broker) stays down at least this long: plans give
   /// those crashes no `for`, and a process restart is never instant.
   nanos restart_ns = 500'000'000;
-  /// A shard's published version becomes durable this long after it is
-  /// published (the snapshot writer works off the round's path). Default: 0.
+  /// A shard's merged version becomes durable this long after the merge (the
+  /// snapshot writer works off the round's path); only then do learners see it. Default: 0.
   nanos commit_delay_ns = 0;
   /// A joining learner fetches the fragments it still misses again after this
   /// (a fetch or its reply was lost, or its shard was down); a learner whose
@@ -120,10 +120,11 @@ struct sim_config {
   nanos drain_ns = 0;
 };
 
-/// A shard's fragment version as it changes: published by a merge, made
-/// durable (committed), or restored from the newest durable copy on a restart.
+/// A shard's fragment version as it changes: merged (handed to the store),
+/// made durable (committed), then visible to the learners (published:
+/// broadcast), or restored from the newest durable copy on a restart.
 struct version_event {
-  enum class what : std::uint8_t { published, committed, restored };
+  enum class what : std::uint8_t { merged, published, committed, restored };
   what kind = what::published;
   nanos at_ns = 0;
   std::uint32_t shard = 0;
@@ -146,6 +147,7 @@ struct sim_result {
   std::vector<std::uint64_t> contributions_sent;
   std::vector<std::vector<std::uint64_t>> member_incarnations;  // learner → incarnations seen in closed rounds
   ledger_totals ledger;                      // kept by the (last) broker from Progress and arrival notices
+  std::vector<ledger_totals> fragment_ledger;  // the same per fragment
   ledger_totals ledger_restored;             // what the last broker restored from its store (broker_crashes)
   std::uint64_t tokens_processed = 0;        // counted by the learners themselves
   nanos learner_wait_ns = 0;                 // summed time learners spent waiting (synchronous policies)
@@ -157,7 +159,8 @@ struct sim_result {
   std::vector<version_event> versions;       // every shard's versions, in time order
   std::vector<std::vector<nanos>> merged_at;  // learner → when rounds it was a member of closed with a merge
   /// (time, n) whenever n changes: learners alive, not paused, joined, and able
-  /// to reach the broker and every shard (all up). Sampled every tick_ns.
+  /// to reach the broker and every shard that is up (0 while every shard is
+  /// down: one shard down pauses only its fragments). Sampled every tick_ns.
   std::vector<std::pair<nanos, int>> healthy_learners;
   std::map<learner_ref, std::uint64_t> steps_by_incarnation;     // the learners' own count
   std::map<learner_ref, std::uint64_t> progress_delivered;       // highest Progress step the broker received

@@ -312,7 +312,7 @@ TEST_CASE("sim: a restarted shard's Join is answered by the broker, its old roun
   CAPTURE(seed);
   constexpr nanos crash_ns = 2'000'000'000;
   sim_config c = base(seed);
-  c.commit_delay_ns = 20'000'000;
+  c.commit_delay_ns = 2'000'000;
   planned_fault crash;
   crash.kind = fault_kind::shard_crash;
   crash.at_ns = crash_ns;

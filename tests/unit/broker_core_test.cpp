@@ -286,33 +286,97 @@ TEST_CASE("wait_for_all waits for the slow learner") {
   CHECK(c0[0].quorum_ns == 2 * ms);
 }
 
-TEST_CASE("tau bounds rounds in flight; rounds advance fragment by fragment") {
-  auto cfg = make_config(3, 2, 1);
+TEST_CASE("tau bounds the rounds in flight per shard; a full shard's or an undurable fragment's turn passes") {
+  auto cfg = make_config(3, 2, 1);  // fragments 0 and 2 on shard 0, fragment 1 on shard 1
   cfg.adaptive_grace = false;
   harness h(cfg);
   h.join(0);
   h.step(0, 1, 10 * ms);
   for (nanos t = 0; t <= 50 * ms; t += 1 * ms) h.tick(t);
   auto opens = h.all<open_round>();
-  REQUIRE(opens.size() == 2);  // τ = 2 and nothing closes
-  CHECK(h.core.rounds_open() == 2);
+  // Nothing closes. Turns come 10 ms apart: rounds 0, 1, 2 and 4 open; turns 3
+  // and 5 (shard 0 holds its τ = 2) pass without a round, and shard 1 is not held back.
+  REQUIRE(opens.size() == 4);
+  const std::uint64_t expected[] = {0, 1, 2, 4};
+  for (std::size_t k = 0; k < opens.size(); ++k) {
+    CAPTURE(k);
+    CHECK(opens[k].round.value == expected[k]);
+    CHECK(opens[k].fragment.value == expected[k] % 3);
+    CHECK(opens[k].shard == (expected[k] % 3) % 2);
+  }
+  CHECK(h.core.counters().rounds_skipped == 2);
+  CHECK(h.core.rounds_open() == 4);
+  // Round 0 merges; until its version is durable (published), fragment 0's turn
+  // passes although shard 0 has a free slot.
   h.at(51 * ms);
   h.contribute(0, 0);
-  h.tick(52 * ms);
-  h.contribute(1, 0);
-  h.tick(61 * ms);
-  CHECK(h.all<open_round>().size() == 3);  // paced: round 2 opened at 52 ms
-  h.tick(62 * ms);
+  REQUIRE(h.closes_of(0).size() == 1);
+  h.tick(60 * ms);  // turn 6: fragment 0
+  CHECK(h.all<open_round>().size() == 4);
+  CHECK(h.core.counters().rounds_skipped == 3);
+  h.at(61 * ms);
+  h.core.on_published(R(0), fragment_index{0}, 1, h.now());
+  h.tick(70 * ms);  // turn 7: fragment 1, shard 1 full
+  h.tick(80 * ms);  // turn 8: fragment 2, shard 0 has a slot
   opens = h.all<open_round>();
-  REQUIRE(opens.size() == 4);
-  for (std::size_t r = 0; r < opens.size(); ++r) {
-    CAPTURE(r);
-    CHECK(opens[r].round.value == r);
-    CHECK(opens[r].fragment.value == r % 3);
-    CHECK(opens[r].shard == (r % 3) % 2);
+  REQUIRE(opens.size() == 5);
+  CHECK(opens.back().round.value == 8);
+  CHECK(opens.back().fragment.value == 2);
+  CHECK(opens.back().eligible.size() == 1);
+  CHECK(h.core.counters().rounds_opened == 5);
+  CHECK(h.core.counters().rounds_skipped == 4);
+}
+
+TEST_CASE("one shard's turns wait for its slot; a silent shard's fragments pause while the others keep their pace") {
+  // One shard: a full τ holds its next turn (it holds nobody else back).
+  auto one = make_config(2, 1, 1);
+  one.adaptive_grace = false;
+  one.shard_of_fragment = round_robin_shards(2, 1);
+  harness h1(one);
+  h1.join(0);
+  h1.step(0, 1, 10 * ms);
+  for (nanos t = 0; t <= 30 * ms; t += 1 * ms) h1.tick(t);
+  CHECK(h1.all<open_round>().size() == 1);
+  CHECK(h1.core.counters().rounds_skipped == 0);
+  h1.at(31 * ms);
+  h1.contribute(0, 0);
+  h1.core.on_published(R(0), fragment_index{0}, 1, h1.now());
+  h1.tick(32 * ms);
+  REQUIRE(h1.all<open_round>().size() == 2);
+  CHECK(h1.all<open_round>().back().round.value == 1);  // the waiting turn, not a later one
+
+  // Two shards, shard 1 silent: its fragments' turns pass, shard 0's open every other turn as before.
+  auto two = make_config(4, 2, 1);
+  two.adaptive_grace = false;
+  harness h(two);
+  h.join(0);
+  h.step(0, 1, 10 * ms);
+  h.tick(0);
+  h.core.on_shard_lost(1, h.now());
+  h.drain();
+  CHECK(h.core.counters().shards_lost == 1);
+  CHECK_FALSE(h.core.is_shard_live(1));
+  for (nanos t = 1 * ms; t <= 200 * ms; t += 1 * ms) {
+    h.tick(t);
+    for (const open_round& o : h.all<open_round>())  // shard 0's rounds merge and publish at once
+      if (h.closes_of(o.round.value).empty()) {
+        h.contribute(o.round.value, 0);
+        h.core.on_published(o.round, o.fragment, o.round.value + 1, h.now());
+      }
   }
-  CHECK(opens[2].eligible.size() == 1);
-  CHECK(h.core.counters().rounds_opened == 4);
+  std::vector<std::uint64_t> opened;
+  for (const open_round& o : h.all<open_round>()) {
+    CHECK(o.shard == 0);
+    opened.push_back(o.round.value);
+  }
+  // Turns 0..20 came 10 ms apart; shard 0's are the even ones (fragments 0 and 2).
+  CHECK(opened == std::vector<std::uint64_t>{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20});
+  CHECK(h.core.counters().rounds_skipped == 10);
+  // Heard again: its fragments' turns open rounds again.
+  h.core.on_shard_alive(1, h.now());
+  h.tick(210 * ms);
+  CHECK(h.all<open_round>().back().round.value == 21);
+  CHECK(h.all<open_round>().back().shard == 1);
 }
 
 TEST_CASE("rounds are paced one xi_step apart") {
@@ -482,6 +546,7 @@ TEST_CASE("weights are tokens squared over steps; duplicates and bad input ignor
 TEST_CASE("history is bounded") {
   auto cfg = make_config(24, 1, 1);
   cfg.adaptive_grace = false;
+  cfg.shard_of_fragment = round_robin_shards(24, 1);  // one shard: its turn waits for its τ = 1 slot
   harness h(cfg);
   h.join(0);
   h.step(0, 1, 0);  // ξ_step = 0: a new round on every tick
@@ -490,6 +555,7 @@ TEST_CASE("history is bounded") {
     h.core.tick(static_cast<nanos>(r));
     h.core.on_contribution(R(r), L(0), I(1), 10, 1, static_cast<nanos>(r));
     (void)h.core.take_effects();
+    h.core.on_published(R(r), fragment_index{static_cast<std::uint32_t>(r % 24)}, r / 24 + 1, static_cast<nanos>(r));  // durable: the fragment's next turn may open
     h.core.on_progress(L(0), I(1), r + 1, 0, static_cast<nanos>(r));
   }
   CHECK(h.core.counters().rounds_closed() == total);
@@ -663,6 +729,7 @@ TEST_CASE("a round without quorum closes once a younger round of its fragment me
   h.contribute(1, 0);
   h.contribute(1, 1);
   REQUIRE(h.closes_of(1).size() == 1);
+  h.core.on_published(R(1), fragment_index{1}, 1, h.now());
   h.tick(11 * ms);
   CHECK(h.closes_of(0).empty());  // another fragment's merge says nothing about round 0
   h.tick(20 * ms);  // round 2 (fragment 0) takes round 1's slot
@@ -671,6 +738,7 @@ TEST_CASE("a round without quorum closes once a younger round of its fragment me
   h.contribute(2, 1, 100, 2);
   REQUIRE(h.closes_of(2).size() == 1);
   CHECK(h.closes_of(2)[0].merge());
+  h.core.on_published(R(2), fragment_index{0}, 1, h.now());
   h.tick(21 * ms);
   const auto c0 = h.closes_of(0);
   REQUIRE(c0.size() == 1);

@@ -246,21 +246,33 @@ TEST_CASE("learner core: a broker restart drops pending rounds and lets contribu
   CHECK(c->tokens == 64);
 }
 
-// Regression: a shard restored from its initial snapshot (it crashed before its
-// first commit) serves version 0; forget_version's "whatever its version" must
-// include 0, or the learner keeps the lost version's anchor and its deltas are
-// merged onto a base they were not taken from.
-TEST_CASE("learner core: after forget_version the next update is accepted, version 0 included") {
+// A shard restarted from its snapshot: the learner re-anchors on the recovered
+// value, whatever its version (0 included: a shard restored from its initial
+// snapshot), and keeps its local progress — θ_p and the counters — so its next
+// contribution carries the work since its last merge: nothing thrown away.
+TEST_CASE("learner core: a re-anchor keeps the local progress and contributes it against the recovered value") {
   fixture f;
   f.install_all(1.0f);
   REQUIRE(f.core.on_fragment_update({2}, 7, f.global({2}, 2.0f), f.params.data()));
-  f.core.forget_version({2});
-  REQUIRE(f.core.on_fragment_update({2}, 0, f.global({2}, 0.5f), f.params.data()));
+  for (int k = 0; k < 4; ++k) f.core.on_step(64);
+  f.move({2}, 0.25f);  // local progress since version 7: θ = 2.25
+  f.core.on_round_open(round_number{40}, {2});
+  REQUIRE(f.core.next_contribution(f.params.data()));  // contributed to a round the dead shard held
+
+  f.core.reanchor({2}, 0, f.global({2}, 0.5f));
   CHECK(f.core.version({2}) == 0);
+  CHECK(f.core.steps_since_anchor({2}) == 4);  // counters kept
   std::vector<float> fragment(f.core.fragment_floats({2}));
   f.core.gather({2}, f.params.data(), fragment.data());
-  CHECK(fragment == f.global({2}, 0.5f));
-  // Only the next one: version 0 again is a duplicate, stale versions stay ignored.
+  CHECK(fragment == f.global({2}, 2.25f));  // θ kept
+  f.core.on_round_open(round_number{41}, {2});
+  auto c = f.core.next_contribution(f.params.data());
+  REQUIRE(c);  // the same work may go out again: its first contribution died with the shard
+  CHECK(c->steps == 4);
+  CHECK(c->tokens == 256);
+  CHECK(c->anchor_version == 0);
+  for (float d : c->delta) CHECK(d == doctest::Approx(1.75f));  // θ_local − Θ_recovered
+  // From there on, versions are ordered again: a duplicate 0 is ignored, 1 is installed.
   CHECK_FALSE(f.core.on_fragment_update({2}, 0, f.global({2}, 9.0f), f.params.data()));
   CHECK(f.core.on_fragment_update({2}, 1, f.global({2}, 3.0f), f.params.data()));
 }

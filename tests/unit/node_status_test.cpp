@@ -34,8 +34,10 @@ TEST_CASE("node status: the JSON of a broker's status reads back to the same sta
   broker_report r;
   r.started_ns = 42;
   r.broker_cpu_s = 0.25;
-  r.ledger = {4096, 3072, 512, 256, 256, 4, 0.4, 0.3};
-  r.learners.push_back({{{2}, incarnation{7}}, {2048, 1024, 512, 256, 256, 2, 0.2, 0.1}, 100, 250, -1});
+  r.ledger = {4096, 3072, 256, 256, 256, 256, 4, 0.4, 0.3};  // processed, merged, late, overwritten, lost, rejected
+  r.learners.push_back({{{2}, incarnation{7}}, {2048, 1024, 256, 256, 256, 256, 2, 0.2, 0.1}, 100, 250, -1});
+  r.fragment_ledger = {{2048, 1536, 128, 128, 128, 128, 4, 0.2, 0.15}, {2048, 1536, 128, 128, 128, 128, 4, 0.2, 0.15}};
+  r.fragment_availability = {1.0, 0.5};
   r.uptime = 0.975;
   r.first_join_ns = 100;
   r.xi_step_ms = 12.5;
@@ -56,6 +58,9 @@ TEST_CASE("node status: the JSON of a broker's status reads back to the same sta
   CHECK(back->report->learners[0].first_merged_ns == 250);
   CHECK(back->report->learners[0].left_ns == -1);
   CHECK(back->report->uptime == doctest::Approx(0.975));
+  REQUIRE(back->report->fragment_ledger.size() == 2);
+  CHECK(back->report->fragment_ledger[1].overwritten == 128);
+  CHECK(back->report->availability() == doctest::Approx(0.75));
   CHECK(back->report->round_latency_ms == std::vector<double>{1.5, 2.5});
   CHECK(to_json(*back) == to_json(s));
 }

@@ -53,8 +53,10 @@ void print_report(const drill_report& r) {
               static_cast<unsigned long long>(s.rounds), s.wall_s > 0 ? s.rounds / s.wall_s : 0.0,
               static_cast<unsigned long long>(s.published), 100 * r.uptime, r.downtime_s, r.downtime_gap_s,
               r.broker_outage_s);
-  if (r.processes) std::printf("shard outage (a crashed shard's process until its first version after the restart) %.1f s\n",
-                               r.shard_outage_s);
+  std::printf("fragment availability %.1f %% (mean over fragments; each fragment advancing, no gap over %.1f s):",
+              100 * r.availability, r.fragment_gap_s);
+  for (double a : r.fragment_availability) std::printf(" %.0f", 100 * a);
+  std::printf("\n");
   std::printf("per learner, inner steps:");
   if (!r.samples.empty())
     for (auto n : r.samples.back().learner_steps) std::printf(" %llu", static_cast<unsigned long long>(n));
@@ -62,10 +64,10 @@ void print_report(const drill_report& r) {
   std::printf("goodput %.1f %%", 100 * r.goodput);
   if (r.reference) std::printf(" (fault-free reference %.1f %%)", 100 * r.reference_goodput);
   std::printf("; committed rounds lost: %llu\n", static_cast<unsigned long long>(r.committed_rounds_lost));
-  std::printf("token ledger: merged %llu, late %llu, lost %llu, rejected %llu = %llu processed; + %llu never reported "
-              "by killed learners = %llu the learners processed (%s)\n",
+  std::printf("token ledger (token-shares per fragment): merged %llu, late %llu, overwritten %llu, lost %llu, rejected "
+              "%llu = %llu processed; + %llu never reported by killed learners = %llu the learners processed (%s)\n",
               static_cast<unsigned long long>(l.merged), static_cast<unsigned long long>(l.late),
-              static_cast<unsigned long long>(l.lost), static_cast<unsigned long long>(l.rejected),
+              static_cast<unsigned long long>(l.overwritten), static_cast<unsigned long long>(l.lost), static_cast<unsigned long long>(l.rejected),
               static_cast<unsigned long long>(l.processed), static_cast<unsigned long long>(r.unreported_tokens),
               static_cast<unsigned long long>(s.tokens), r.ledger_exact ? "exact" : "NOT EXACT");
   std::printf("eval loss %.4f nats/byte", s.eval_loss);

@@ -65,6 +65,7 @@ struct drill_sample {
   double merged_step_time_s = 0;  // the broker's ledger, as of its last report
   std::vector<std::uint64_t> learner_steps;
   std::vector<std::uint64_t> shard_committed;  // per shard, the sum of its fragments' committed versions
+  std::vector<std::uint64_t> fragment_versions;  // per fragment, the version its shard publishes
   int learners_down = 0, shards_down = 0;
   bool broker_down = false;
 };
@@ -92,14 +93,19 @@ struct drill_report {
   std::vector<drill_fault_row> faults;
   std::vector<drill_sample> samples;
   std::size_t faults_injected = 0, faults_skipped = 0;
-  double downtime_s = 0;          // no new version for > downtime_gap_s while >= K learners were live, broker up
+  double downtime_s = 0;          // no new version of any fragment for > downtime_gap_s while >= K learners were live, broker up
   double broker_outage_s = 0;     // the broker down, until its first round after a restart
-  double shard_outage_s = 0;      // across processes: a crashed shard, until its first version after its restart
   double downtime_gap_s = 2;
   /// Merged compute / (M × the run's wall time), the same for the reference; and
   /// the share of the run without a stall longer than the gap, whatever its cause.
   double goodput = 0, reference_goodput = 0, uptime = 1;
-  std::uint64_t committed_rounds_lost = 0;  // committed fragment versions a restarted shard did not restore
+  /// Per fragment, the share of the run in which it advanced (no gap longer than
+  /// fragment_gap_s: a few of its turns); their mean: a shard outage is partial downtime.
+  std::vector<double> fragment_availability;
+  double availability = 1, fragment_gap_s = 2;
+  /// Committed (durable, and so visible: a learner may have installed them)
+  /// fragment versions a restarted shard did not restore.
+  std::uint64_t committed_rounds_lost = 0;
   /// Tokens of steps a killed learner took whose Progress died with it: no broker
   /// can count them. The ledger is exact when it is balanced and its processed
   /// tokens plus these equal the tokens the learners processed.

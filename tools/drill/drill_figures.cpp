@@ -18,11 +18,14 @@ drill_sample sample_of(const status_board& board, const chaos_log& log, const me
     s.merged_step_time_s = b->now.report->ledger.merged_step_time_s;
   s.learner_steps.assign(static_cast<std::size_t>(setup.cfg.mesh.learners), 0);
   s.shard_committed.assign(static_cast<std::size_t>(setup.policy.shards), 0);
+  s.fragment_versions.assign(setup.fragments(), 0);
   for (const auto& e : board.entries()) {
     const node_address n = e.now.node;
     if (n.kind == role::learner && n.index < s.learner_steps.size()) s.learner_steps[n.index] = e.total().steps;
-    if (n.kind == role::parameter_shard && n.index < s.shard_committed.size())
-      for (std::uint64_t v : e.now.committed_versions) s.shard_committed[n.index] += v;
+    if (n.kind != role::parameter_shard || n.index >= s.shard_committed.size()) continue;
+    for (std::uint64_t v : e.now.committed_versions) s.shard_committed[n.index] += v;
+    for (std::size_t p = 0; p < s.fragment_versions.size() && p < e.now.published_versions.size(); ++p)
+      s.fragment_versions[p] = std::max(s.fragment_versions[p], e.now.published_versions[p]);
   }
   s.learners_down = log.learners_down.load();
   s.shards_down = log.shards_down.load();
@@ -64,45 +67,50 @@ const drill_sample* sample_before(const std::vector<drill_sample>& samples, doub
   return out;
 }
 
-/// Downtime: stretches longer than the gap without a new version while at least
-/// K learners were live, outside the broker's outages (a crashed broker, until
-/// the first new version after its restart), which are counted on their own.
+/// The share of the samples' span in which `value` kept changing: time beyond
+/// `gap_s` without a change is stalled, whatever its cause.
+template <class F>
+double share_advancing(const std::vector<drill_sample>& s, double gap_s, F value) {
+  if (s.size() < 2) return 1;
+  double stalled_s = 0;
+  for (std::size_t i = 1, since = 0; i < s.size(); ++i) {
+    if (value(s[i]) != value(s[since])) since = i;
+    else if (s[i].t_s - s[since].t_s > gap_s)
+      stalled_s += std::min(s[i].t_s - s[i - 1].t_s, s[i].t_s - s[since].t_s - gap_s);
+  }
+  return 1 - stalled_s / (s.back().t_s - s.front().t_s);
+}
+
+/// Downtime: stretches longer than the gap without a new version of any
+/// fragment while at least K learners were live, outside the broker's outages
+/// (a crashed broker, until the first new version after its restart), which are
+/// counted on their own. A shard's outage is no exemption: it pauses only its
+/// own fragments (fragment availability shows it), the others keep publishing.
 void measure_downtime(drill_report& r, const std::vector<planned_fault>& timeline) {
   std::vector<std::pair<double, double>> outages;
   const double end_s = r.samples.empty() ? 0 : r.samples.back().t_s;
   for (const auto& f : r.faults)
     if (!f.skipped && timeline[f.index].kind == fault_kind::broker_crash)
       outages.emplace_back(f.at_s, f.repaired_s < 0 || f.rejoin_s < 0 ? end_s : f.repaired_s + f.rejoin_s);
-  // Across processes a shard's restart is a process start (its store opened, the mesh
-  // rejoined: about 2 s) in which no fragment version is published: counted on its own too.
-  std::vector<std::pair<double, double>> shard_outages;
-  if (r.processes)
-    for (const auto& f : r.faults)
-      if (!f.skipped && timeline[f.index].kind == fault_kind::shard_crash)
-        shard_outages.emplace_back(f.at_s, f.repaired_s < 0 || f.rejoin_s < 0 ? end_s : f.repaired_s + f.rejoin_s);
-  auto within = [](const std::vector<std::pair<double, double>>& spans, double t) {
-    return std::any_of(spans.begin(), spans.end(), [t](const auto& o) { return t >= o.first && t <= o.second; });
+  auto in_outage = [&](double t) {
+    return std::any_of(outages.begin(), outages.end(), [t](const auto& o) { return t >= o.first && t <= o.second; });
   };
-  auto in_outage = [&](double t) { return within(outages, t); };
   const auto& s = r.samples;
-  // Uptime counts every stall, whatever its cause: time beyond the gap without a new version.
-  double stalled_s = 0;
-  for (std::size_t i = 1, since = 0; i < s.size(); ++i) {
-    if (s[i].published != s[since].published) since = i;
-    else if (s[i].t_s - s[since].t_s > r.downtime_gap_s)
-      stalled_s += std::min(s[i].t_s - s[i - 1].t_s, s[i].t_s - s[since].t_s - r.downtime_gap_s);
-  }
-  if (s.size() > 1) r.uptime = 1 - stalled_s / (s.back().t_s - s.front().t_s);
+  r.uptime = share_advancing(s, r.downtime_gap_s, [](const drill_sample& x) { return x.published; });
+  r.fragment_availability.clear();
+  const std::size_t fragments = s.empty() ? 0 : s.front().fragment_versions.size();
+  for (std::size_t p = 0; p < fragments; ++p)
+    r.fragment_availability.push_back(share_advancing(s, r.fragment_gap_s, [p](const drill_sample& x) {
+      return p < x.fragment_versions.size() ? x.fragment_versions[p] : 0;
+    }));
+  double sum = 0;
+  for (double a : r.fragment_availability) sum += a;
+  r.availability = r.fragment_availability.empty() ? r.uptime : sum / static_cast<double>(r.fragment_availability.size());
   std::size_t last_change = 0;
   for (std::size_t i = 1; i < s.size(); ++i) {
     const double dt = s[i].t_s - s[i - 1].t_s;
     if (in_outage(s[i].t_s) || s[i].broker_down) {
       r.broker_outage_s += dt;
-      last_change = i;
-      continue;
-    }
-    if (within(shard_outages, s[i].t_s)) {
-      r.shard_outage_s += dt;
       last_change = i;
       continue;
     }
@@ -207,6 +215,8 @@ void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, 
       if (k.steps > reported) r.unreported_tokens += (k.steps - reported) * tokens_per_step;
     }
   }
+  // A fragment's turn comes every P rounds, a round every steps_per_round steps: one missed turn is allowed.
+  r.fragment_gap_s = std::max(r.downtime_gap_s, 2e-3 * layout.fragments() * layout.policy.steps_per_round * r.step_time_ms);
   measure_downtime(r, drill.timeline);
   // Over the drill's own span: a restarted broker's report starts its span anew.
   auto goodput = [&](const mesh_summary& m) {

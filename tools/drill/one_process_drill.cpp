@@ -15,17 +15,6 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
   const mesh_setup& layout = prepared->layout;
   drill_work_area& area = *prepared->area;
   drill_report& r = prepared->report;
-  if (o.reference) {
-    auto db = area.fresh("reference.db");
-    if (!db) return db.err();
-    mesh_snapshots snaps;
-    snaps.db = db->string();
-    auto ref = run_local_mesh(cfg, phase_progress(progress, "reference (no faults)"), stop_requested, snaps);
-    if (!ref) return make_error(ref.err().code, "the fault-free reference run: " + ref.err().message);
-    r.reference = std::move(*ref);
-    if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");
-  }
-
   auto db = area.fresh("drill.db");
   if (!db) return db.err();
   mesh_snapshots snaps;
@@ -47,6 +36,21 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
   merges.apply(r.run.broker);
   r.chaos_commands = drill.log.commands_sent.load();
   r.chaos_commands_failed = drill.log.commands_failed.load();
+  // The reference runs after the drill, fault-free, until it has processed the
+  // drill's tokens (or for as long): eval loss is compared at equal tokens.
+  if (o.reference) {
+    auto ref_db = area.fresh("reference.db");
+    if (!ref_db) return ref_db.err();
+    mesh_snapshots ref_snaps;
+    ref_snaps.db = ref_db->string();
+    mesh_eval equal_tokens;
+    equal_tokens.stop_tokens = r.run.tokens;
+    auto ref = run_local_mesh(cfg, phase_progress(progress, "reference (no faults)"), stop_requested, ref_snaps,
+                              nullptr, {}, equal_tokens);
+    if (!ref) return make_error(ref.err().code, "the fault-free reference run: " + ref.err().message);
+    r.reference = std::move(*ref);
+    if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");
+  }
   finish_drill_report(r, drill, cfg, layout);
   return std::move(r);
 }

@@ -299,7 +299,9 @@ class process_run_of {
                  const std::function<bool()>& stop_requested)
       : cfg_(cfg), drill_(drill), progress_(progress), stop_requested_(stop_requested) {}
 
-  expected<process_run> run(const sync_policy& policy, const fs::path& dir, const std::string& binary);
+  /// stop_tokens > 0: the run also ends once the learners processed that many tokens.
+  expected<process_run> run(const sync_policy& policy, const fs::path& dir, const std::string& binary,
+                            std::uint64_t stop_tokens);
 
  private:
   double drill_time() const {
@@ -358,7 +360,8 @@ void process_run_of::final_statuses() {
   }
 }
 
-expected<process_run> process_run_of::run(const sync_policy& policy, const fs::path& dir, const std::string& binary) {
+expected<process_run> process_run_of::run(const sync_policy& policy, const fs::path& dir, const std::string& binary,
+                                          std::uint64_t stop_tokens) {
   auto mesh = lay_out(cfg_, policy, dir, binary);
   if (!mesh) return mesh.err();
   const int m = cfg_.mesh.learners, shards = policy.shards;
@@ -413,7 +416,9 @@ expected<process_run> process_run_of::run(const sync_policy& policy, const fs::p
                     s.broker_down ? ", broker" : "");
       progress_(line);
     }
+    const bool enough = stop_tokens > 0 && s.tokens >= stop_tokens;
     out.samples.push_back(std::move(s));
+    if (enough) break;
   }
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - learners_started).count();
   stop_chaos();  // no fault and no restart from here on
@@ -474,10 +479,12 @@ expected<drill_report> run_process_drill(const config& base, const drill_options
   const sync_policy& policy = prepared->policy;
   drill_work_area& area = *prepared->area;
   drill_report& r = prepared->report;
-  auto one_run = [&](const char* name, mesh_drill& drill, const char* phase) -> expected<process_run> {
+  auto one_run = [&](const char* name, mesh_drill& drill, const char* phase,
+                     std::uint64_t stop_tokens) -> expected<process_run> {
     auto d = area.fresh(name);
     if (!d) return d.err();
-    auto run = process_run_of(cfg, drill, phase_progress(progress, phase), stop_requested).run(policy, *d, o.binary);
+    auto run = process_run_of(cfg, drill, phase_progress(progress, phase), stop_requested)
+                   .run(policy, *d, o.binary, stop_tokens);
     if (!run) {
       area.keep = true;
       return make_error(run.err().code, std::string(phase) + ": " + run.err().message + " (logs kept in " +
@@ -485,24 +492,26 @@ expected<drill_report> run_process_drill(const config& base, const drill_options
     }
     return run;
   };
-  if (o.reference) {
-    mesh_drill none;
-    none.safety_ns = prepared->plan.duration_ns;
-    auto ref = one_run("reference", none, "reference (no faults)");
-    if (!ref) return ref.err();
-    r.reference = std::move(ref->summary);
-    if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");
-  }
   mesh_drill drill;
   drill.timeline = expand_fault_plan(prepared->plan, cfg.mesh.learners);
   drill.safety_ns = prepared->plan.duration_ns;
-  auto run = one_run("drill", drill, "drill");
+  auto run = one_run("drill", drill, "drill", 0);
   if (!run) return run.err();
   r.run = std::move(run->summary);
   r.samples = std::move(run->samples);
   r.process_events = std::move(run->events);
   r.chaos_commands = drill.log.commands_sent.load();
   r.chaos_commands_failed = drill.log.commands_failed.load();
+  // The reference runs after the drill, fault-free, until it has processed the
+  // drill's tokens (or for as long): eval loss is compared at equal tokens.
+  if (o.reference) {
+    mesh_drill none;
+    none.safety_ns = prepared->plan.duration_ns;
+    auto ref = one_run("reference", none, "reference (no faults)", r.run.tokens);
+    if (!ref) return ref.err();
+    r.reference = std::move(ref->summary);
+    if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");
+  }
   finish_drill_report(r, drill, cfg, prepared->layout);
   return std::move(r);
 }

@@ -75,7 +75,9 @@ std::string drill_summary_json(const drill_report& r) {
       .add("downtime_s", r.downtime_s)
       .add("downtime_gap_s", r.downtime_gap_s)
       .add("broker_outage_s", r.broker_outage_s)
-      .add("shard_outage_s", r.shard_outage_s)
+      .add("availability", r.availability)
+      .add("fragment_gap_s", r.fragment_gap_s)
+      .add_raw("fragment_availability", list_json(r.fragment_availability))
       .add("committed_rounds_lost", r.committed_rounds_lost)
       .add("ledger_exact", r.ledger_exact)
       .add("unreported_tokens", r.unreported_tokens)
@@ -177,6 +179,8 @@ std::string drill_report_html(const std::vector<drill_report>& drills) {
     row("uptime (no stall over " + num(r.downtime_gap_s) + " s, any cause)", num(100 * r.uptime, "%.1f") + " %", "-");
     row("global downtime while &ge; K learners live", num(r.downtime_s, "%.1f") + " s", "-", r.downtime_s > 0);
     row("broker outage", num(r.broker_outage_s, "%.1f") + " s", "-");
+    row("fragment availability (mean; each fragment advancing, no gap over " + num(r.fragment_gap_s, "%.1f") + " s)",
+        num(100 * r.availability, "%.1f") + " %", "-");
     row("committed rounds lost", std::to_string(r.committed_rounds_lost), "-", r.committed_rounds_lost > 0);
     row("ledger exact (tokens a killed learner never reported: " + std::to_string(r.unreported_tokens) + ")",
         r.ledger_exact ? "yes" : "NO", ref ? (ref->ledger_exact ? "yes" : "NO") : "-", !r.ledger_exact);
