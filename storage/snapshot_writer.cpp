@@ -1,8 +1,5 @@
 #include "storage/snapshot_writer.hpp"
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 
@@ -77,10 +74,9 @@ writer_stats snapshot_writer::stats() const {
 }
 
 void snapshot_writer::run() {
-  // Background work: the actors' threads go first when the cores are busy (rounds
-  // must not wait for snapshots); the writer catches up in the idle time and its
-  // queue absorbs the bursts. Best effort: an unprivileged process may lower it.
-  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 10);
+  // The writer runs at the actors' priority: a shard broadcasts a version only
+  // once it is durable, so every write is on a round's path (RocksDB's own
+  // compactions and flushes stay at low priority, rocksdb_kv.cpp).
   for (;;) {
     std::deque<std::pair<item, std::size_t>> batch;
     {

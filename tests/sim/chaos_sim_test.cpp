@@ -292,7 +292,7 @@ void check_chaos(const sim_result& r, std::size_t timeline_size) {
 /// merged round while it lasts; a slowed learner reports longer steps; faulty
 /// links lose, corrupt and duplicate messages (and the cores suppress the
 /// duplicates); a shard or broker crash restarts it; a shard's storage errors
-/// commit nothing; while the broker is down nothing is published.
+/// commit and publish nothing; while the broker is down nothing is published.
 void check_faults_took_effect(const sim_result& r, const std::vector<planned_fault>& timeline, const sim_config& c) {
   constexpr nanos step_ns = 10 * ms;        // sim_config's default step time
   std::map<std::size_t, nanos> repaired_at;
@@ -338,8 +338,10 @@ void check_faults_took_effect(const sim_result& r, const std::vector<planned_fau
         duplicating |= f.link.duplicate > 0;
         break;
       case fault_kind::shard_crash: ++shard_crashes; break;
-      case fault_kind::storage_errors:
+      case fault_kind::storage_errors:  // nothing durable, so nothing visible: its fragments pause
         CHECK(versions_between(version_event::what::committed, f.targets[0].index, false, f.at_ns + c.commit_delay_ns,
+                               until) == 0);
+        CHECK(versions_between(version_event::what::published, f.targets[0].index, false, f.at_ns + c.commit_delay_ns,
                                until) == 0);
         break;
       case fault_kind::broker_crash:  // the closes it sent before still publish at once (default link: no delay)

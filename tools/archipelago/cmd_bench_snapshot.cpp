@@ -26,8 +26,6 @@ snapshot_flags& options() {
   return o;
 }
 
-const char* goal(bool met) { return met ? "met" : "NOT met"; }
-
 /// The close → published percentiles, pooled over each side's runs.
 struct latency_figures {
   std::vector<double> off, on;
@@ -36,7 +34,6 @@ struct latency_figures {
   double tok_off, tok_on, tok_ratio;
   std::uint64_t versions = 0, disk = 0, snapshot_errors = 0;
   double runs_on = 0;
-  bool met() const { return p50_ratio <= 1.1 && p99_ratio <= 1.1; }
 };
 
 latency_figures figures_of(const latency_result& lat) {
@@ -62,12 +59,15 @@ latency_figures figures_of(const latency_result& lat) {
 void print_latency(const snapshot_options& o, const latency_result& lat, const latency_figures& x) {
   std::printf("  round latency   model %s, decoupled, %d learners x %lld steps; %d pair%s of runs (off/on, then on/off)\n",
               o.model.c_str(), o.learners, static_cast<long long>(o.steps), o.pairs, o.pairs == 1 ? "" : "s");
-  std::printf("                  close -> published at the broker, %zu rounds off, %zu on (pooled):\n", x.off.size(),
-              x.on.size());
-  std::printf("                    p50  off %.3f ms, on %.3f ms: on/off = %.3f (per pair: %s) [goal <= 1.1: %s]\n",
-              x.p50_off, x.p50_on, x.p50_ratio, listed(lat.p50_ratio, "%.3f").c_str(), goal(x.p50_ratio <= 1.1));
-  std::printf("                    p99  off %.3f ms, on %.3f ms: on/off = %.3f (per pair: %s) [goal <= 1.1: %s]\n",
-              x.p99_off, x.p99_on, x.p99_ratio, listed(lat.p99_ratio, "%.3f").c_str(), goal(x.p99_ratio <= 1.1));
+  // Durable before visible: with snapshots on, a version is broadcast once its write is done,
+  // so the write is on this path — these ratios are that guarantee's cost.
+  std::printf("                  close -> published at the broker, %zu rounds off, %zu on (pooled; on: the write\n"
+              "                  is on this path, a version is broadcast once durable):\n",
+              x.off.size(), x.on.size());
+  std::printf("                    p50  off %.3f ms, on %.3f ms: on/off = %.3f (per pair: %s)\n", x.p50_off, x.p50_on,
+              x.p50_ratio, listed(lat.p50_ratio, "%.3f").c_str());
+  std::printf("                    p99  off %.3f ms, on %.3f ms: on/off = %.3f (per pair: %s)\n", x.p99_off, x.p99_on,
+              x.p99_ratio, listed(lat.p99_ratio, "%.3f").c_str());
   std::printf("                  open -> published: p50 off %.1f ms, on %.1f ms (%.3f); p99 off %.1f ms, on %.1f ms (%.3f)\n",
               x.o50_off, x.o50_on, x.o50_on / x.o50_off, x.o99_off, x.o99_on, x.o99_on / x.o99_off);
   std::printf("                  tokens/s: off %.0f, on %.0f: on/off = %.3f (per pair: %s)\n", x.tok_off, x.tok_on,
@@ -93,7 +93,6 @@ void add_latency_json(json_line& j, const snapshot_options& o, const latency_res
       .add("latency_p99_ms_on", x.p99_on)
       .add("latency_p99_ratio", x.p99_ratio)
       .add_raw("latency_p99_ratio_per_pair", json_array(lat.p99_ratio))
-      .add("latency_goal_met", x.met())
       .add("open_to_published_p50_ms_off", x.o50_off)
       .add("open_to_published_p50_ms_on", x.o50_on)
       .add("open_to_published_p99_ms_off", x.o99_off)

@@ -39,10 +39,11 @@ int run_node_command(node_cli& n) {
                 static_cast<unsigned long long>(r.steps), static_cast<unsigned long long>(r.tokens), r.wall_s,
                 r.wait_s);
   else if (o.kind == role::sync_broker)
-    std::printf("broker: %llu rounds in %.1f s, uptime %.1f %%; ledger merged %llu, late %llu, lost %llu, "
-                "rejected %llu of %llu tokens\n",
+    std::printf("broker: %llu rounds in %.1f s, uptime %.1f %%, fragment availability %.1f %%; ledger merged %llu, "
+                "late %llu, overwritten %llu, lost %llu, rejected %llu of %llu tokens\n",
                 static_cast<unsigned long long>(r.rounds), r.wall_s, 100 * r.broker.uptime,
-                static_cast<unsigned long long>(l.merged), static_cast<unsigned long long>(l.late),
+                100 * r.broker.availability(), static_cast<unsigned long long>(l.merged),
+                static_cast<unsigned long long>(l.late), static_cast<unsigned long long>(l.overwritten),
                 static_cast<unsigned long long>(l.lost), static_cast<unsigned long long>(l.rejected),
                 static_cast<unsigned long long>(l.processed));
   else

@@ -55,12 +55,16 @@ int run_mesh_command(const run_options& o) {
               s.wall_s, static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(s.tokens),
               static_cast<unsigned long long>(s.rounds), s.mean_members,
               static_cast<unsigned long long>(s.published));
-  std::printf("token ledger: merged %llu, late %llu, lost %llu, rejected %llu = %llu processed (%s)\n",
+  std::printf("token ledger (token-shares per fragment): merged %llu, late %llu, overwritten %llu, lost %llu, "
+              "rejected %llu = %llu processed (%s)\n",
               static_cast<unsigned long long>(l.merged), static_cast<unsigned long long>(l.late),
-              static_cast<unsigned long long>(l.lost), static_cast<unsigned long long>(l.rejected),
-              static_cast<unsigned long long>(l.processed), s.ledger_exact ? "exact" : "NOT EXACT");
-  std::printf("goodput %.1f %%, uptime %.1f %%, waiting %.1f %%; %.1f MB on the wire; broker CPU %.3f ms/round\n",
-              100 * s.goodput, 100 * s.broker.uptime, 100 * s.wait_share, static_cast<double>(s.bytes_on_wire) / 1e6,
+              static_cast<unsigned long long>(l.overwritten), static_cast<unsigned long long>(l.lost),
+              static_cast<unsigned long long>(l.rejected), static_cast<unsigned long long>(l.processed),
+              s.ledger_exact ? "exact" : "NOT EXACT");
+  std::printf("goodput %.1f %%, uptime %.1f %%, fragment availability %.1f %%, waiting %.1f %%; %.1f MB on the wire; "
+              "broker CPU %.3f ms/round\n",
+              100 * s.goodput, 100 * s.broker.uptime, 100 * s.broker.availability(), 100 * s.wait_share,
+              static_cast<double>(s.bytes_on_wire) / 1e6,
               s.rounds ? 1e3 * s.broker.broker_cpu_s / static_cast<double>(s.rounds) : 0.0);
   std::printf("global model: eval loss %.4f nats/byte = %.4f bits/byte", s.eval_loss, s.eval_bpb);
   if (!std::isnan(s.entropy_floor_bpb)) std::printf(" (entropy floor %.4f)", s.entropy_floor_bpb);
@@ -102,6 +106,7 @@ int run_mesh_command(const run_options& o) {
         .add("entropy_floor_bpb", s.entropy_floor_bpb)
         .add("goodput", s.goodput)
         .add("uptime", s.broker.uptime)
+        .add("availability", s.broker.availability())
         .add("wait_share", s.wait_share)
         .add("rounds", static_cast<std::int64_t>(s.rounds))
         .add("published", static_cast<std::int64_t>(s.published))

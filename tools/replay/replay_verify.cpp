@@ -31,19 +31,21 @@ expected<stored_truth> read_truth(const replay_store& s) {
   return t;
 }
 
-/// Whether the core's fragment `p` at version `v` equals what the store says of it.
+/// Whether the core's fragment `p` at version `v` equals what the store says of
+/// it: a manifest's checksum of it, its stored state, or both. A version the
+/// store says something of counts once in `compared`.
 expected<bool> matches(const replay_store& s, const stored_truth& t, const shard_core& core, std::uint32_t p,
                        std::uint64_t v, std::size_t& compared) {
-  const auto& theta = core.value({p});
-  if (auto it = t.named.find({p, v}); it != t.named.end()) {
-    ++compared;
-    if (it->second != checksum64(theta.data(), theta.size() * 4)) return false;
-  }
+  const auto named = t.named.find({p, v});
   const auto& versions = t.states.at(p);
-  if (!std::binary_search(versions.begin(), versions.end(), v)) return true;
+  const bool stored = std::binary_search(versions.begin(), versions.end(), v);
+  if (named == t.named.end() && !stored) return true;
+  ++compared;
+  const auto& theta = core.value({p});
+  if (named != t.named.end() && named->second != checksum64(theta.data(), theta.size() * 4)) return false;
+  if (!stored) return true;
   auto f = s.store->read_fragment(p, v);
   if (!f) return f.err();
-  ++compared;
   const auto state = core.outer_state({p});
   return f->theta == state.theta && f->momentum == state.momentum && f->adam_m == state.adam_m &&
          f->adam_v == state.adam_v;

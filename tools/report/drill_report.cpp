@@ -119,11 +119,15 @@ std::string drill_report_json(const drill_report& r) {
         .add("tokens", s.tokens)
         .add("merged_step_time_s", s.merged_step_time_s)
         .add_raw("learner_steps", list_json(s.learner_steps))
+        .add_raw("fragment_versions", list_json(s.fragment_versions))
         .add("learners_down", s.learners_down)
         .add("shards_down", s.shards_down)
         .add("broker_down", s.broker_down);
     out += (i ? "," : "") + j.str();
   }
+  out += "],\"fragment_ledger\":[";
+  for (std::size_t p = 0; p < r.run.broker.fragment_ledger.size(); ++p)
+    out += (p ? "," : "") + ledger_json(r.run.broker.fragment_ledger[p]);
   out += "],\"incarnations\":[";
   const nanos zero = r.clock_zero_ns;
   auto at = [zero](nanos t) { return t >= 0 ? static_cast<double>(t - zero) * 1e-9 : std::nan(""); };

@@ -31,10 +31,12 @@ std::string run_report_html(const mesh_summary& s, const config& cfg) {
                              (s.entropy_floor_bpb > 0 ? " (floor " + num(s.entropy_floor_bpb, "%.4f") + ")" : ""));
   row("goodput", num(100 * s.goodput, "%.1f") + " %");
   row("uptime", num(100 * s.broker.uptime, "%.1f") + " %");
+  row("fragment availability (mean)", num(100 * s.broker.availability(), "%.1f") + " %");
   row("rounds (mean members)", std::to_string(s.rounds) + " (" + num(s.mean_members, "%.2f") + ")");
-  row("ledger: merged + late + lost + rejected = processed",
-      std::to_string(l.merged) + " + " + std::to_string(l.late) + " + " + std::to_string(l.lost) + " + " +
-          std::to_string(l.rejected) + " = " + std::to_string(l.processed) + (s.ledger_exact ? " (exact)" : " (NOT exact)"),
+  row("ledger (token-shares): merged + late + overwritten + lost + rejected = processed",
+      std::to_string(l.merged) + " + " + std::to_string(l.late) + " + " + std::to_string(l.overwritten) + " + " +
+          std::to_string(l.lost) + " + " + std::to_string(l.rejected) + " = " + std::to_string(l.processed) +
+          (s.ledger_exact ? " (exact)" : " (NOT exact)"),
       !s.ledger_exact);
   row("bytes on the wire", num(static_cast<double>(s.bytes_on_wire) / 1e6, "%.1f") + " MB");
   out += "</table>";
