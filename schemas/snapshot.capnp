@@ -113,6 +113,13 @@ struct LearnerLedger {
                                  # greets it at once; empty: unknown, or it left
   fragments @7 :List(LedgerTotals);  # the same totals per fragment (token-shares), summing to `totals`;
                                      # empty: an older writer (the incarnation is then counted afresh)
+  # The tail: the last steps (up to `steps`) whose shares a later outcome may still
+  # raise, from the lowest window start of its fragments (their last installs), so
+  # that a restarted broker can still credit the work that was in flight. Empty:
+  # none (or an older writer: those steps stay in their stored buckets).
+  tailTokens @8 :List(UInt32);  # tokens per step, oldest first
+  tailTimeUs @9 :List(UInt32);  # step time per step, microseconds
+  tailBuckets @10 :Data;        # P per step: 0 lost, 1 overwritten, 2 rejected, 3 late, 4 merged
 }
 
 struct RoundLease {

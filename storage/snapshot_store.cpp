@@ -261,6 +261,11 @@ std::string encode(const learner_ledger& l) {
   r.setEndpoint(l.endpoint);
   auto fragments = r.initFragments(static_cast<unsigned>(l.fragments.size()));
   for (unsigned p = 0; p < fragments.size(); ++p) set_ledger(fragments[p], l.fragments[p]);
+  auto tokens = r.initTailTokens(static_cast<unsigned>(l.tail_tokens.size()));
+  for (unsigned i = 0; i < tokens.size(); ++i) tokens.set(i, l.tail_tokens[i]);
+  auto times = r.initTailTimeUs(static_cast<unsigned>(l.tail_time_us.size()));
+  for (unsigned i = 0; i < times.size(); ++i) times.set(i, l.tail_time_us[i]);
+  r.setTailBuckets(kj::arrayPtr(l.tail_buckets.data(), l.tail_buckets.size()));
   return frame(b);
 }
 
@@ -653,8 +658,12 @@ expected<std::vector<learner_ledger>> snapshot_store::ledgers() const {
       [](std::string_view, std::string_view value) {
         return unframe<wire_snapshot::LearnerLedger>(value, "ledger record", [](wire_snapshot::LearnerLedger::Reader r) {
           learner_ledger l{r.getLearner(),   r.getIncarnation(),       get_ledger(r.getTotals()), r.getSteps(),
-                           r.getStepTimeS(), r.getMergedStepTimeS(), r.getEndpoint().cStr(),    {}};
+                           r.getStepTimeS(), r.getMergedStepTimeS(), r.getEndpoint().cStr(),    {}, {}, {}, {}};
           for (auto f : r.getFragments()) l.fragments.push_back(get_ledger(f));
+          for (auto t : r.getTailTokens()) l.tail_tokens.push_back(t);
+          for (auto t : r.getTailTimeUs()) l.tail_time_us.push_back(t);
+          const auto buckets = r.getTailBuckets();
+          l.tail_buckets.assign(buckets.begin(), buckets.end());
           return l;
         });
       },

@@ -101,6 +101,9 @@ struct learner_ledger {
   double step_time_s = 0, merged_step_time_s = 0;
   std::string endpoint;  // where it listens (its Join); empty: unknown, or it left
   std::vector<stored_ledger> fragments;  // the totals per fragment; empty: unknown (an older writer)
+  // The steps before `steps` whose shares may still be raised (schemas/snapshot.capnp).
+  std::vector<std::uint32_t> tail_tokens, tail_time_us;
+  std::vector<std::uint8_t> tail_buckets;  // P per step
 };
 
 /// The broker's round numbers handed out so far (meta column): every round it opened is below rounds_below.

@@ -89,12 +89,14 @@ broker_wire::broker_wire(const mesh_setup& setup, broker_config settings, incarn
 /// A restarted node broker picks up where its predecessor stopped: rounds
 /// numbered after every round it opened (the round lease, the tape), and the
 /// token ledger it last stored, each incarnation continued from the step count
-/// stored with it (token_ledger::restore). What the predecessor saw after its
-/// last ledger write (at most ledger_write_interval_ns) is not in the store:
-/// those steps are counted again from the learners' cumulative Progress, so
-/// `processed` stays exact, but they start as lost and only a later merged (or
-/// late) contribution covering them moves them; work the predecessor merged in
-/// that window stays counted as lost. The learners' endpoints stored with the
+/// stored with it (token_ledger::restore), its last steps (the tail: the work
+/// in flight, not yet merged) still open to the outcomes of later contributions
+/// that cover them. What the predecessor saw after its last ledger write (at
+/// most ledger_write_interval_ns) is not in the store: those steps are counted
+/// again from the learners' cumulative Progress, so `processed` stays exact,
+/// but they start as lost and only a later merged (or late) contribution
+/// covering them moves them; work the predecessor merged in that window stays
+/// counted as lost. The learners' endpoints stored with the
 /// ledger let the new broker greet them at once (they re-join; otherwise they
 /// find the broker silent only after their liveness timeout). Returns the first round.
 std::uint64_t broker_wire::recover(const broker_start& start) {
@@ -112,7 +114,7 @@ std::uint64_t broker_wire::recover(const broker_start& start) {
     const learner_ref who{{l.learner}, incarnation{l.incarnation}};
     // A record without its step count or its fragments (an older writer) cannot be
     // continued: that incarnation is counted afresh from its Progress (processed stays exact).
-    if (!ledger_.restore(who, t, by_fragment, l.steps)) {
+    if (!ledger_.restore(who, t, by_fragment, l.steps, {l.tail_tokens, l.tail_time_us, l.tail_buckets})) {
       ++skipped;
       continue;
     }
@@ -189,9 +191,11 @@ void broker_wire::write_ledger(nanos now) {
     const auto endpoint = endpoints_.find(who);
     std::vector<storage::stored_ledger> fragments;
     for (const ledger_totals& f : ledger_.fragments_of(who)) fragments.push_back(stored(f));
+    ledger_tail tail = ledger_.tail_of(who);
     ledgers.push_back({who.learner.value, who.inc.value, stored(totals), totals.steps, totals.step_time_s,
                        totals.merged_step_time_s, endpoint == endpoints_.end() ? "" : endpoint->second,
-                       std::move(fragments)});
+                       std::move(fragments), std::move(tail.tokens), std::move(tail.time_us),
+                       std::move(tail.buckets)});
   }
   store_->write_ledger(std::move(ledgers));
 }

@@ -158,10 +158,60 @@ void token_ledger::on_round_published(round_number round) {
   awaiting_.erase(it);
 }
 
+ledger_tail token_ledger::tail_of(learner_ref who, std::uint64_t max_steps) const {
+  ledger_tail tail;
+  auto it = learners_.find(who);
+  if (it == learners_.end()) return tail;
+  const learner_steps& l = it->second;
+  std::uint64_t start = l.reported_step;
+  for (std::uint64_t floor : l.window_floor) start = std::min(start, floor == unknown_floor ? l.frozen : floor);
+  start = std::max({start, l.frozen, l.reported_step > max_steps ? l.reported_step - max_steps : 0});
+  for (std::uint64_t s = start; s < l.reported_step; ++s) {
+    const std::uint64_t index = s - l.frozen;
+    tail.tokens.push_back(l.steps[index].tokens);
+    tail.time_us.push_back(l.steps[index].time_us);
+    for (std::uint32_t p = 0; p < fragments(); ++p)
+      tail.buckets.push_back(static_cast<std::uint8_t>(l.bucket[index * fragments() + p]));
+  }
+  return tail;
+}
+
+bool token_ledger::tail_fits(const ledger_tail& tail, const ledger_totals& totals,
+                             const std::vector<ledger_totals>& by_fragment, std::uint64_t step) const {
+  const std::size_t n = tail.tokens.size();
+  if (n > step || n > max_steps_ || tail.time_us.size() != n || tail.buckets.size() != n * fragments()) return false;
+  // Its shares are counted in the totals, each in its bucket: no bucket may hold less.
+  std::vector<ledger_totals> in_tail(fragments());
+  std::uint64_t tokens = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    tokens += tail.tokens[i];
+    for (std::uint32_t p = 0; p < fragments(); ++p) {
+      const std::uint64_t s = share(tail.tokens[i], p);
+      switch (static_cast<ledger_bucket>(tail.buckets[i * fragments() + p])) {
+        case ledger_bucket::lost: in_tail[p].lost += s; break;
+        case ledger_bucket::overwritten: in_tail[p].overwritten += s; break;
+        case ledger_bucket::rejected: in_tail[p].rejected += s; break;
+        case ledger_bucket::late: in_tail[p].late += s; break;
+        case ledger_bucket::merged: in_tail[p].merged += s; break;
+        default: return false;
+      }
+    }
+  }
+  if (tokens > totals.processed) return false;
+  for (std::uint32_t p = 0; p < fragments(); ++p) {
+    const ledger_totals& a = in_tail[p];
+    const ledger_totals& b = by_fragment[p];
+    if (a.lost > b.lost || a.overwritten > b.overwritten || a.rejected > b.rejected || a.late > b.late ||
+        a.merged > b.merged)
+      return false;
+  }
+  return true;
+}
+
 bool token_ledger::restore(learner_ref who, const ledger_totals& totals, const std::vector<ledger_totals>& by_fragment,
-                           std::uint64_t step) {
+                           std::uint64_t step, const ledger_tail& tail) {
   if (learners_.count(who) != 0 || totals.steps != step || !totals.balanced() || (step == 0 && totals.processed != 0) ||
-      by_fragment.size() != fragments())
+      by_fragment.size() != fragments() || !tail_fits(tail, totals, by_fragment, step))
     return false;
   ledger_totals summed;
   for (const ledger_totals& f : by_fragment) {
@@ -172,10 +222,13 @@ bool token_ledger::restore(learner_ref who, const ledger_totals& totals, const s
       summed.overwritten != totals.overwritten || summed.lost != totals.lost || summed.rejected != totals.rejected)
     return false;
   learner_steps& l = of(who);
-  l.frozen = l.reported_step = step;
+  l.reported_step = step;
+  l.frozen = step - tail.tokens.size();
   l.reported_tokens = totals.processed;
   l.totals = totals;
   l.fragments = by_fragment;
+  for (std::size_t i = 0; i < tail.tokens.size(); ++i) l.steps.push_back({tail.tokens[i], tail.time_us[i]});
+  for (std::uint8_t b : tail.buckets) l.bucket.push_back(static_cast<ledger_bucket>(b));
   std::fill(l.window_floor.begin(), l.window_floor.end(), unknown_floor);
   return true;
 }

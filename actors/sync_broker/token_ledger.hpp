@@ -28,6 +28,13 @@ namespace archipelago {
 
 enum class ledger_bucket : std::uint8_t { lost = 0, overwritten = 1, rejected = 2, late = 3, merged = 4 };  // higher wins
 
+/// The last steps of a learner incarnation whose shares a later outcome may
+/// still raise, as a broker stores them with its ledger (token_ledger::tail_of).
+struct ledger_tail {
+  std::vector<std::uint32_t> tokens, time_us;  // per step, oldest first
+  std::vector<std::uint8_t> buckets;           // P per step (ledger_bucket values)
+};
+
 class token_ledger {
  public:
   /// `fragment_floats`: each fragment's parameter count (a step's tokens are split
@@ -57,21 +64,28 @@ class token_ledger {
   /// A merge that never becomes durable (its shard died first) credits nothing.
   void on_round_published(round_number round);
 
+  /// The steps of `who` whose shares an outcome may still raise: from the
+  /// lowest window start of its fragments (where it last installed each) to its
+  /// last Progress, at most `max_steps` of them. Stored with the totals, they let
+  /// a restarted broker credit the work that was in flight when its predecessor died.
+  ledger_tail tail_of(learner_ref who, std::uint64_t max_steps = 1024) const;
+
   /// A restarted broker continues an incarnation from the ledger its previous
   /// broker stored: `totals` over that incarnation's steps 1..`step` (totals.steps
   /// == step, totals.processed == its cumulative tokens at `step`, balanced), and
-  /// the same per fragment (one balanced entry per fragment, summing to `totals`).
-  /// Those steps are frozen in their stored buckets: the next Progress counts
-  /// only the steps after `step` (sharing the tokens after totals.processed, as
-  /// for a lost Progress), and an outcome whose window reaches below `step`
-  /// raises only its part above. So `processed` stays exact; what is
-  /// approximate is only which bucket the steps the previous broker saw after
+  /// the same per fragment (one balanced entry per fragment, summing to `totals`),
+  /// and the tail (tail_of) of those steps. The steps before the tail are frozen
+  /// in their stored buckets; the tail's steps keep their entries, so an outcome
+  /// whose window reaches into them raises them as before the restart. The next
+  /// Progress counts only the steps after `step` (sharing the tokens after
+  /// totals.processed, as for a lost Progress). So `processed` stays exact; what
+  /// is approximate is only which bucket the steps the previous broker saw after
   /// its last ledger write end in (lost unless a later outcome covers them).
   /// Only before anything else is known of `who`; false (nothing changed) if
-  /// something is, or if the totals are inconsistent.
+  /// something is, or if the totals or the tail are inconsistent.
   bool restore(learner_ref who, const ledger_totals& totals, const std::vector<ledger_totals>& by_fragment,
-               std::uint64_t step);
-  /// Steps of `who` frozen by restore() (0: none).
+               std::uint64_t step, const ledger_tail& tail = {});
+  /// Steps of `who` frozen by restore(), its tail excluded (0: none).
   std::uint64_t frozen_steps(learner_ref who) const;
 
   ledger_totals totals() const { return sum(per_learner()); }
@@ -112,6 +126,9 @@ class token_ledger {
     return static_cast<double>(fragment_floats_[p]) / static_cast<double>(floats_before_.back());
   }
   bool extend(learner_steps& l, std::uint64_t step);
+  /// A stored tail is consistent with the totals it was stored with.
+  bool tail_fits(const ledger_tail& tail, const ledger_totals& totals, const std::vector<ledger_totals>& by_fragment,
+                 std::uint64_t step) const;
   /// Moves fragment p's share of the step at `index` (its entry) to `bucket`.
   void raise(learner_steps& l, std::uint64_t index, std::uint32_t p, ledger_bucket bucket);
   void count(learner_steps& l, const step_entry& e, std::uint32_t p, ledger_bucket bucket, int sign) const;

@@ -130,8 +130,9 @@ TEST_CASE("snapshot store: the broker's ledger with its step counts and the roun
     REQUIRE(store);
     auto& s = **store;
     CHECK_FALSE(s.read_round_lease().value().has_value());  // no broker wrote one yet
-    REQUIRE(s.put_ledger({{2, 1700000000123, {640, 64, 0, 128, 832}, 13, 0.5, 0.25, ""}}));
-    REQUIRE(s.put_ledger({{2, 1700000000123, {704, 64, 0, 128, 896}, 14, 0.6, 0.3, "tcp://127.0.0.1:7001"}}));  // rewritten
+    REQUIRE(s.put_ledger({{2, 1700000000123, {640, 64, 0, 128, 832}, 13, 0.5, 0.25, "", {}, {}, {}, {}}}));
+    REQUIRE(s.put_ledger({{2, 1700000000123, {704, 64, 0, 128, 896}, 14, 0.6, 0.3, "tcp://127.0.0.1:7001", {},
+                           {64, 64}, {1000, 1200}, {0, 4, 1, 0}}}));  // rewritten, with a tail of two steps (P = 2)
     REQUIRE(s.put_round_lease({512, 77, 5}));
     REQUIRE(s.put_round_lease({256, 78, 6}));  // never lowered
   }
@@ -149,6 +150,9 @@ TEST_CASE("snapshot store: the broker's ledger with its step counts and the roun
   CHECK(l.step_time_s == doctest::Approx(0.6));
   CHECK(l.merged_step_time_s == doctest::Approx(0.3));
   CHECK(l.endpoint == "tcp://127.0.0.1:7001");
+  CHECK(l.tail_tokens == std::vector<std::uint32_t>{64, 64});
+  CHECK(l.tail_time_us == std::vector<std::uint32_t>{1000, 1200});
+  CHECK(l.tail_buckets == std::vector<std::uint8_t>{0, 4, 1, 0});
   auto lease = (*reopened)->read_round_lease();
   REQUIRE(lease);
   REQUIRE(lease->has_value());

@@ -234,6 +234,69 @@ TEST_CASE("token ledger: across a broker crash processed stays exact and work me
   CHECK(fresh.totals().balanced());
 }
 
+TEST_CASE("token ledger: the stored tail lets a restarted broker merge the work that was in flight") {
+  // The old broker: steps 1-12 of 64 tokens; (0, 8] merged, then the learner
+  // installed that version and contributed (8, 12] to a round still open when the
+  // broker wrote its ledger and died.
+  token_ledger old = token_ledger({600, 400});
+  for (std::uint64_t s = 1; s <= 12; ++s) old.on_progress(a, s, s * 64, 1'000'000);
+  merge(old, 1, f0, a, 8, 8);
+  merge(old, 2, f1, a, 8, 8);
+  old.on_arrival(round_number{3}, f0, a, 12, 4);
+  old.on_arrival(round_number{4}, f1, a, 12, 4);
+  const ledger_totals written = old.per_learner().at(a);
+  const ledger_tail tail = old.tail_of(a);
+  CHECK(tail.tokens.size() == 4);  // steps 9-12: above every fragment's last install
+  CHECK(tail.buckets.size() == 4 * 2);
+  CHECK(old.tail_of(a, 3).tokens.size() == 3);  // bounded
+
+  // The new broker restores the write with its tail; the learner, told the broker
+  // restarted, contributes its work since its anchor again, (8, 14], and it merges.
+  for (bool with_tail : {true, false}) {
+    CAPTURE(with_tail);
+    token_ledger fresh = token_ledger({600, 400});
+    REQUIRE(fresh.restore(a, written, old.fragments_of(a), written.steps, with_tail ? tail : ledger_tail{}));
+    CHECK(fresh.frozen_steps(a) == (with_tail ? 8 : 12));
+    fresh.on_progress(a, 14, 14 * 64, 1'000'000);
+    merge(fresh, 10, f0, a, 14, 6);
+    merge(fresh, 11, f1, a, 14, 6);
+    check_balanced(fresh);
+    // Without the tail, steps 9-12 were frozen as lost (the issue this fixes).
+    CHECK(fresh.totals().merged == (with_tail ? 14 : 10) * 64);
+    CHECK(fresh.totals().lost == (with_tail ? 0 : 4) * 64);
+    CHECK(fresh.totals().processed == 14 * 64);
+  }
+}
+
+TEST_CASE("token ledger: restore refuses a tail inconsistent with its totals") {
+  token_ledger old = whole();
+  for (std::uint64_t s = 1; s <= 6; ++s) old.on_progress(a, s, s * 10, 1000);
+  merge(old, 1, f0, a, 2, 2);
+  old.on_arrival(round_number{2}, f0, a, 6, 4);
+  const ledger_totals written = old.per_learner().at(a);
+  const ledger_tail tail = old.tail_of(a);
+  REQUIRE(tail.tokens.size() == 4);
+  ledger_tail merged_claim = tail;  // more merged shares than the totals count
+  for (auto& b : merged_claim.buckets) b = static_cast<std::uint8_t>(ledger_bucket::merged);
+  ledger_tail short_buckets = tail;
+  short_buckets.buckets.pop_back();
+  ledger_tail unknown_bucket = tail;
+  unknown_bucket.buckets[1] = 9;
+  ledger_tail too_long = tail;
+  for (int i = 0; i < 3; ++i) {
+    too_long.tokens.push_back(0);
+    too_long.time_us.push_back(0);
+    too_long.buckets.push_back(0);
+  }
+  for (const ledger_tail* bad : {&merged_claim, &short_buckets, &unknown_bucket, &too_long}) {
+    token_ledger fresh = whole();
+    CHECK_FALSE(fresh.restore(a, written, old.fragments_of(a), written.steps, *bad));
+    CHECK(fresh.totals().processed == 0);
+  }
+  token_ledger fresh = whole();
+  CHECK(fresh.restore(a, written, old.fragments_of(a), written.steps, tail));
+}
+
 TEST_CASE("uptime: gaps longer than the stall bound are down time") {
   CHECK(uptime_from_publications({10, 20, 30}, 0, 40, 15) == doctest::Approx(1.0));
   // A 60 ns gap with a 10 ns allowance: 50 ns of 100 down.
