@@ -98,6 +98,12 @@ struct Welcome {
 
 struct Heartbeat {
   stepsDone @0 :UInt64;  # sender's inner steps so far (learners); 0 otherwise
+  # The round trip of the control lane, measured without synchronised clocks: the
+  # sender's clock when it sent this, and the recipient's own sentAtNs of the last
+  # heartbeat the sender had from it, with how long the sender held it since.
+  sentAtNs @1 :Int64;
+  echoSentAtNs @2 :Int64;  # 0: none received yet
+  echoHeldNs @3 :Int64;
 }
 
 struct Leave {

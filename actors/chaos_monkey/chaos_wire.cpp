@@ -62,6 +62,17 @@ void chaos_wire::start() {
     (void)port_.add_peer({role::learner, l}, setup_.learner_endpoints[l]);
 }
 
+/// A restarted node listens anew: the monkey's sockets to its predecessor are
+/// gone (an inproc:// pipe is not re-established, and nodes never heartbeat
+/// the monkey, so it would never find them silent), so they are made again.
+void chaos_wire::reconnect(node_address n) {
+  if (n.kind == role::sync_broker) (void)port_.add_peer(n, setup_.broker_endpoint);
+  if (n.kind == role::parameter_shard && n.index < setup_.shard_endpoints.size())
+    (void)port_.add_peer(n, setup_.shard_endpoints[n.index]);
+  if (n.kind == role::learner && n.index < setup_.learner_endpoints.size())
+    (void)port_.add_peer(n, setup_.learner_endpoints[n.index]);
+}
+
 nanos chaos_wire::tick(nanos since_start) {
   for (const chaos_action& a : core_.tick(since_start)) {
     if (a.action != chaos_action::what::skip) carry_out(a, since_start);
@@ -116,6 +127,7 @@ void chaos_wire::carry_out(const chaos_action& a, nanos since_start) {
           control_.crash(t);
         } else {
           control_.restart(t);
+          reconnect(address_of(t));
           reapply(t);
         }
       }

@@ -77,13 +77,14 @@ class chaos_wire {
   /// slow-down: the faults in force that concern it (slow-downs, link faults,
   /// partitions) are sent to it again. Called after every restart it orders; a
   /// launcher whose restarts start later calls it again once the node is up.
-  /// (A storage fault is not sent again: a shard's disk outlives its process in
-  /// one process and is new across processes; the drills say which they measure.)
+  /// (A storage fault is not sent again: it ends with the process whose writes
+  /// it failed, as a failed disk replaced with its host would.)
   void reapply(const fault_target& restarted);
 
   const chaos_core& core() const { return core_; }
 
  private:
+  void reconnect(node_address n);
   void command(node_address target, const chaos_order& order);
   void shape_between(const std::vector<node_address>& a, const std::vector<node_address>& b,
                      const link_profile& profile);

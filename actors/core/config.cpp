@@ -269,7 +269,8 @@ std::vector<knob> make_knobs() {
                   "0: as fast as the CPU allows. Default: 0."),
       // wire
       number_knob("wire.heartbeat_interval_ms", w, &wire_config::heartbeat_interval_ms, I{10}, I{600000},
-                  "Heartbeat interval, both ways; any message counts. Default: 1000."),
+                  "Heartbeat interval, both ways, on the control lane; any control message counts. "
+                  "Default: 1000."),
       number_knob("wire.liveness", w, &wire_config::liveness, 1, 100,
                   "Silent heartbeat intervals before a peer is dead. Default: 3."),
       number_knob("wire.reconnect_initial_ms", w, &wire_config::reconnect_initial_ms, I{1}, I{600000},
@@ -286,6 +287,13 @@ std::vector<knob> make_knobs() {
                   "Default: 256."),
       number_knob("wire.max_tensor_bytes", w, &wire_config::max_tensor_bytes, I{1} << 10, I{1} << 31,
                   "Largest tensor frame accepted. Default: 1073741824."),
+      number_knob("wire.bulk_piece_bytes", w, &wire_config::bulk_piece_bytes, I{1} << 10, I{1} << 30,
+                  "On an emulated slow link (link.*, chaos link faults), tensor messages enter the link "
+                  "in pieces of this size so that control messages wait behind one piece, not a whole "
+                  "fragment. Default: 65536."),
+      number_knob("wire.bulk_sndbuf_bytes", w, &wire_config::bulk_sndbuf_bytes, I{0}, I{1} << 30,
+                  "Kernel send buffer of the bulk (tensor) connections: bounds the tensor bytes in "
+                  "flight per link on a real network. 0: the OS's autotuning. Default: 0."),
       text_knob("wire.encoding", w, &wire_config::encoding, "fp32 | bf16 | int8 | int4 | int2",
                 "Encoding of outer gradients on the wire. Default: fp32.",
                 [](std::string_view v) -> std::string {

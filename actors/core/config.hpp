@@ -84,7 +84,7 @@ struct mesh_config {
 };
 
 struct wire_config {
-  std::int64_t heartbeat_interval_ms = 1000;  // both ways; any message counts
+  std::int64_t heartbeat_interval_ms = 1000;  // both ways; any control message counts
   int liveness = 3;                           // silent intervals before a peer is dead
   std::int64_t reconnect_initial_ms = 100;    // backoff after a peer died
   std::int64_t reconnect_max_ms = 5000;
@@ -92,6 +92,8 @@ struct wire_config {
   std::int64_t outbox_capacity = 1024;        // messages queued by actors
   std::int64_t peer_queue_capacity = 256;     // messages waiting for one peer
   std::int64_t max_tensor_bytes = std::int64_t{1} << 30;
+  std::int64_t bulk_piece_bytes = 64 * 1024;  // an emulated link interleaves control between such pieces
+  std::int64_t bulk_sndbuf_bytes = 0;         // the bulk lane's kernel send buffer; 0: the OS's autotuning
   std::string encoding = "fp32";              // outer-gradient encoding on the wire
   int block_size = 64;                        // quantisation block
   bool curve = true;                          // CURVE on tcp:// endpoints

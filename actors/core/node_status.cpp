@@ -1,5 +1,7 @@
 #include "core/node_status.hpp"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 namespace archipelago {
@@ -87,7 +89,7 @@ broker_report report_of(const json& j) {
 // The counters, one name each: written and read by the same table.
 #define ARCHIPELAGO_NODE_COUNTERS(X)                                                                        \
   X(steps) X(tokens) X(contributions) X(budget_overruns) X(refetches) X(wait_ns) X(published) X(rejected) \
-  X(snapshot_errors) X(rounds_closed) X(members) X(committed) X(bytes_sent)
+  X(snapshot_errors) X(rounds_closed) X(members) X(committed) X(bytes_sent) X(peers_lost)
 
 }  // namespace
 
@@ -102,6 +104,7 @@ node_counters& node_counters::operator+=(const node_counters& o) {
 #define ARCHIPELAGO_ADD(name) name += o.name;
   ARCHIPELAGO_NODE_COUNTERS(ARCHIPELAGO_ADD)
 #undef ARCHIPELAGO_ADD
+  control_rtt_max_ns = std::max(control_rtt_max_ns, o.control_rtt_max_ns);
   return *this;
 }
 
@@ -110,6 +113,7 @@ std::string to_json(const node_status& s) {
 #define ARCHIPELAGO_WRITE(name) counts[#name] = s.counts.name;
   ARCHIPELAGO_NODE_COUNTERS(ARCHIPELAGO_WRITE)
 #undef ARCHIPELAGO_WRITE
+  counts["control_rtt_max_ns"] = s.counts.control_rtt_max_ns;
   json j = {{"role", to_string(s.node.kind)},
             {"index", s.node.index},
             {"incarnation", s.incarnation},
@@ -142,6 +146,7 @@ expected<node_status> node_status_from_json(std::string_view text) {
 #define ARCHIPELAGO_READ(name) s.counts.name = counts.at(#name).get<std::uint64_t>();
     ARCHIPELAGO_NODE_COUNTERS(ARCHIPELAGO_READ)
 #undef ARCHIPELAGO_READ
+    s.counts.control_rtt_max_ns = counts.at("control_rtt_max_ns").get<std::uint64_t>();
     s.left = j.at("left").get<bool>();
     s.refusal = j.at("refusal").get<std::string>();
     s.schedule_step = j.at("schedule_step").get<std::int64_t>();

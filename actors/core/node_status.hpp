@@ -66,6 +66,9 @@ struct node_counters {
   std::uint64_t committed = 0;                   // fragment versions the shards reported durable
   // every node: contributions and fragment broadcasts, at their encoded size
   std::uint64_t bytes_sent = 0;
+  // every node's transport: peers it declared dead; the control lane's longest round trip
+  std::uint64_t peers_lost = 0;
+  std::uint64_t control_rtt_max_ns = 0;  // a maximum: += keeps the larger
 
   node_counters& operator+=(const node_counters& o);
 };

@@ -34,6 +34,7 @@ struct learner_state {
     if (!args.board) return;
     node_status s = learner->status();
     s.counts.budget_overruns = overruns;
+    if (wire) count_wire(s.counts, wire->counters());
     s.schedule_step = eng->steps_done();
     args.board->update(s);
   }

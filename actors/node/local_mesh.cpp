@@ -40,7 +40,6 @@ std::vector<float> gather_global(caf::scoped_actor& self, const std::vector<caf:
 /// Where a run's snapshots go and what its shards start from.
 struct snapshot_start {
   std::shared_ptr<storage::snapshot_store> store, source;  // write here; read the starting point there
-  std::shared_ptr<storage::faulty_kv> disk;  // a drill's: the store's writes can be made to fail
   std::optional<storage::manifest> from;
   std::uint64_t resumed_version = 0;  // the version resumed, as the resumed store numbers it
   std::vector<float> start_params;    // a resumed run: its model at that version; empty: the initial model
@@ -49,14 +48,14 @@ struct snapshot_start {
 
 /// The run's own store (--db), opened and recovered; a store that already holds
 /// another run is refused before it is opened for writing.
-expected<std::optional<recovered_store>> open_target(const mesh_setup& setup, const mesh_snapshots& o, bool failing_disk) {
+expected<std::optional<recovered_store>> open_target(const mesh_setup& setup, const mesh_snapshots& o) {
   if (o.db.empty()) return std::optional<recovered_store>{};
   if (o.db != o.resume_db)
     if (auto existing = open_store_read_only(o.db); existing)
       if (auto head = (*existing)->latest_manifest(); !head || *head)
         return make_error(errc::invalid_input, o.db + " already holds a run: continue it with --resume " + o.db +
                                                    " or pick a new --db");
-  auto opened = open_mesh_store(o.db, setup, failing_disk);
+  auto opened = open_mesh_store(o.db, setup);
   if (!opened) return opened.err();
   for (const auto& d : opened->dropped) std::fprintf(stderr, "archipelago run: recovery of %s: %s\n", o.db.c_str(), d.c_str());
   return std::optional<recovered_store>{std::move(*opened)};
@@ -95,14 +94,11 @@ status pick_resume_point(const mesh_setup& setup, const mesh_snapshots& o, const
 }
 
 expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_snapshots& o,
-                                           const std::vector<float>& initial, bool failing_disk) {
+                                           const std::vector<float>& initial) {
   snapshot_start out;
-  auto target = open_target(setup, o, failing_disk);
+  auto target = open_target(setup, o);
   if (!target) return target.err();
-  if (*target) {
-    out.store = (*target)->store;
-    out.disk = (*target)->disk;
-  }
+  if (*target) out.store = (*target)->store;
   if (!o.resume_db.empty())
     if (auto ok = pick_resume_point(setup, o, *target, out); !ok) return ok.err();
   if (!out.store) return out;
@@ -293,7 +289,7 @@ status local_run::prepare() {
   data_ = std::move(*data);
   initial_ = initial_global_params(setup_.cfg, setup_.shape, *data_);
   if (drill_ && snapshots_.db.empty()) return make_error(errc::invalid_input, "a drill needs a snapshot store (--db)");
-  auto origin = prepare_snapshots(setup_, snapshots_, initial_, drill_ != nullptr);
+  auto origin = prepare_snapshots(setup_, snapshots_, initial_);
   if (!origin) return origin.err();
   origin_ = std::move(*origin);
   setup_.start_step = origin_.start_step;
@@ -373,8 +369,8 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   roles.tokens = [this, first = origin_.from ? origin_.from->ledger.processed : 0] {
     return first + board_.total(role::learner).tokens;
   };
-  if (origin_.disk)
-    roles.set_storage_failing = [disk = origin_.disk](bool failing) { disk->set_write_error_rate(failing ? 1 : 0); };
+  // No set_storage_failing: the shards share this one store, so a storage fault
+  // fails only its shard's commits (the shard actor's own flag), not the others'.
   // Bound before the roles start, so a port in use stops nothing. A drill's
   // restarts would replace the roles: a drill serves no metrics.
   served_roles served;

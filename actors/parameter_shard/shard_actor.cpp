@@ -25,9 +25,15 @@ storage::stored_ledger stored(const shard_ledger& l) {
 /// once one is durable the actor hears of it (committed_atom), or of its failure.
 class writer_shard_store final : public shard_store {
  public:
-  writer_shard_store(const shard_actor_args& args, caf::actor shard) : args_(args), shard_(std::move(shard)) {}
+  writer_shard_store(const shard_actor_args& args, caf::actor shard, const bool& failing)
+      : args_(args), shard_(std::move(shard)), failing_(failing) {}
 
   void commit(shard_commit c) override {
+    if (failing_) {  // a storage fault on a store this shard shares: its own writes fail
+      caf::anon_send(shard_, commit_failed_atom::value, c.published.fragment.value, c.published.version,
+                     std::string("storage fault: this shard's writes fail"));
+      return;
+    }
     storage::commit_job job;
     job.time_ns = wall_clock_ns();
     const published_fragment& p = c.published;
@@ -53,6 +59,7 @@ class writer_shard_store final : public shard_store {
  private:
   const shard_actor_args& args_;
   caf::actor shard_;
+  const bool& failing_;
 };
 
 /// The owned fragments' outer states in the manifest to resume from.
@@ -78,6 +85,7 @@ struct shard_state {
   std::unique_ptr<shard_wire> shard;
   std::uint64_t snapshot_errors = 0;
   std::uint64_t disk_generation = 0;  // invalidates the end of an earlier storage fault
+  bool commits_failing = false;       // a storage fault without a disk of its own (set_storage_failing empty)
   bool retry_armed = false;           // a retry of failed commits is scheduled
   nanos started_ns = 0;
   static inline const char* name = "parameter_shard";
@@ -86,22 +94,29 @@ struct shard_state {
     if (!args.board) return;
     node_status s = shard->status();
     s.counts.snapshot_errors = snapshot_errors;
+    if (wire) count_wire(s.counts, wire->counters());
     args.board->update(s);
   }
 };
 
 using shard_self = caf::stateful_actor<shard_state>;
 
-/// The chaos monkey's storage fault on the disk this process owns, ended by a timer (or a heal).
+/// Its storage fails its writes, or works again: the disk this process owns, or
+/// (sharing a store) this shard's commits alone.
+void set_storage_failing(shard_state& st, bool failing) {
+  if (st.args.set_storage_failing) st.args.set_storage_failing(failing);
+  else st.commits_failing = failing;
+}
+
+/// The chaos monkey's storage fault, ended by a timer (or a heal).
 void storage_fault(shard_self* self, const chaos_order& order) {
   auto& st = self->state;
-  if (!st.args.set_storage_failing) return;
   if (order.kind == chaos_order::what::storage_fault) {
-    st.args.set_storage_failing(order.duration_ns > 0);
+    set_storage_failing(st, order.duration_ns > 0);
     self->delayed_send(self, std::chrono::nanoseconds(order.duration_ns), disk_atom::value, ++st.disk_generation);
   } else {
     ++st.disk_generation;
-    st.args.set_storage_failing(false);
+    set_storage_failing(st, false);
   }
 }
 
@@ -136,7 +151,7 @@ caf::behavior shard_actor(shard_self* self, shard_actor_args args) {
   st.wire = start_actor_wire(self, a.setup->cfg, a.io, me, a.inc, a.setup->shard_endpoints[a.index], *a.clock);
   if (!st.wire) return {};
   if (a.writer)
-    st.store = std::make_unique<writer_shard_store>(st.args, caf::actor_cast<caf::actor>(self));
+    st.store = std::make_unique<writer_shard_store>(st.args, caf::actor_cast<caf::actor>(self), st.commits_failing);
   const bool resumed = !restored->empty();
   st.shard = std::make_unique<shard_wire>(*a.setup, a.index, a.inc, *st.wire, st.store.get(),
                                           shard_settings(*a.setup, a.writer && a.record_contributions),
@@ -183,7 +198,7 @@ caf::behavior shard_actor(shard_self* self, shard_actor_args args) {
       // The end of a storage fault (unless a later one superseded it).
       [self](disk_atom, std::uint64_t generation) {
         auto& st = self->state;
-        if (generation == st.disk_generation && st.args.set_storage_failing) st.args.set_storage_failing(false);
+        if (generation == st.disk_generation) set_storage_failing(st, false);
       },
       [self, me](metrics_atom, const metrics_page& page) {
         const auto& st = self->state;

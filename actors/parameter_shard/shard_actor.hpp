@@ -36,7 +36,9 @@ struct shard_actor_args {
   /// For manifests: the learners' mean inner steps and the tokens they processed. May be empty.
   std::function<std::uint64_t()> learner_steps, tokens;
   /// The store's writes fail (true) or work again (false): the chaos monkey's
-  /// storage fault, carried out on the disk this process owns. May be empty.
+  /// storage fault, carried out on the disk this process owns. Empty where
+  /// shards share a store (one process): the fault then fails this shard's
+  /// commits alone, as its own disk would.
   std::function<void(bool failing)> set_storage_failing;
   /// Where its status goes, after every message and commit.
   status_board* board = nullptr;

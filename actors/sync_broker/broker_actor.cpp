@@ -93,6 +93,7 @@ struct broker_state {
     s.node = broker_address;
     s.incarnation = args.inc.value;
     s.counts = broker->counters();
+    if (wire) count_wire(s.counts, wire->counters());
     s.report = broker->report(now(), final);
     s.report->broker_cpu_s = static_cast<double>(cpu_ns) * 1e-9;
     args.board->update(s);

@@ -92,24 +92,9 @@ status link_shaper::set_profile(const link_profile& profile) {
   return {};
 }
 
-deliveries link_shaper::submit(nanos now_ns, std::size_t bytes) {
+void link_shaper::serialise(nanos now_ns, std::size_t bytes) {
   const link_profile& p = profile_;
-
-  // Every frame draws exactly these eight words whatever the profile, so a
-  // profile change never shifts the random choices of other frames: with one
-  // seed, a higher loss loses a superset of the frames a lower loss loses.
-  const double u_loss = rng_.uniform();
-  const double u_duplicate = rng_.uniform();
-  const double u_reorder = rng_.uniform();
-  const std::uint64_t w_jitter = rng_.next();
-  const double u_corrupt0 = rng_.uniform();
-  const std::uint64_t w_flip0 = rng_.next();
-  const double u_corrupt1 = rng_.uniform();
-  const std::uint64_t w_flip1 = rng_.next();
-
-  ++stats_.frames;
   stats_.bytes += bytes;
-
   // Serialisation through a token bucket. The frame starts when the link has
   // sent everything before it (FIFO). While the link idles the bucket fills at
   // the line's bandwidth up to burst_bytes; bytes covered by tokens leave at
@@ -147,6 +132,28 @@ deliveries link_shaper::submit(nanos now_ns, std::size_t bytes) {
     free_at_ns_ = start_ns;
     free_frac_ns_ = start_frac_ns;
   }
+}
+
+void link_shaper::submit_piece(nanos now_ns, std::size_t bytes) { serialise(now_ns, bytes); }
+
+deliveries link_shaper::submit(nanos now_ns, std::size_t bytes, std::size_t frame_bytes) {
+  assert(frame_bytes >= bytes);
+  const link_profile& p = profile_;
+
+  // Every frame draws exactly these eight words whatever the profile, so a
+  // profile change never shifts the random choices of other frames: with one
+  // seed, a higher loss loses a superset of the frames a lower loss loses.
+  const double u_loss = rng_.uniform();
+  const double u_duplicate = rng_.uniform();
+  const double u_reorder = rng_.uniform();
+  const std::uint64_t w_jitter = rng_.next();
+  const double u_corrupt0 = rng_.uniform();
+  const std::uint64_t w_flip0 = rng_.next();
+  const double u_corrupt1 = rng_.uniform();
+  const std::uint64_t w_flip1 = rng_.next();
+
+  ++stats_.frames;
+  serialise(now_ns, bytes);
   const nanos departure_ns = busy_until_ns();
 
   deliveries out;
@@ -170,9 +177,9 @@ deliveries link_shaper::submit(nanos now_ns, std::size_t bytes) {
   }
 
   // A frame of n bytes has n * 8 bits to choose from; an empty frame cannot be corrupted.
-  const std::uint64_t frame_bits = bytes > std::numeric_limits<std::uint64_t>::max() / 8
+  const std::uint64_t frame_bits = frame_bytes > std::numeric_limits<std::uint64_t>::max() / 8
                                        ? std::numeric_limits<std::uint64_t>::max()
-                                       : static_cast<std::uint64_t>(bytes) * 8;
+                                       : static_cast<std::uint64_t>(frame_bytes) * 8;
   auto copy = [&](nanos at_ns, double u_corrupt, std::uint64_t w_flip) {
     delivery d{at_ns, false, 0};
     if (frame_bits > 0 && u_corrupt < p.corrupt) {

@@ -80,7 +80,7 @@ class link_shaper {
 
   struct counters {
     std::uint64_t frames = 0;      // submitted
-    std::uint64_t bytes = 0;       // submitted (lost frames used bandwidth too)
+    std::uint64_t bytes = 0;       // submitted, pieces included (lost frames used bandwidth too)
     std::uint64_t lost = 0;
     std::uint64_t duplicated = 0;  // frames delivered twice
     std::uint64_t reordered = 0;   // delivered frames given the reorder delay
@@ -102,7 +102,15 @@ class link_shaper {
   /// A frame of `bytes` is handed to the link at `now_ns`. The link is FIFO: a
   /// frame never starts sending before the previous one has been sent, so a
   /// now_ns earlier than a previous call's only makes the frame queue.
-  deliveries submit(nanos now_ns, std::size_t bytes);
+  deliveries submit(nanos now_ns, std::size_t bytes) { return submit(now_ns, bytes, bytes); }
+
+  /// A long frame sent in pieces, so that other frames can go between them (the
+  /// transport's bulk lane, bulk_pacer): every piece but the last only uses the
+  /// link (bandwidth, FIFO; no fate, no random draw); the last, submit(now,
+  /// piece, frame_bytes), decides the whole frame's fate as submit() does (its
+  /// corrupt bit indexes the whole frame of frame_bytes >= piece bytes).
+  void submit_piece(nanos now_ns, std::size_t bytes);
+  deliveries submit(nanos now_ns, std::size_t bytes, std::size_t frame_bytes);
 
   const counters& stats() const { return stats_; }
 
@@ -111,6 +119,9 @@ class link_shaper {
   nanos busy_until_ns() const { return free_at_ns_ + (free_frac_ns_ > 0 ? 1 : 0); }
 
  private:
+  /// Queues `bytes` behind everything submitted so far and through the bucket.
+  void serialise(nanos now_ns, std::size_t bytes);
+
   link_profile profile_;
   prng rng_;
   counters stats_;

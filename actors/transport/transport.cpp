@@ -16,6 +16,7 @@
 #include <zmq.hpp>
 
 #include "core/prng.hpp"
+#include "transport/bulk_pacer.hpp"
 
 namespace archipelago::transport {
 
@@ -36,6 +37,9 @@ std::uint64_t transport_counters::rejected_total() const {
 namespace {
 
 std::string identity_of(node_address a) { return a.to_string(); }
+
+/// A message with tensor frames travels on the bulk lane, any other on the control lane.
+bool is_bulk(const encoded_message& m) { return !m.tensors.empty(); }
 
 /// Frames of one outbound message, sharing the encoded bytes (no copy).
 std::vector<zmq::message_t> make_frames(const std::shared_ptr<const encoded_message>& msg,
@@ -71,6 +75,7 @@ struct scheduled_send {
   node_address to;
   std::shared_ptr<const encoded_message> message;
   std::optional<std::uint64_t> flip_bit;
+  bool bulk = false;
   bool operator>(const scheduled_send& o) const { return at != o.at ? at > o.at : order > o.order; }
 };
 
@@ -108,24 +113,46 @@ struct node_transport::impl {
   bool stopped = false;
 
   // I/O thread only.
+  /// One lane to a peer: its socket and what waits for it.
+  struct lane {
+    std::unique_ptr<zmq::socket_t> dealer;
+    std::deque<std::vector<zmq::message_t>> waiting;
+  };
   struct peer {
     node_address address;
     std::string endpoint;
     std::string server_key;  // Z85; empty without CURVE
-    std::unique_ptr<zmq::socket_t> dealer;
+    lane control, bulk;
     link_shaper shaper;
-    std::deque<std::vector<zmq::message_t>> waiting;
+    bulk_pacer pacer;
+    std::map<std::uint64_t, std::shared_ptr<const encoded_message>> pacing;  // by pacer id
     nanos reconnect_at = -1;
     reconnect_backoff backoff;
     bool dead = false;
+    // The peer's last heartbeat: its sentAtNs, and when it arrived here (echoed back).
+    std::int64_t echo_sent_at = 0;
+    nanos echo_received_at = 0;
+
+    peer(node_address a, link_shaper s, bulk_pacer b, reconnect_backoff r)
+        : address(a), shaper(std::move(s)), pacer(std::move(b)), backoff(std::move(r)) {}
+    bool connected() const { return control.dealer != nullptr; }
+    void disconnect() {
+      for (lane* l : {&control, &bulk}) {
+        l->dealer.reset();
+        l->waiting.clear();
+      }
+      pacer.clear();
+      pacing.clear();
+    }
   };
   std::map<node_address, peer> peers;
   std::unique_ptr<zmq::socket_t> router;
   std::unique_ptr<zmq::socket_t> zap;  // ZAP handler (CURVE allow-list), if this transport serves it
   std::priority_queue<scheduled_send, std::vector<scheduled_send>, std::greater<>> schedule;
   std::uint64_t schedule_order = 0;
+  std::uint64_t pacer_ids = 0;
   peer_liveness liveness;
-  dedup_window dedup;
+  dedup_window dedup, bulk_dedup;  // per lane: a bulk message may arrive long after later control ones
   std::set<node_address> dead_reported;
   std::uint64_t log_budget[static_cast<int>(reject_reason::count_)] = {};
 
@@ -149,12 +176,14 @@ struct node_transport::impl {
     [[maybe_unused]] auto n = ::write(wake_fd, &one, sizeof one);
   }
 
-  std::unique_ptr<zmq::socket_t> make_dealer(const std::string& endpoint, const std::string& server_key) {
+  std::unique_ptr<zmq::socket_t> make_dealer(const std::string& endpoint, const std::string& server_key, bool bulk) {
     auto s = std::make_unique<zmq::socket_t>(context, zmq::socket_type::dealer);
     s->set(zmq::sockopt::linger, 0);
     s->set(zmq::sockopt::sndhwm, cfg.socket_hwm);
     s->set(zmq::sockopt::rcvhwm, cfg.socket_hwm);
-    s->set(zmq::sockopt::routing_id, identity_of(cfg.self));
+    // Two connections to the peer's ROUTER need two identities.
+    s->set(zmq::sockopt::routing_id, identity_of(cfg.self) + (bulk ? "+bulk" : ""));
+    if (bulk && cfg.bulk_sndbuf_bytes > 0) s->set(zmq::sockopt::sndbuf, cfg.bulk_sndbuf_bytes);
     s->set(zmq::sockopt::immediate, 1);  // do not queue for a peer that is not connected
     s->set(zmq::sockopt::reconnect_ivl, 100);
     s->set(zmq::sockopt::reconnect_ivl_max, 5000);
@@ -168,6 +197,11 @@ struct node_transport::impl {
     return s;
   }
 
+  void connect(peer& p) {
+    p.control.dealer = make_dealer(p.endpoint, p.server_key, false);
+    p.bulk.dealer = make_dealer(p.endpoint, p.server_key, true);
+  }
+
   // -- outbound -------------------------------------------------------------
 
   void enqueue(node_address to, const std::shared_ptr<const encoded_message>& msg, nanos now) {
@@ -176,13 +210,36 @@ struct node_transport::impl {
       count([](auto& s) { ++s.unknown_peer; });
       return;
     }
-    const auto deliveries = it->second.shaper.submit(now, msg->total_bytes());
-    if (deliveries.empty()) count([](auto& s) { ++s.shaped_lost; });
-    if (deliveries.size() > 1) count([](auto& s) { ++s.shaped_duplicated; });
-    for (const auto& d : deliveries) {
+    peer& p = it->second;
+    if (!is_bulk(*msg)) {
+      schedule_deliveries(p, msg, p.shaper.submit(now, msg->total_bytes()), false);
+      return;
+    }
+    const std::uint64_t id = ++pacer_ids;
+    if (!p.pacer.queue(id, msg->total_bytes())) {
+      count([](auto& c) { ++c.peer_queue_full; });
+      return;
+    }
+    p.pacing.emplace(id, msg);
+    pace(p, now);
+  }
+
+  /// Feeds the peer's link the bulk pieces it can take now.
+  void pace(peer& p, nanos now) {
+    for (const auto& done : p.pacer.pump(now, p.shaper)) {
+      auto m = p.pacing.extract(done.id);
+      schedule_deliveries(p, m.mapped(), done.arrivals, true);
+    }
+  }
+
+  void schedule_deliveries(peer& p, const std::shared_ptr<const encoded_message>& msg, const deliveries& arrivals,
+                           bool bulk) {
+    if (arrivals.empty()) count([](auto& s) { ++s.shaped_lost; });
+    if (arrivals.size() > 1) count([](auto& s) { ++s.shaped_duplicated; });
+    for (const auto& d : arrivals) {
       if (d.corrupt) count([](auto& s) { ++s.shaped_corrupted; });
-      schedule.push({d.at_ns, schedule_order++, to, msg,
-                     d.corrupt ? std::optional<std::uint64_t>(d.flip_bit) : std::nullopt});
+      schedule.push({d.at_ns, schedule_order++, p.address, msg,
+                     d.corrupt ? std::optional<std::uint64_t>(d.flip_bit) : std::nullopt, bulk});
     }
   }
 
@@ -193,29 +250,30 @@ struct node_transport::impl {
       auto it = peers.find(s.to);
       if (it == peers.end()) continue;
       peer& p = it->second;
-      if (p.waiting.size() >= cfg.peer_queue_capacity) {
+      lane& l = s.bulk ? p.bulk : p.control;
+      if (l.waiting.size() >= cfg.peer_queue_capacity) {
         count([](auto& c) { ++c.peer_queue_full; });
         continue;
       }
-      p.waiting.push_back(make_frames(s.message, s.flip_bit));
-      flush(p);
+      l.waiting.push_back(make_frames(s.message, s.flip_bit));
+      flush(p, l);
     }
   }
 
-  /// Sends what a peer's socket accepts now; the rest waits for POLLOUT.
-  void flush(peer& p) {
-    if (!p.dealer) return;
-    while (!p.waiting.empty()) {
-      auto& frames = p.waiting.front();
+  /// Sends what a lane's socket accepts now; the rest waits for POLLOUT.
+  void flush(peer& p, lane& l) {
+    if (!l.dealer) return;
+    while (!l.waiting.empty()) {
+      auto& frames = l.waiting.front();
       std::size_t bytes = 0;
       for (auto& f : frames) bytes += f.size();
       // With immediate=1 and a HWM, the first frame either goes or nothing does.
-      auto sent = p.dealer->send(frames[0], frames.size() > 1 ? zmq::send_flags::sndmore | zmq::send_flags::dontwait
+      auto sent = l.dealer->send(frames[0], frames.size() > 1 ? zmq::send_flags::sndmore | zmq::send_flags::dontwait
                                                               : zmq::send_flags::dontwait);
       if (!sent) return;
       for (std::size_t i = 1; i < frames.size(); ++i)
-        p.dealer->send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-      p.waiting.pop_front();
+        l.dealer->send(frames[i], i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      l.waiting.pop_front();
       count([&](auto& c) {
         ++c.sent_messages;
         c.sent_bytes += bytes;
@@ -226,16 +284,40 @@ struct node_transport::impl {
     }
   }
 
+  /// A heartbeat to `p`, echoing the last one it sent us.
+  std::shared_ptr<const encoded_message> heartbeat_for(const peer& p, nanos now) {
+    envelope_builder b(cfg.self, cfg.self_incarnation, ++sequence, 0);
+    auto hb = b.body().initHeartbeat();
+    hb.setSentAtNs(now);
+    if (p.echo_sent_at != 0) {
+      hb.setEchoSentAtNs(p.echo_sent_at);
+      hb.setEchoHeldNs(now - p.echo_received_at);
+    }
+    count([](auto& c) { ++c.heartbeats_sent; });
+    return std::make_shared<const encoded_message>(b.finish());
+  }
+
   void send_heartbeats(nanos now) {
     if (!liveness.heartbeat_due(now)) return;
     liveness.heartbeat_sent(now);
-    for (auto& [addr, p] : peers) {
-      if (p.dead) continue;
-      envelope_builder b(cfg.self, cfg.self_incarnation, ++sequence, 0);
-      b.body().initHeartbeat();
-      enqueue(addr, std::make_shared<const encoded_message>(b.finish()), now);
-      count([](auto& c) { ++c.heartbeats_sent; });
-    }
+    for (auto& [addr, p] : peers)
+      if (!p.dead) enqueue(addr, heartbeat_for(p, now), now);
+  }
+
+  /// A heartbeat from `p`: remember it for the echo, and time our own that it echoes.
+  void heartbeat_from(peer& p, wire::Heartbeat::Reader hb, nanos now) {
+    p.echo_sent_at = hb.getSentAtNs();
+    p.echo_received_at = now;
+    if (hb.getEchoSentAtNs() == 0) return;
+    const nanos rtt = now - hb.getEchoSentAtNs() - hb.getEchoHeldNs();
+    if (rtt < 0 || hb.getEchoSentAtNs() > now) return;  // not ours (a restarted node's clock): ignore
+    count([&](auto& c) {
+      link_counters& link = c.links[p.address];
+      ++link.rtt_samples;
+      link.rtt_last_ns = rtt;
+      link.rtt_sum_ns += rtt;
+      link.rtt_max_ns = std::max(link.rtt_max_ns, rtt);
+    });
   }
 
   // -- liveness and reconnects ---------------------------------------------
@@ -247,22 +329,19 @@ struct node_transport::impl {
       auto it = peers.find(addr);
       if (it == peers.end()) continue;
       peer& p = it->second;
-      // Paranoid Pirate: drop the socket (and what it queued) and reconnect later.
+      // Paranoid Pirate: drop the sockets (and what they queued) and reconnect later.
       p.dead = true;
-      p.dealer.reset();
-      p.waiting.clear();
+      p.disconnect();
       p.reconnect_at = now + p.backoff.next_delay();
     }
     for (auto& [addr, p] : peers) {
       if (p.dead && p.reconnect_at >= 0 && now >= p.reconnect_at) {
-        p.dealer = make_dealer(p.endpoint, p.server_key);
+        connect(p);
         p.reconnect_at = now + p.backoff.next_delay();  // again later unless it answers
         count([](auto& c) { ++c.reconnects; });
         // A heartbeat straight away, so a live peer answers within one interval.
-        envelope_builder b(cfg.self, cfg.self_incarnation, ++sequence, 0);
-        b.body().initHeartbeat();
-        p.waiting.push_back(make_frames(std::make_shared<const encoded_message>(b.finish()), std::nullopt));
-        flush(p);
+        p.control.waiting.push_back(make_frames(heartbeat_for(p, now), std::nullopt));
+        flush(p, p.control);
       }
     }
   }
@@ -275,12 +354,9 @@ struct node_transport::impl {
       p.dead = false;
       p.reconnect_at = -1;
       p.backoff.reset();
-      // It called before our reconnect timer fired: its socket was dropped at
+      // It called before our reconnect timer fired: its sockets were dropped at
       // death and must come back now, or nothing would reach it again.
-      if (!p.dealer) {
-        p.dealer = make_dealer(p.endpoint, p.server_key);
-        flush(p);
-      }
+      if (!p.connected()) connect(p);
       if (on_peer) on_peer(sender, true);
     }
   }
@@ -363,15 +439,18 @@ struct node_transport::impl {
       ++link.received_messages;
       for (const auto& v : views) link.received_bytes += v.size;
     });
-    switch (dedup.check(sender, incarnation{env.header().getIncarnation()}, env.header().getSequence())) {
+    const bool bulk = env.tensor_count() > 0;
+    switch ((bulk ? bulk_dedup : dedup).check(sender, incarnation{env.header().getIncarnation()},
+                                              env.header().getSequence())) {
       case dedup_window::verdict::fresh: break;
       case dedup_window::verdict::duplicate: count([](auto& c) { ++c.duplicates; }); return;
       case dedup_window::verdict::stale_incarnation: count([](auto& c) { ++c.stale_incarnation; }); return;
       case dedup_window::verdict::too_old: count([](auto& c) { ++c.too_old; }); return;
     }
-    heard_from(sender, now);
+    if (!bulk) heard_from(sender, now);  // liveness is the control lane's verdict alone
     if (env.body() == wire::Envelope::Body::HEARTBEAT) {
       count([](auto& c) { ++c.heartbeats_received; });
+      if (auto it = peers.find(sender); it != peers.end()) heartbeat_from(it->second, env.root().getBody().getHeartbeat(), now);
       return;
     }
     count([](auto& c) { ++c.delivered; });
@@ -395,15 +474,18 @@ struct node_transport::impl {
           auto it = peers.find(c.to[0]);
           if (it == peers.end()) {
             const std::uint64_t seed = derive_seed(cfg.seed, (static_cast<std::uint64_t>(c.to[0].kind) << 32) | c.to[0].index);
-            it = peers.emplace(c.to[0], peer{c.to[0], c.endpoint, c.profile_key, nullptr, link_shaper(cfg.default_link, seed),
-                                             {}, -1, reconnect_backoff(cfg.backoff, derive_seed(seed, 1)), false})
+            it = peers
+                     .try_emplace(c.to[0], c.to[0], link_shaper(cfg.default_link, seed),
+                                  bulk_pacer(cfg.bulk_piece_bytes, cfg.peer_queue_capacity),
+                                  reconnect_backoff(cfg.backoff, derive_seed(seed, 1)))
                      .first;
           }
-          it->second.endpoint = c.endpoint;
-          it->second.server_key = c.profile_key;
-          it->second.dealer = make_dealer(c.endpoint, c.profile_key);
-          it->second.dead = false;
-          it->second.reconnect_at = -1;
+          peer& p = it->second;
+          p.endpoint = c.endpoint;
+          p.server_key = c.profile_key;
+          connect(p);  // new sockets; what waits for them is kept
+          p.dead = false;
+          p.reconnect_at = -1;
           break;
         }
         case command::kind::set_link: {
@@ -453,7 +535,7 @@ struct node_transport::impl {
 
   void run() {
     std::vector<zmq::pollitem_t> items;
-    std::vector<peer*> polled;
+    std::vector<std::pair<peer*, lane*>> polled;
     for (;;) {
       nanos now = clock.now();
       if (const nanos until = frozen_until.load(); until > now) {
@@ -462,6 +544,7 @@ struct node_transport::impl {
         now = clock.now();
         if (woken && !drain_commands(now)) return;
       }
+      for (auto& [addr, p] : peers) pace(p, now);
       release_due(now);
       send_heartbeats(now);
       check_liveness(now);
@@ -469,8 +552,10 @@ struct node_transport::impl {
       nanos wait = liveness.next_heartbeat_due(now) - now;
       wait = std::min(wait, cfg.heartbeat.interval_ns / 4);  // liveness checks
       if (!schedule.empty()) wait = std::min(wait, schedule.top().at - now);
-      for (auto& [addr, p] : peers)
+      for (auto& [addr, p] : peers) {
         if (p.reconnect_at >= 0) wait = std::min(wait, p.reconnect_at - now);
+        if (const nanos at = p.pacer.next_pump_ns(now, p.shaper); at >= 0) wait = std::min(wait, at - now);
+      }
       wait = std::max<nanos>(wait, 0);
       // The timer fires at the exact deadline; poll's own timeout (whole
       // milliseconds, rounded up) is only the fallback.
@@ -488,11 +573,12 @@ struct node_transport::impl {
       const std::size_t zap_index = items.size();
       if (zap) items.push_back({zap->handle(), 0, ZMQ_POLLIN, 0});
       const std::size_t first_peer = items.size();
-      for (auto& [addr, p] : peers) {
-        if (!p.dealer) continue;
-        items.push_back({p.dealer->handle(), 0, static_cast<short>(ZMQ_POLLIN | (p.waiting.empty() ? 0 : ZMQ_POLLOUT)), 0});
-        polled.push_back(&p);
-      }
+      for (auto& [addr, p] : peers)
+        for (lane* l : {&p.control, &p.bulk}) {
+          if (!l->dealer) continue;
+          items.push_back({l->dealer->handle(), 0, static_cast<short>(ZMQ_POLLIN | (l->waiting.empty() ? 0 : ZMQ_POLLOUT)), 0});
+          polled.push_back({&p, l});
+        }
       zmq::poll(items.data(), items.size(), timeout);
       if (items[2].revents & ZMQ_POLLIN) {
         std::uint64_t expirations = 0;
@@ -504,10 +590,10 @@ struct node_transport::impl {
       if (zap && (items[zap_index].revents & ZMQ_POLLIN)) authenticate();
       if (items[0].revents & ZMQ_POLLIN) receive_all(*router, true, now);
       for (std::size_t i = 0; i < polled.size(); ++i) {
-        peer& p = *polled[i];
-        if (!p.dealer) continue;
-        if (items[first_peer + i].revents & ZMQ_POLLIN) receive_all(*p.dealer, false, now);
-        if (items[first_peer + i].revents & ZMQ_POLLOUT) flush(p);
+        auto [p, l] = polled[i];
+        if (!l->dealer) continue;  // dropped by a message handled above
+        if (items[first_peer + i].revents & ZMQ_POLLIN) receive_all(*l->dealer, false, now);
+        if (l->dealer && (items[first_peer + i].revents & ZMQ_POLLOUT)) flush(*p, *l);
       }
     }
   }
@@ -592,6 +678,8 @@ expected<transport_config> transport_config_from(const config& cfg, node_address
   t.backoff.initial_ns = w.reconnect_initial_ms * ms;
   t.backoff.max_ns = w.reconnect_max_ms * ms;
   t.socket_hwm = w.socket_hwm;
+  t.bulk_piece_bytes = static_cast<std::size_t>(w.bulk_piece_bytes);
+  t.bulk_sndbuf_bytes = static_cast<int>(w.bulk_sndbuf_bytes);
   t.outbox_capacity = static_cast<std::size_t>(w.outbox_capacity);
   t.peer_queue_capacity = static_cast<std::size_t>(w.peer_queue_capacity);
   t.limits.max_tensor_bytes = static_cast<std::size_t>(w.max_tensor_bytes);

@@ -5,13 +5,21 @@
 //     one code path); every message is validated by the codec, de-duplicated by
 //     (sender, incarnation, sequence), counted, and handed to the local handler
 //     with its frames kept alive (tensor bytes are read in place);
-//   - outbound: one DEALER socket per peer, connected to the peer's endpoint;
-//     callers on any thread hand messages to the I/O thread through a bounded
-//     queue (full = errc::overloaded, never a block);
+//   - outbound: two lanes per peer, each a DEALER socket connected to the
+//     peer's endpoint: the control lane (heartbeats, Join, RoundOpen/Close,
+//     Progress: every message without tensor frames) and the bulk lane
+//     (fragments, contributions), so that a control message never waits behind
+//     megabytes of tensors in a socket's queue or a TCP stream; callers on any
+//     thread hand messages to the I/O thread through a bounded queue (full =
+//     errc::overloaded, never a block);
 //   - every directed link passes through a link_shaper (bandwidth, latency,
-//     jitter, loss, duplication, reordering, corruption), changeable at run time;
-//   - heartbeats both ways (any message counts), liveness of `liveness`
-//     intervals, reconnect of a dead peer's socket after a jittered backoff.
+//     jitter, loss, duplication, reordering, corruption), changeable at run
+//     time; bulk messages enter it in pieces (bulk_pacer), so control messages
+//     wait behind one piece, not a whole fragment;
+//   - heartbeats both ways on the control lane, each echoing the peer's last
+//     one (the control lane's round trip, per link); liveness of `liveness`
+//     intervals judged on the control lane only; reconnect of a dead peer's
+//     sockets after a jittered backoff.
 //
 // Callbacks run on the I/O thread: they must be quick and must not call stop().
 
@@ -63,6 +71,8 @@ struct transport_config {
   std::size_t outbox_capacity = 1024;  // messages queued by callers, not yet taken by the I/O thread
   std::size_t peer_queue_capacity = 256;  // messages waiting for one peer's socket (HWM reached)
   int socket_hwm = 64;                 // ZeroMQ high-water mark per socket, in messages
+  std::size_t bulk_piece_bytes = 64 * 1024;  // interleaving unit of a shaped link (bulk_pacer)
+  int bulk_sndbuf_bytes = 0;           // SO_SNDBUF of the bulk lane's sockets; 0: the OS's autotuning
   link_profile default_link;           // applied to every new peer link
   std::uint64_t seed = 1;              // shaping and backoff jitter
   curve_config curve;
@@ -80,6 +90,9 @@ struct inbound_message {
 struct link_counters {
   std::uint64_t sent_messages = 0, sent_bytes = 0;
   std::uint64_t received_messages = 0, received_bytes = 0;
+  // The control lane's round trip (heartbeat echoes), on this node's clock.
+  std::uint64_t rtt_samples = 0;
+  nanos rtt_last_ns = 0, rtt_max_ns = 0, rtt_sum_ns = 0;
 };
 
 struct transport_counters {

@@ -1,5 +1,7 @@
 #include "transport/wire_metrics.hpp"
 
+#include <algorithm>
+
 namespace archipelago {
 
 metric_labels role_labels(node_address self) {
@@ -28,12 +30,18 @@ void add_node_metrics(prometheus_text& page, node_address self, incarnation inc,
                  static_cast<double>(link.sent_messages), l);
     page.counter("archipelago_wire_received_messages_total", "Valid messages received from a peer, heartbeats included.",
                  static_cast<double>(link.received_messages), l);
+    if (link.rtt_samples > 0) {
+      page.gauge("archipelago_wire_control_rtt_seconds", "The control lane's last round trip to a peer (heartbeat echo).",
+                 static_cast<double>(link.rtt_last_ns) * 1e-9, l);
+      page.gauge("archipelago_wire_control_rtt_max_seconds", "The control lane's longest round trip to a peer so far.",
+                 static_cast<double>(link.rtt_max_ns) * 1e-9, l);
+    }
   }
   page.counter("archipelago_wire_rejected_total", "Inbound messages refused as malformed, oversized or foreign.",
                static_cast<double>(wire.rejected_total()), me);
   page.counter("archipelago_wire_duplicates_total", "Inbound messages dropped as duplicates or from an old incarnation.",
                static_cast<double>(wire.duplicates + wire.stale_incarnation + wire.too_old), me);
-  page.counter("archipelago_wire_peers_lost_total", "Peers declared silent (no message or heartbeat within the liveness window).",
+  page.counter("archipelago_wire_peers_lost_total", "Peers declared silent (no control message or heartbeat within the liveness window).",
                static_cast<double>(wire.peers_died), me);
   page.counter("archipelago_wire_reconnects_total", "Reconnection attempts to silent peers.",
                static_cast<double>(wire.reconnects), me);
@@ -46,6 +54,12 @@ void add_node_metrics(prometheus_text& page, node_address self, incarnation inc,
                  "CURVE handshakes of clients with this node: accepted, or refused (a key not on the allow-list).",
                  static_cast<double>(n), l);
   }
+}
+
+void count_wire(node_counters& counts, const transport::transport_counters& wire) {
+  counts.peers_lost = wire.peers_died;
+  for (const auto& [peer, link] : wire.links)
+    counts.control_rtt_max_ns = std::max<std::uint64_t>(counts.control_rtt_max_ns, static_cast<std::uint64_t>(link.rtt_max_ns));
 }
 
 }  // namespace archipelago

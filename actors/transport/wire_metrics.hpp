@@ -5,6 +5,7 @@
 
 #include "core/clock.hpp"
 #include "core/ids.hpp"
+#include "core/node_status.hpp"
 #include "core/prometheus_text.hpp"
 #include "transport/transport.hpp"
 
@@ -17,5 +18,9 @@ metric_labels role_labels(node_address self);
 /// link (peer), rejected and duplicate messages, peers lost, reconnects.
 void add_node_metrics(prometheus_text& page, node_address self, incarnation inc, nanos up_ns,
                       const transport::transport_counters& wire);
+
+/// The transport's figures a node's status carries: peers declared dead, the
+/// control lane's longest round trip.
+void count_wire(node_counters& counts, const transport::transport_counters& wire);
 
 }  // namespace archipelago

@@ -362,19 +362,24 @@ def run_mesh(bed, args, log_dir):
             break
         if all(roles[f"learner-{i}"][0].poll() == 0 for i in range(args.learners)):
             break
+        if args.duration and time.time() - t0 >= args.duration:
+            break
         time.sleep(0.1)
     train_s = time.time() - t0
     after = bed.counters()
-    for proc, _ in roles.values():
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for name, (proc, log) in roles.items():
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            failure = failure or f"{name} did not stop within 15 s of SIGTERM; its log: {log}"
+    # Learners first (each leaves after its step and reports it), then the shards and the broker.
+    for group in ([n for n in roles if n.startswith("learner-")], [n for n in roles if not n.startswith("learner-")]):
+        for name in group:
+            if roles[name][0].poll() is None:
+                roles[name][0].send_signal(signal.SIGTERM)
+        for name in group:
+            proc, log = roles[name]
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                failure = failure or f"{name} did not stop within 15 s of SIGTERM; its log: {log}"
     reports = {name: last_json(log) for name, (_, log) in roles.items()}
     traffic = {}
     for h in bed.hosts:
@@ -478,6 +483,9 @@ def print_mesh_report(s):
           f"{s['shards']} shard(s), CURVE {'on' if s['curve'] else 'off'}) in {s['train_s']:.1f} s; {s['rounds']} rounds, uptime {100 * s['uptime']:.1f} %")
     print(f"ledger: merged {ledger.get('merged', 0)}, late {ledger.get('late', 0)}, lost {ledger.get('lost', 0)}"
           f" of {ledger.get('processed', 0)} tokens; exact: {s['ledger_exact']}")
+    print(f"control lane: {s['peers_declared_dead']} peers declared dead (none was killed; without --duration, learners "
+          f"that finished first count), longest heartbeat round trip "
+          f"{s['control_rtt_max_ms']:.1f} ms")
     for name, t in s["traffic"].items():
         print(f"  {name:>6}: sent {t['sent_bytes'] / 1e6:8.1f} MB ({t['sent_mbit_s']:7.2f} Mbit/s), received "
               f"{t['received_bytes'] / 1e6:8.1f} MB ({t['received_mbit_s']:7.2f} Mbit/s), tbf drops {t['tbf_drops']}")
@@ -542,6 +550,12 @@ def cmd_up(args, keep):
         exact = bool(broker.get("ledger_balanced")) and all(
             r and seen.get((r["index"], r["incarnation"]), {}).get("processed") == r["tokens"] for r in learners)
         finished = sum(1 for r in learners if r.get("steps") == args.steps)
+        # Nothing is killed here: with --duration (every node stopped at once) every peer a
+        # node declared dead is a false verdict; otherwise a learner that finished first is
+        # also counted once its peers find it silent.
+        counts = [(r.get("status") or {}).get("counts", {}) for r in reports.values() if r]
+        peers_declared_dead = sum(c.get("peers_lost", 0) for c in counts)
+        control_rtt_max_ms = max([c.get("control_rtt_max_ns", 0) / 1e6 for c in counts] or [0])
         loss = None
         if args.shards == 1 and not failure:
             loss = eval_losses(args.binary, os.path.join(log_dir, "shard-0.db"))
@@ -549,7 +563,8 @@ def cmd_up(args, keep):
         summary.update({"mode": args.mode, "curve": args.curve, "learners": args.learners, "shards": args.shards, "steps": args.steps,
                         "learners_finished": finished, "rounds": broker.get("rounds", 0),
                         "uptime": broker.get("uptime", 0), "ledger": broker.get("ledger", {}),
-                        "ledger_exact": exact, "eval_loss": loss, "traffic": traffic, "train_s": round(train_s, 2)})
+                        "ledger_exact": exact, "eval_loss": loss, "traffic": traffic, "train_s": round(train_s, 2),
+                        "peers_declared_dead": peers_declared_dead, "control_rtt_max_ms": round(control_rtt_max_ms, 1)})
         print_mesh_report(summary)
     except Interrupted:
         failure = f"interrupted by signal {interrupted[-1]}"
@@ -621,6 +636,9 @@ def main():
             p.add_argument("--curve", action=argparse.BooleanOptionalAction, default=True,
                            help="CURVE between the nodes, a keypair each made for the run (default on)")
             p.add_argument("--timeout", type=float, default=600, metavar="SECONDS", help="bound on the training")
+            p.add_argument("--duration", type=float, default=0, metavar="SECONDS",
+                           help="train this long, then stop every node (SIGTERM), instead of until the learners' "
+                                "steps are done")
     p = sub.add_parser("down", help="tear one bed down")
     p.add_argument("bed", help="the bed's name, e.g. archnet-1234")
     p.add_argument("--json", action="store_true")

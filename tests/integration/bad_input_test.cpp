@@ -133,11 +133,11 @@ TEST_CASE("bad-input battery against a live node") {
     f[1][100] ^= 1;
     bad(f);
   }
-  {  // unknown union tag: patch the discriminant of a heartbeat into 300 and re-seal
+  {  // unknown union tag: patch the discriminant of a RoundOpen (laid out as a FragmentUpdate) and re-seal
     envelope_builder a(me, incarnation{1}, ++seq, 0);
-    a.body().initHeartbeat();
+    a.body().initRoundOpen();
     envelope_builder b(me, incarnation{1}, seq, 0);
-    b.body().initAck();
+    b.body().initFragmentUpdate();
     auto fa = frames_of(a.finish()), fb = frames_of(b.finish());
     for (std::size_t i = 0; i + 8 < fa[0].size(); ++i)
       if (fa[0][i] != fb[0][i]) fa[0][i] = 200;

@@ -10,6 +10,11 @@ delay (the relay), learner 2's 50 Mbit/s and 10 ms. Checks:
     throughput is at most the tbf rate (and a fair share of it);
   - the mesh trained: every learner finished its steps, rounds happened, the
     broker's ledger is exact, every host's link carried traffic, the eval loss fell;
+  - the control lane (nothing is killed; every node is stopped at once): on 3 Mbit/s
+    links with mini-model fragments flowing for SLOW_S seconds, every heartbeat's
+    round trip stays under SLOW_RTT_BOUND_MS (the tbf queue holds at most about
+    0.75 s of a 3 Mbit/s link, one way; heartbeats never queue behind fragments)
+    and no node declares a live peer dead;
   - nothing is left behind: no namespace of the bed, no process it started, no
     link of the bed in the root namespace; also after a SIGTERM mid-run, and after
     `up` followed by `cleanup`.
@@ -27,6 +32,8 @@ import time
 TESTBED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "netns", "testbed.py")
 PREFIX = "archtest"
 STEPS = 200
+SLOW_S = 60
+SLOW_RTT_BOUND_MS = 2000
 
 
 class Failure(Exception):
@@ -108,6 +115,25 @@ def train_across_the_bed(binary, relay, tmp, links_before):
     return s
 
 
+def slow_links_with_fragments(binary, relay, tmp, links_before):
+    """3 Mbit/s links with 1.8 MB mini-model fragments flowing (joining learners fetch all 24 of each, which
+    alone fills the links for minutes): the control lane keeps every peer alive."""
+    code, s, text = testbed(binary, relay, os.path.join(tmp, "slow"), "run", "--learners", "3", "--steps",
+                            "1000000", "--duration", str(SLOW_S), "--rate-mbit", "3", "--delay-ms", "5",
+                            "--probe-seconds", "0", "--curve", "--set", "model.size=mini", "--set", "data.batch=4",
+                            "--set", "data.synthetic_bytes=2097152", "--set", "data.eval_tokens=4096",
+                            timeout=SLOW_S + 180)
+    print(text)
+    check(code == 0 and not s["failure"], f"the slow run failed (exit {code})", s)
+    shard = s["traffic"]["broker"]["sent_bytes"]
+    check(shard > 4 * 1024 * 1024, f"fragments flowed from the shard's host ({shard} bytes)", s)
+    check(s["peers_declared_dead"] == 0, "no node declared a live peer dead while fragments filled the links", s)
+    check(0 < s["control_rtt_max_ms"] < SLOW_RTT_BOUND_MS,
+          f"the longest heartbeat round trip, {s['control_rtt_max_ms']} ms, is under {SLOW_RTT_BOUND_MS} ms", s)
+    no_leftovers(s, links_before, "after the slow run")
+    return s
+
+
 def interrupted_mid_run(binary, relay, tmp, links_before):
     """SIGTERM while the learners train: the bed must tear itself down."""
     logs = os.path.join(tmp, "signal")
@@ -163,6 +189,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="archipelago-netns-test-") as tmp:
         try:
             s = train_across_the_bed(binary, relay, tmp, links_before)
+            slow = slow_links_with_fragments(binary, relay, tmp, links_before)
             interrupted_mid_run(binary, relay, tmp, links_before)
             up_then_cleanup(binary, relay, tmp, links_before)
         except Failure as e:
@@ -173,7 +200,8 @@ def main():
     links = ", ".join(f"{h} {m['rtt_ms']:.1f} ms / {m['mbit_s']:.1f} Mbit/s" for h, m in s["measured"].items())
     print(f"PASS in {time.time() - t0:.0f} s: {STEPS} steps x 3 learners across 4 namespaces ({links}); "
           f"{s['rounds']} rounds, eval loss {s['eval_loss']['start']:.3f} -> {s['eval_loss']['end']:.3f}, "
-          f"ledger exact, nothing left behind")
+          f"ledger exact; at 3 Mbit/s with mini fragments for {SLOW_S} s: {slow['peers_declared_dead']} peers declared dead, longest "
+          f"heartbeat round trip {slow['control_rtt_max_ms']:.0f} ms; nothing left behind")
 
 
 if __name__ == "__main__":

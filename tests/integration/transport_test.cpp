@@ -45,18 +45,28 @@ std::unique_ptr<node_transport> curve_node(node_address who, const curve_keypair
   return std::move(*t);
 }
 
-void exchange(const std::string& endpoint_a, const std::string& endpoint_b) {
-  steady_clock_source clock;
-  inbox at_a, at_b;
-  auto context = make_io_context();  // shared, as by all nodes of one process
-  auto config_a = fast_config(broker, endpoint_a), config_b = fast_config(learner, endpoint_b);
-  config_a.context = config_b.context = context;
+/// The broker's and the learner's transports, started and told of each other.
+std::pair<std::unique_ptr<node_transport>, std::unique_ptr<node_transport>> connected_pair(
+    const transport_config& config_a, const transport_config& config_b, const clock_source& clock, inbox& at_a,
+    inbox& at_b) {
   auto a = node_transport::start(config_a, clock, at_a.handler(), at_a.peer_handler());
   auto b = node_transport::start(config_b, clock, at_b.handler(), at_b.peer_handler());
   REQUIRE(a);
   REQUIRE(b);
   REQUIRE((*a)->add_peer(learner, (*b)->endpoint()));
   REQUIRE((*b)->add_peer(broker, (*a)->endpoint()));
+  return {std::move(*a), std::move(*b)};
+}
+
+void exchange(const std::string& endpoint_a, const std::string& endpoint_b) {
+  steady_clock_source clock;
+  inbox at_a, at_b;
+  auto context = make_io_context();  // shared, as by all nodes of one process
+  auto config_a = fast_config(broker, endpoint_a), config_b = fast_config(learner, endpoint_b);
+  config_a.context = config_b.context = context;
+  auto [ta, tb] = connected_pair(config_a, config_b, clock, at_a, at_b);
+  auto* a = &ta;
+  auto* b = &tb;
 
   std::vector<float> delta(1 << 20);  // a 4 MiB fragment
   for (std::size_t i = 0; i < delta.size(); ++i) delta[i] = static_cast<float>(i % 1000) * 1e-3f;
@@ -193,6 +203,60 @@ TEST_CASE("transport: shaping delays a link, duplicates are suppressed, corrupti
   CHECK(c.rejected[static_cast<int>(reject_reason::envelope_checksum)] +
             c.rejected[static_cast<int>(reject_reason::tensor_checksum)] ==
         c.rejected_total());
+}
+
+TEST_CASE("transport: on a 3 Mbit/s link, control messages and heartbeats do not wait behind fragments") {
+  // Heartbeats every 250 ms, dead after 1 s of control-lane silence: one 1 MiB
+  // fragment takes 2.8 s on this link, so without the control lane the broker
+  // would declare the learner dead while its fragments flow.
+  steady_clock_source clock;
+  inbox at_a, at_b;
+  auto config_a = fast_config(broker, "tcp://127.0.0.1:0"), config_b = fast_config(learner, "tcp://127.0.0.1:0");
+  for (auto* c : {&config_a, &config_b}) {
+    c->heartbeat = {250'000'000, 4};
+    c->bulk_piece_bytes = 16 << 10;  // 44 ms at 3 Mbit/s
+  }
+  auto [ta, tb] = connected_pair(config_a, config_b, clock, at_a, at_b);
+  auto* a = &ta;
+  auto* b = &tb;
+  REQUIRE(at_a.wait_for([&] { return (*a)->counters().heartbeats_received >= 1; }));
+
+  link_profile wan;
+  wan.bandwidth_bytes_per_s = 3e6 / 8;
+  wan.latency_ns = 10'000'000;
+  REQUIRE((*b)->set_link(broker, wan));
+  constexpr int fragments = 3;
+  const std::vector<float> delta(1 << 18, 0.25f);  // 1 MiB each: 8.4 s for the three
+  const auto sent_at = std::chrono::steady_clock::now();
+  for (int i = 0; i < fragments; ++i) REQUIRE((*b)->send(broker, contribution(**b, delta)));
+  auto leave = (*b)->make_envelope();
+  leave.body().initLeave().setReason("control after bulk");
+  REQUIRE((*b)->send(broker, leave.finish()));
+
+  // The control message overtakes the fragments queued before it.
+  REQUIRE(at_a.wait_for([&] { return !at_a.messages.empty(); }, 3000ms));
+  CHECK(at_a.messages[0]->envelope->body() == wire::Envelope::Body::LEAVE);
+  CHECK(std::chrono::steady_clock::now() - sent_at < 2000ms);
+  // The fragments arrive in order at the link's rate, and nobody was declared dead meanwhile.
+  REQUIRE(at_a.wait_for([&] { return at_a.messages.size() == 1 + fragments; }, 30000ms));
+  CHECK(std::chrono::steady_clock::now() - sent_at >= 8000ms);
+  {
+    std::lock_guard<std::mutex> lock(at_a.mutex);
+    CHECK(at_a.events.empty());
+  }
+  {
+    std::lock_guard<std::mutex> lock(at_b.mutex);
+    CHECK(at_b.events.empty());
+  }
+  const auto ca = (*a)->counters(), cb = (*b)->counters();
+  CHECK(ca.peers_died == 0);
+  CHECK(cb.peers_died == 0);
+  // The learner's heartbeats crossed the slow link (two 16 KiB pieces ahead of them at most).
+  REQUIRE(ca.links.at(learner).rtt_samples >= 10);
+  REQUIRE(cb.links.at(broker).rtt_samples >= 10);
+  CHECK(ca.links.at(learner).rtt_max_ns < 1'000'000'000);
+  CHECK(cb.links.at(broker).rtt_max_ns < 1'000'000'000);
+  CHECK(ca.links.at(learner).rtt_max_ns >= 10'000'000);  // the link's latency is in it
 }
 
 TEST_CASE("transport: CURVE admits allowed keys and refuses strangers") {

@@ -14,6 +14,7 @@
 #include "learner/learner_wire.hpp"
 #include "parameter_shard/shard_wire.hpp"
 #include "sync_broker/broker_wire.hpp"
+#include "transport/bulk_pacer.hpp"
 #include "transport/codec.hpp"
 #include "transport/message_port.hpp"
 #include "transport/reliability.hpp"
@@ -191,6 +192,8 @@ class mesh {
   bool partitioned(int a, int b) const;
   link_profile profile_for(int from, int to) const;
   link_shaper& link(int from, int to);
+  /// Feeds the link from → to the bulk pieces it takes now (the transport's lanes).
+  void pace(int from, int to);
   std::uint64_t incarnation_of(int node) const;
   bool running(int node) const;
   void deliver(int to, const delivery& d);
@@ -257,6 +260,15 @@ class mesh {
   std::map<int, nanos> crashed_at_;  // node → its crash: a shard's or the broker's restart takes restart_ns
   std::map<std::pair<int, int>, link_profile> shaped_;  // directed links a node's transport shaped (ChaosCommands)
   std::map<std::pair<int, int>, link_shaper> links_;
+  // The bulk lane of each link, as the transport paces it (bulk_pacer): messages
+  // with tensors enter the link a piece at a time, so control waits behind one piece.
+  struct bulk_lane {
+    bulk_pacer pacer;
+    std::map<std::uint64_t, std::shared_ptr<const encoded_message>> waiting;
+    nanos pump_at = -1;  // a pace() is scheduled then
+  };
+  std::map<std::pair<int, int>, bulk_lane> bulk_;
+  std::uint64_t bulk_ids_ = 0;
   std::priority_queue<event, std::vector<event>, std::greater<>> events_;
   std::uint64_t seq_ = 0;
   nanos now_ = 0;
@@ -385,9 +397,15 @@ void mesh::shape(int from, int to, const link_profile& profile) {
   (void)link(from, to).set_profile(profile);
 }
 
-/// A new process of `node`: a transport that knows no peer and shapes no link.
+/// A new process of `node`: a transport that knows no peer, shapes no link and
+/// has no bulk message waiting (its predecessor's died with it).
 void mesh::fresh_transport(int node) {
   transports_[static_cast<std::size_t>(node)] = {peer_liveness({cfg_.broker_silence_ns / 3, 3}), {}, {}};
+  for (auto& [link_key, lane] : bulk_)
+    if (link_key.first == node) {
+      lane.pacer.clear();
+      lane.waiting.clear();
+    }
   for (auto it = shaped_.begin(); it != shaped_.end();)
     if (it->first.first == node) {
       (void)link(node, it->first.second).set_profile(cfg_.link);
@@ -426,10 +444,38 @@ void mesh::send(int from, int to, std::shared_ptr<const encoded_message> message
     ++result_.messages_lost;
     return;
   }
+  if (!message->tensors.empty()) {
+    bulk_lane& lane = bulk_.try_emplace({from, to}, bulk_lane{bulk_pacer(cfg_.bulk_piece_bytes), {}, -1}).first->second;
+    const std::uint64_t id = ++bulk_ids_;
+    if (!lane.pacer.queue(id, message->total_bytes())) {
+      ++result_.messages_lost;  // the lane's queue is full: dropped, as the transport does
+      return;
+    }
+    lane.waiting.emplace(id, std::move(message));
+    return pace(from, to);
+  }
   const auto deliveries = link(from, to).submit(now_, message->total_bytes());
   if (deliveries.empty()) ++result_.messages_lost;
   for (const auto& d : deliveries)
     at(d.at_ns, [this, to, dl = delivery{from, incarnation_of(from), message, d.corrupt}] { deliver(to, dl); });
+}
+
+void mesh::pace(int from, int to) {
+  bulk_lane& lane = bulk_.at({from, to});
+  link_shaper& shaper = link(from, to);
+  for (const auto& done : lane.pacer.pump(now_, shaper)) {
+    auto m = lane.waiting.extract(done.id);
+    if (done.arrivals.empty()) ++result_.messages_lost;
+    for (const auto& d : done.arrivals)
+      at(d.at_ns, [this, to, dl = delivery{from, incarnation_of(from), m.mapped(), d.corrupt}] { deliver(to, dl); });
+  }
+  const nanos next = lane.pacer.next_pump_ns(now_, shaper);
+  if (next < 0 || next == lane.pump_at) return;
+  lane.pump_at = next;
+  at(next, [this, from, to] {
+    bulk_.at({from, to}).pump_at = -1;
+    pace(from, to);
+  });
 }
 
 /// Every node heartbeats each of its peers (learners never talk to each other)
@@ -442,8 +488,10 @@ void mesh::heartbeat(int node) {
       for (const auto& d : link(node, peer).submit(now_, heartbeat_bytes))
         at(d.at_ns, [this, peer, dl = delivery{node, incarnation_of(node), nullptr, d.corrupt}] { deliver(peer, dl); });
     }
-    for (node_address dead : transports_[static_cast<std::size_t>(node)].liveness.expire(now_))
+    for (node_address dead : transports_[static_cast<std::size_t>(node)].liveness.expire(now_)) {
+      ++result_.peers_declared_dead;
       peer_event(node, node_of(dead), false);
+    }
   }
   at(now_ + cfg_.broker_silence_ns / 3, [this, node] { heartbeat(node); });
 }
@@ -465,7 +513,7 @@ void mesh::peer_event(int node, int peer, bool alive) {
 /// What the receiving transport does with an arriving message: a dead process
 /// gets nothing; a stopped one holds it; a corrupted one fails the codec's
 /// checksum; one of an older incarnation of its sender is dropped; any other
-/// counts as a sign of life and goes to the node's wire layer.
+/// goes to the node's wire layer, and a control-lane one (no tensors) counts as a sign of life.
 void mesh::deliver(int to, const delivery& d) {
   if (!running(to)) return;
   if (to < cfg_.learners && learners_[static_cast<std::size_t>(to)].paused) {
@@ -495,8 +543,10 @@ void mesh::deliver(int to, const delivery& d) {
   std::uint64_t& newest = t.newest_inc[d.from];
   if (d.inc < newest) return;
   newest = d.inc;
-  t.liveness.heard_from(address_of(d.from), now_);
-  peer_event(to, d.from, true);
+  if (!env || env->tensor_count() == 0) {  // liveness is the control lane's verdict alone
+    t.liveness.heard_from(address_of(d.from), now_);
+    peer_event(to, d.from, true);
+  }
   if (env) dispatch(to, d.from, *env);
 }
 

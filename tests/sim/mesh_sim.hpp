@@ -89,6 +89,7 @@ struct sim_config {
   broker_config broker;        // fragments and shard_of_fragment are filled in
   learner_sync_config sync;    // the learners' policy (default: decoupled, never waits)
   link_profile link;           // every directed link
+  std::size_t bulk_piece_bytes = 64 * 1024;  // the transport's bulk lane: pieces on a shaped link (bulk_pacer)
   nanos duration_ns = 10'000'000'000;
   nanos tick_ns = 1'000'000;   // the broker's tick
   std::vector<crash_fault> crashes;
@@ -142,6 +143,7 @@ struct sim_result {
   std::vector<shard_ledger> shards;
   std::uint64_t published = 0;
   std::uint64_t messages_sent = 0, messages_lost = 0;
+  std::uint64_t peers_declared_dead = 0;     // liveness verdicts of every node's transport, true or false
   std::uint64_t messages_corrupted = 0;      // deliveries the codec rejected (a checksum): dropped
   std::vector<std::uint64_t> learner_steps;  // per learner, over all incarnations
   std::vector<std::uint64_t> contributions_sent;

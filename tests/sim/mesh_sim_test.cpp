@@ -96,6 +96,26 @@ TEST_CASE("sim: a lossy, duplicating, reordering network slows but does not brea
   CHECK(duplicates > 0);
 }
 
+TEST_CASE("sim: fragments filling slow links do not make a live peer look dead (the control lane)") {
+  // 20 kB/s links: a fragment takes about half a second, longer than the 300 ms
+  // in which a silent peer is dead. Heartbeats interleave with 1 KiB pieces of
+  // fragments; sent as whole frames (a piece as large as any frame: one FIFO),
+  // they queue behind fragments and live peers are declared dead.
+  const std::uint64_t seed = 23;
+  CAPTURE(seed);
+  sim_config c = base(seed);
+  c.link.bandwidth_bytes_per_s = 20'000;
+  c.link.latency_ns = 5'000'000;
+  c.duration_ns = 20'000'000'000;
+  c.bulk_piece_bytes = 1024;
+  const sim_result paced = run_mesh(c);
+  CHECK(paced.peers_declared_dead == 0);
+  CHECK(paced.published > 10);
+  c.bulk_piece_bytes = std::size_t{1} << 30;
+  const sim_result fifo = run_mesh(c);
+  CHECK(fifo.peers_declared_dead > 0);
+}
+
 TEST_CASE("sim: a crashed learner is declared dead, rounds go on, and it rejoins") {
   const std::uint64_t seed = 31;
   CAPTURE(seed);

@@ -17,6 +17,8 @@ node_status shard_status(std::uint64_t inc, std::uint64_t published) {
   s.counts.published = published;
   s.counts.rejected = 3;
   s.counts.bytes_sent = 1u << 20;
+  s.counts.peers_lost = inc;  // one per incarnation: summed over a restart
+  s.counts.control_rtt_max_ns = 1'000'000 * inc;  // a maximum: kept, not summed
   s.published_versions = {0, published, 0, published - 1};
   s.committed_versions = {0, published - 2, 0, published - 3};
   return s;
@@ -108,6 +110,8 @@ TEST_CASE("status board: a restart keeps the earlier incarnation's counts; an ol
   CHECK(e->earlier.published == 55);
   CHECK(e->total().published == 65);
   CHECK(e->total().rejected == 6);
+  CHECK(e->total().peers_lost == 3);
+  CHECK(e->total().control_rtt_max_ns == 2'000'000);
   CHECK(board.total(role::parameter_shard).published == 65);
   CHECK(board.total(role::learner).steps == 0);
 

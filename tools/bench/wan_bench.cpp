@@ -168,8 +168,9 @@ config wan_defaults(const wan_options& o) {
   // One shard: every learner has one capped link up and one down, as a site has one WAN
   // link; with S shards each learner would have S links, S times the capacity.
   d.mesh.shards = 1;
-  // A frame of a whole model takes seconds on a capped link and heartbeats queue behind it:
-  // a silent peer is only dead after minutes, and a round may stay open as long.
+  // A frame of a whole model takes seconds on a capped link. Heartbeats travel on the control
+  // lane and no longer queue behind it, but a round may stay open that long: the generous
+  // liveness (kept so that these numbers compare with the recorded ones) and round timeout.
   d.wire.heartbeat_interval_ms = 2000;
   d.wire.liveness = 100;
   d.mesh.round_timeout_s = 3600;
