@@ -353,6 +353,8 @@ def run_mesh(bed, args, log_dir):
         start(f"learner-{i}", h.ns, "learner", i, "--listen", f"tcp://{h.addr(bed.subnet)}:{LEARNER_PORT}")
     failure = None
     while True:
+        if args.duration and time.time() - t0 >= args.duration:
+            break
         if time.time() - t0 > args.timeout:
             failure = f"the learners did not finish within --timeout {args.timeout:.0f} s"
             break
@@ -361,8 +363,6 @@ def run_mesh(bed, args, log_dir):
             failure = f"{failed[0][0]} exited with {failed[0][1]}; its log: {failed[0][2]}"
             break
         if all(roles[f"learner-{i}"][0].poll() == 0 for i in range(args.learners)):
-            break
-        if args.duration and time.time() - t0 >= args.duration:
             break
         time.sleep(0.1)
     train_s = time.time() - t0
