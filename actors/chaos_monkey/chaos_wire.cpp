@@ -55,16 +55,15 @@ chaos_wire::chaos_wire(const mesh_setup& setup, std::vector<planned_fault> timel
       log_(log), active_(core_.timeline().size(), false) {}
 
 void chaos_wire::start() {
-  (void)port_.add_peer(broker_address, setup_.broker_endpoint);
-  for (std::uint32_t s = 0; s < setup_.shard_endpoints.size(); ++s)
-    (void)port_.add_peer({role::parameter_shard, s}, setup_.shard_endpoints[s]);
-  for (std::uint32_t l = 0; l < setup_.learner_endpoints.size(); ++l)
-    (void)port_.add_peer({role::learner, l}, setup_.learner_endpoints[l]);
+  reconnect(broker_address);
+  for (std::uint32_t s = 0; s < setup_.shard_endpoints.size(); ++s) reconnect({role::parameter_shard, s});
+  for (std::uint32_t l = 0; l < setup_.learner_endpoints.size(); ++l) reconnect({role::learner, l});
 }
 
-/// A restarted node listens anew: the monkey's sockets to its predecessor are
-/// gone (an inproc:// pipe is not re-established, and nodes never heartbeat
-/// the monkey, so it would never find them silent), so they are made again.
+/// Sockets to the node's endpoint, made anew. Also after every restart the
+/// monkey orders: its sockets to the predecessor are gone (an inproc:// pipe
+/// is not re-established, and nodes never heartbeat the monkey, so it would
+/// never find them silent).
 void chaos_wire::reconnect(node_address n) {
   if (n.kind == role::sync_broker) (void)port_.add_peer(n, setup_.broker_endpoint);
   if (n.kind == role::parameter_shard && n.index < setup_.shard_endpoints.size())
