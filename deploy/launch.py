@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Start a whole archipelago mesh as separate processes on loopback.
 
-One `archipelago node` process per role: the broker, S parameter shards and M
-learners, talking over tcp://127.0.0.1. Optional faults: `--kill 1@8` sends
+One `archipelago node` process per role: the primary broker and its standbys
+(`--standbys`, default 1: it takes over if the primary is lost), S parameter
+shards and M learners, talking over tcp://127.0.0.1. Optional faults: `--kill 1@8` sends
 SIGKILL to learner 1 eight seconds after the learners started; it is started
 again `--restart-after` seconds later (a new incarnation that rejoins by
 itself). When every learner finished its steps the broker and the shards get
@@ -74,9 +75,10 @@ class Mesh:
     def __init__(self, args):
         self.args = args
         self.logs = tempfile.mkdtemp(prefix="archipelago-mesh-")
-        ports = free_ports(1 + args.shards)
-        self.broker = f"tcp://127.0.0.1:{ports[0]}"
-        self.shards = ",".join(f"tcp://127.0.0.1:{p}" for p in ports[1:])
+        ports = free_ports(1 + args.standbys + args.shards)
+        brokers = 1 + args.standbys
+        self.broker = ",".join(f"tcp://127.0.0.1:{p}" for p in ports[:brokers])
+        self.shards = ",".join(f"tcp://127.0.0.1:{p}" for p in ports[brokers:])
         self.common = ["--broker", self.broker, "--shards", self.shards, "--learners", str(args.learners),
                        "--steps", str(args.steps), "--mode", args.mode, "--set", "wire.curve=false", "--json"]
         for knob in args.set:
@@ -84,11 +86,11 @@ class Mesh:
         self.processes = {}  # name -> (Popen, log path)
         self.starts = 0
 
-    def start(self, role, index=0):
+    def start(self, role, index=0, *extra):
         name = f"{role}-{index}"
         self.starts += 1
         log = os.path.join(self.logs, f"{name}.{self.starts}.log")
-        cmd = [self.args.binary, "node", "--role", role, "--index", str(index)] + self.common
+        cmd = [self.args.binary, "node", "--role", role, "--index", str(index), *extra] + self.common
         with open(log, "w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         self.processes[name] = (proc, log)
@@ -111,6 +113,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--learners", type=int, default=3)
     ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--standbys", type=int, default=1, help="standby brokers beside the primary (0: none)")
     ap.add_argument("--mode", default="decoupled")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a knob for every node")
@@ -133,6 +136,8 @@ def main():
     signal.signal(signal.SIGINT, lambda *_: interrupted.append(1))
     signal.signal(signal.SIGTERM, lambda *_: interrupted.append(1))
     mesh.start("broker")
+    for b in range(1, args.standbys + 1):
+        mesh.start("broker", b, "--standby")
     for s in range(args.shards):
         mesh.start("shard", s)
     time.sleep(0.5)
@@ -176,7 +181,9 @@ def main():
         time.sleep(0.1)
     mesh.stop_all()
 
-    broker = last_json(mesh.processes["broker-0"][1]) or {}
+    # What the broker that led last saw (a standby's summary holds no ledger unless it led).
+    brokers = [last_json(mesh.processes[f"broker-{b}"][1]) or {} for b in range(1 + args.standbys)]
+    broker = next((b for b in brokers if b.get("leading")), {})
     learner_reports = [last_json(os.path.join(mesh.logs, f)) for f in sorted(os.listdir(mesh.logs))
                        if f.startswith("learner")]
     learner_reports = [r for r in learner_reports if r]
@@ -193,7 +200,7 @@ def main():
 
     ledger = broker.get("ledger", {})
     print(f"mesh of {args.learners} learners, {args.shards} shards ({args.mode}); logs in {mesh.logs}")
-    print(f"broker: {broker.get('rounds', 0)} rounds, uptime {100 * broker.get('uptime', 0):.1f} %; "
+    print(f"broker/{broker.get('index', 0)}: {broker.get('rounds', 0)} rounds, uptime {100 * broker.get('uptime', 0):.1f} %; "
           f"ledger {ledger} balanced={broker.get('ledger_balanced')} matches learners={matches}")
     if restarts:
         print(f"{killed} learner(s) killed with SIGKILL; restart to first merged contribution: {rejoin} s")

@@ -31,6 +31,10 @@ struct Header {
   incarnation @2 :UInt64;      # sender's process incarnation; grows on every restart
   sequence @3 :UInt64;         # per (sender, incarnation), from 1, +1 per message; duplicate suppression key
   round @4 :UInt64;            # the round this message concerns; 0 when none
+  brokerEpoch @5 :UInt64;      # the newest broker epoch the sender knows (a leading broker: its own);
+                               # 0: none. An epoch is (incarnation << 8 | broker index): it names the
+                               # broker that leads in it, and every node follows the newest one it hears
+                               # of, from anyone. A broker's message of an older epoch is refused (fenced).
 }
 
 enum TensorEncoding {
@@ -68,6 +72,7 @@ struct Envelope {
     chaosCommand @12 :ChaosCommand;
     error @13 :Error;
     ack @14 :Ack;
+    brokerState @15 :BrokerState;
   }
 }
 
@@ -135,10 +140,10 @@ struct Contribution {
   learnerIncarnation @5 :UInt64;  # ... and its incarnation
   step @6 :UInt64;           # the learner's inner steps done when it sent this (this incarnation)
   verdict @7 :Verdict;       # arrival notice: what the shard did with it (the token ledger)
-  brokerIncarnation @8 :UInt64;  # the incarnation of the broker that opened round header.round (the
-                                 # RoundOpen's sender; copied into the arrival notice). A shard refuses
-                                 # (late) a round of an older broker: a restarted broker's rounds are
-                                 # new ones, whatever their numbers. 0: unknown (taken as the current one).
+  brokerEpoch @8 :UInt64;    # the epoch of the broker that opened round header.round (the RoundOpen's;
+                             # copied into the arrival notice). A shard refuses (late) a round of an older
+                             # epoch: a new broker's rounds are new ones, whatever their numbers.
+                             # 0: unknown (taken as the current one).
 }
 enum Verdict {
   buffered @0;   # held for its round
@@ -216,6 +221,7 @@ enum ErrorCode {
   overloaded @4;        # a bounded queue is full; retry later
   internal @5;          # a bug on the answering side
   meshMismatch @6;      # a joining node's model layout or mesh policy differs from the mesh's
+  fenced @7;            # a broker's message of an older epoch than the recipient knows (header.brokerEpoch)
 }
 
 struct Error {
@@ -226,4 +232,14 @@ struct Error {
 
 struct Ack {
   sequence @0 :UInt64;        # sequence being acknowledged
+}
+
+struct BrokerState {
+  # The leading broker to its standbys, so that one can take over without the
+  # leader's store: what a restarted broker reads back from its own store. Sent
+  # as it changes (the lease before its rounds are announced) and each ledger
+  # write; each entry is the snapshot store's own record (storage/FORMAT.md).
+  roundsLeased @0 :UInt64;       # every round the leader opened or will open is below this
+  ledger @1 :List(Data);         # LearnerLedger records (framed), one per learner incarnation
+  tape @2 :List(Data);           # TapeRecord records (framed) written since the last BrokerState
 }

@@ -99,6 +99,7 @@ struct TapeRecord {
   late @8 :List(TapeMember);     # late contributions known at commit (weight 0)
   version @9 :UInt64;            # the committed fragment version
   committedNs @10 :Int64;        # wall clock
+  brokerEpoch @11 :UInt64;       # the epoch of the broker that closed the round (0: an older writer)
 }
 
 struct LearnerLedger {

@@ -227,6 +227,7 @@ std::string encode(const tape_record& t) {
   set_members(r.initLate(static_cast<unsigned>(t.late.size())), t.late);
   r.setVersion(t.version);
   r.setCommittedNs(t.committed_ns);
+  r.setBrokerEpoch(t.broker_epoch);
   return frame(b);
 }
 expected<tape_record> decode_tape(std::string_view v, std::uint64_t sequence) {
@@ -245,6 +246,7 @@ expected<tape_record> decode_tape(std::string_view v, std::uint64_t sequence) {
     t.late = get_members(r.getLate());
     t.version = r.getVersion();
     t.committed_ns = r.getCommittedNs();
+    t.broker_epoch = r.getBrokerEpoch();
     return t;
   });
 }
@@ -267,6 +269,19 @@ std::string encode(const learner_ledger& l) {
   for (unsigned i = 0; i < times.size(); ++i) times.set(i, l.tail_time_us[i]);
   r.setTailBuckets(kj::arrayPtr(l.tail_buckets.data(), l.tail_buckets.size()));
   return frame(b);
+}
+
+expected<learner_ledger> decode_ledger(std::string_view value) {
+  return unframe<wire_snapshot::LearnerLedger>(value, "ledger record", [](wire_snapshot::LearnerLedger::Reader r) {
+    learner_ledger l{r.getLearner(),   r.getIncarnation(),       get_ledger(r.getTotals()), r.getSteps(),
+                     r.getStepTimeS(), r.getMergedStepTimeS(), r.getEndpoint().cStr(),    {}, {}, {}, {}};
+    for (auto f : r.getFragments()) l.fragments.push_back(get_ledger(f));
+    for (auto t : r.getTailTokens()) l.tail_tokens.push_back(t);
+    for (auto t : r.getTailTimeUs()) l.tail_time_us.push_back(t);
+    const auto buckets = r.getTailBuckets();
+    l.tail_buckets.assign(buckets.begin(), buckets.end());
+    return l;
+  });
 }
 
 std::string encode(const round_lease& l) {
@@ -655,18 +670,7 @@ expected<std::vector<learner_ledger>> snapshot_store::ledgers() const {
   std::vector<learner_ledger> out;
   auto ok = scan_records(
       *kv_, column::ledger,
-      [](std::string_view, std::string_view value) {
-        return unframe<wire_snapshot::LearnerLedger>(value, "ledger record", [](wire_snapshot::LearnerLedger::Reader r) {
-          learner_ledger l{r.getLearner(),   r.getIncarnation(),       get_ledger(r.getTotals()), r.getSteps(),
-                           r.getStepTimeS(), r.getMergedStepTimeS(), r.getEndpoint().cStr(),    {}, {}, {}, {}};
-          for (auto f : r.getFragments()) l.fragments.push_back(get_ledger(f));
-          for (auto t : r.getTailTokens()) l.tail_tokens.push_back(t);
-          for (auto t : r.getTailTimeUs()) l.tail_time_us.push_back(t);
-          const auto buckets = r.getTailBuckets();
-          l.tail_buckets.assign(buckets.begin(), buckets.end());
-          return l;
-        });
-      },
+      [](std::string_view, std::string_view value) { return decode_ledger(value); },
       [&](learner_ledger l) {
         out.push_back(std::move(l));
         return true;
@@ -721,5 +725,10 @@ void scatter_fragment(const param_layout& layout, const fragment_spec& spec, con
     in += ts.size();
   }
 }
+
+std::string encode_record(const learner_ledger& l) { return encode(l); }
+std::string encode_record(const tape_record& t) { return encode(t); }
+expected<learner_ledger> decode_ledger_record(std::string_view v) { return decode_ledger(v); }
+expected<tape_record> decode_tape_record(std::string_view v) { return decode_tape(v, 0); }
 
 }  // namespace archipelago::storage

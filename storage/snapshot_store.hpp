@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.hpp"
@@ -91,6 +92,7 @@ struct tape_record {
   std::vector<tape_member> members, late;
   std::uint64_t version = 0;
   std::int64_t committed_ns = 0;
+  std::uint64_t broker_epoch = 0;  // the epoch of the broker that closed the round; 0: an older writer
 };
 
 struct learner_ledger {
@@ -215,5 +217,12 @@ class snapshot_store {
 /// Fragment p's values from / into a full parameter buffer (the plan's tensor order).
 void gather_fragment(const param_layout& layout, const fragment_spec& spec, const float* params, float* out);
 void scatter_fragment(const param_layout& layout, const fragment_spec& spec, const float* in, float* params);
+
+/// A ledger or tape record as the store frames it (storage/FORMAT.md): what a
+/// leading broker sends its standbys (BrokerState), who put_* them into their own store.
+std::string encode_record(const learner_ledger& l);
+std::string encode_record(const tape_record& t);
+expected<learner_ledger> decode_ledger_record(std::string_view v);
+expected<tape_record> decode_tape_record(std::string_view v);  // its sequence is the receiving store's
 
 }  // namespace archipelago::storage

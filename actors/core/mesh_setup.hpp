@@ -14,8 +14,20 @@
 
 namespace archipelago {
 
-/// The mesh has one sync broker, at this address.
+/// The primary sync broker. Standbys (node --role broker --standby) are brokers 1, 2, ...;
+/// one broker leads at a time, the one its epoch names.
 inline constexpr node_address broker_address{role::sync_broker, 0};
+inline constexpr node_address broker_at(std::uint32_t index) { return {role::sync_broker, index}; }
+
+/// A broker epoch: its incarnation when it began to lead, with its index in the low
+/// byte, so that epochs are totally ordered, two brokers never share one, and an
+/// epoch names its leader. A broker that takes over picks one above every epoch
+/// it heard of (Header.brokerEpoch).
+inline constexpr std::uint32_t max_brokers = 256;
+inline constexpr std::uint64_t broker_epoch_of(std::uint64_t incarnation, std::uint32_t broker) {
+  return incarnation << 8 | (broker & 0xff);
+}
+inline constexpr std::uint32_t leader_of_epoch(std::uint64_t epoch) { return static_cast<std::uint32_t>(epoch & 0xff); }
 
 struct mesh_setup {
   config cfg;
@@ -24,12 +36,17 @@ struct mesh_setup {
   param_layout layout;
   fragment_plan plan;
   std::vector<std::uint32_t> shard_of_fragment;
-  std::string broker_endpoint;
+  std::string broker_endpoint;                   // the primary's
+  std::vector<std::string> standby_endpoints;    // brokers 1, 2, ...: their endpoints in order
   std::vector<std::string> shard_endpoints;
   std::vector<std::string> learner_endpoints;
   std::int64_t start_step = 0;  // a resumed run: where the learners' schedule starts
 
   std::size_t fragments() const { return plan.fragments.size(); }
+  std::uint32_t brokers() const { return static_cast<std::uint32_t>(1 + standby_endpoints.size()); }
+  const std::string& broker_endpoint_of(std::uint32_t broker) const {
+    return broker == 0 ? broker_endpoint : standby_endpoints.at(broker - 1);
+  }
   /// The fragments parameter shard `shard` owns, ascending.
   std::vector<fragment_index> fragments_of(std::uint32_t shard) const;
 };

@@ -22,7 +22,7 @@ learner_wire::learner_wire(const mesh_setup& setup, learner_sync_config sync, st
 }
 
 void learner_wire::start() {
-  (void)port_.add_peer(broker_address, setup_.broker_endpoint);
+  for (std::uint32_t b = 0; b < setup_.brokers(); ++b) (void)port_.add_peer(broker_at(b), setup_.broker_endpoint_of(b));
   for (std::uint32_t s = 0; s < setup_.shard_endpoints.size(); ++s)
     (void)port_.add_peer({role::parameter_shard, s}, setup_.shard_endpoints[s]);
   fetch();
@@ -51,7 +51,7 @@ void learner_wire::send_join() {
   j.setBatchTokens(model_.tokens_per_step);
   j.setThreads(model_.threads);
   j.setEndpoint(port_.endpoint());
-  (void)port_.send(broker_address, b.finish());
+  (void)port_.broadcast(broker_.join_targets(setup_.brokers()), b.finish());
 }
 
 /// A shard restarted from its snapshot (a higher incarnation) and lost our
@@ -70,27 +70,41 @@ bool learner_wire::shard_restarted(std::uint32_t shard, std::uint64_t inc) {
   return true;
 }
 
-/// A message from the broker. A higher incarnation than the one known is a
-/// restarted broker: the rounds of the old one will never close, and the new
-/// one's are new rounds whatever their numbers (learner_core::on_broker_restarted).
-/// Join again: a broker that greets the learners its predecessor knew has not
-/// heard this one's Join yet (one that answers a Join has; a second changes nothing).
-void learner_wire::broker_seen(std::uint64_t inc) {
-  broker_silent_ = false;
-  if (inc <= broker_incarnation_) return;
-  if (broker_incarnation_ != 0) {
-    // Reconnect now: the old broker's socket may be dead for good (an inproc:// pipe never reconnects).
-    (void)port_.add_peer(broker_address, setup_.broker_endpoint);
-    const std::size_t dropped = core_->on_broker_restarted();
-    std::fprintf(stderr, "archipelago learner/%u: the broker restarted (incarnation %llu); %zu pending round(s) dropped\n",
-                 index_, static_cast<unsigned long long>(inc), dropped);
-    if (!done_) send_join();  // a finished incarnation left (its Leave went to the old broker)
+/// The broker epoch of any message (broker_follower). A newer one than known is
+/// a new broker leading — a restarted one, or a standby that took over: the
+/// rounds of the old one will never close, and the new one's are new rounds
+/// whatever their numbers (learner_core::on_broker_restarted). Join again: a
+/// broker that greets the learners its predecessor knew has not heard this
+/// one's Join yet (one that answers a Join has; a second changes nothing).
+/// False: a deposed broker's message, refused; the answer's header tells it.
+bool learner_wire::follow_broker(const transport::decoded_envelope& env) {
+  const node_address from = env.sender();
+  const std::uint64_t epoch = env.header().getBrokerEpoch();
+  switch (broker_.on_message(from, epoch)) {
+    case broker_follower::news::fenced:
+      transport::refuse_fenced(port_, env, broker_.epoch());
+      return false;
+    case broker_follower::news::changed: {
+      port_.raise_broker_epoch(epoch);
+      const node_address leader = broker_.leader();
+      // Reconnect now: the old socket may be dead for good (an inproc:// pipe never reconnects).
+      (void)port_.add_peer(leader, setup_.broker_endpoint_of(leader.index));
+      const std::size_t dropped = core_->on_broker_restarted();
+      std::fprintf(stderr, "archipelago learner/%u: a new broker leads: %s incarnation %llu (epoch %llu); %zu pending "
+                           "round(s) dropped\n", index_, leader.to_string().c_str(),
+                   static_cast<unsigned long long>(epoch >> 8), static_cast<unsigned long long>(epoch), dropped);
+      if (!done_) send_join();  // a finished incarnation left (its Leave went to the old broker)
+      break;
+    }
+    case broker_follower::news::first: port_.raise_broker_epoch(epoch); break;
+    case broker_follower::news::same: break;
   }
-  broker_incarnation_ = inc;
+  if (from == broker_.leader()) broker_silent_ = false;
+  return true;
 }
 
 bool learner_wire::on_peer(node_address peer, bool alive) {
-  if (peer.kind != role::sync_broker || done_) return false;
+  if (peer != broker_.leader() || done_) return false;
   const bool was_silent = broker_silent_;
   broker_silent_ = !alive;
   send_join();
@@ -104,10 +118,17 @@ bool learner_wire::on_rejoin_timer() {
 }
 
 bool learner_wire::on_join_timer() {
-  if (to_install_ == 0) return false;
-  ++counts_.refetches;
-  fetch();
-  return true;
+  bool again = false;
+  if (!welcomed_ && !done_) {  // no broker answered yet: with standbys, none may have led at first
+    send_join();
+    again = true;
+  }
+  if (to_install_ != 0) {
+    ++counts_.refetches;
+    fetch();
+    again = true;
+  }
+  return again;
 }
 
 /// Answers every pending round that is ready (dp: with the gradient of the last step).
@@ -122,7 +143,7 @@ void learner_wire::send_contributions() {
     body.setSteps(c->steps);
     body.setTokens(c->tokens);
     body.setStep(c->step);
-    body.setBrokerIncarnation(broker_incarnation_);  // shards refuse rounds of an older broker
+    body.setBrokerEpoch(broker_.epoch());  // shards refuse rounds of an older epoch
     if (!cb.add_tensor_values("delta/" + std::to_string(c->fragment.value), c->delta.data(), c->delta.size(),
                               encoding_, block))
       continue;  // a non-finite delta is never sent
@@ -156,7 +177,7 @@ void learner_wire::after_step(std::uint64_t tokens, nanos step_ns) {
   p.setStep(core_->steps_done());  // this incarnation's steps (the ledger counts from 1)
   p.setStepTimeNs(static_cast<std::uint64_t>(step_ns));
   p.setTokens(core_->steps_done() * tokens);
-  (void)port_.send(broker_address, b.finish());
+  (void)port_.send(broker_.leader(), b.finish());
   send_contributions();
 }
 
@@ -164,7 +185,7 @@ void learner_wire::leave(const std::string& reason) {
   done_ = true;
   auto b = port_.make_envelope();
   b.body().initLeave().setReason(reason);
-  (void)port_.send(broker_address, b.finish());
+  (void)port_.send(broker_.leader(), b.finish());
 }
 
 learner_event learner_wire::on_message(const transport::decoded_envelope& env, nanos now) {
@@ -175,7 +196,7 @@ learner_event learner_wire::on_message(const transport::decoded_envelope& env, n
     return out;
   }
   const node_address from = env.sender();
-  if (from.kind == role::sync_broker) broker_seen(env.header().getIncarnation());
+  if (!follow_broker(env)) return out;
   switch (env.body()) {
     case wire::Envelope::Body::ERROR:
       if (body.getError().getCode() == wire::ErrorCode::MESH_MISMATCH) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/broker_follower.hpp"
 #include "core/clock.hpp"
 #include "core/ids.hpp"
 #include "core/mesh_setup.hpp"
@@ -65,7 +66,8 @@ class learner_wire {
   /// While the broker stays silent, Join again each liveness period (the reconnecting
   /// socket may drop what it queued). True: arm the timer again.
   bool on_rejoin_timer();
-  /// Joining is bounded: fetch every fragment still missing. True: still joining, arm again.
+  /// Joining is bounded: fetch every fragment still missing, Join again until a broker
+  /// welcomes this incarnation. True: still joining, arm again.
   bool on_join_timer();
   /// Before a step: a synchronous policy sends what is ready and waits (true) until
   /// the awaited fragment arrives (learner_event::resume) or on_wait_timeout().
@@ -92,7 +94,7 @@ class learner_wire {
   void fetch(std::optional<std::uint32_t> only_shard = std::nullopt);
   void send_join();
   bool shard_restarted(std::uint32_t shard, std::uint64_t inc);
-  void broker_seen(std::uint64_t inc);
+  bool follow_broker(const transport::decoded_envelope& env);
   void send_contributions();
   learner_event on_fragment_update(const transport::decoded_envelope& env, nanos now);
 
@@ -109,7 +111,7 @@ class learner_wire {
   bool stepping_ = false, waiting_ = false, done_ = false;
   nanos wait_since_ = 0;
   std::vector<std::uint64_t> shard_incarnations_;  // as last seen; 0: not yet
-  std::uint64_t broker_incarnation_ = 0;           // as last seen; 0: not yet
+  broker_follower broker_;                         // which broker leads (the newest epoch heard of)
   bool broker_silent_ = false;                     // the transport found the broker silent; Join is re-sent
   bool welcomed_ = false;                          // the broker's first Welcome of this incarnation arrived
   std::string refusal_;

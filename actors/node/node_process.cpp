@@ -16,7 +16,17 @@ namespace archipelago {
 namespace {
 
 status check_options(const config& cfg, const sync_policy& policy, const node_options& o) {
-  if (o.broker_endpoint.empty()) return make_error(errc::invalid_input, "--broker: the broker's endpoint is required");
+  if (o.broker_endpoints.empty()) return make_error(errc::invalid_input, "--broker: the broker's endpoint is required");
+  if (o.broker_endpoints.size() > max_brokers)
+    return make_error(errc::invalid_input, "--broker lists " + std::to_string(o.broker_endpoints.size()) +
+                                               " brokers; at most " + std::to_string(max_brokers));
+  if (o.standby && o.kind != role::sync_broker) return make_error(errc::invalid_input, "--standby: only a broker is one");
+  if (o.kind == role::sync_broker && o.standby && (o.index == 0 || o.index >= o.broker_endpoints.size()))
+    return make_error(errc::invalid_input, "--standby --index " + std::to_string(o.index) + ": a standby is broker 1 to " +
+                                               std::to_string(o.broker_endpoints.size() - 1) + " of --broker");
+  if (o.kind == role::sync_broker && !o.standby && o.index != 0)
+    return make_error(errc::invalid_input, "--index " + std::to_string(o.index) + ": the primary broker is broker 0 "
+                                           "(a standby takes --standby)");
   if (static_cast<int>(o.shard_endpoints.size()) != policy.shards)
     return make_error(errc::invalid_input, "--shards lists " + std::to_string(o.shard_endpoints.size()) +
                                                " endpoints; the configuration has " + std::to_string(policy.shards) +
@@ -34,13 +44,15 @@ status check_options(const config& cfg, const sync_policy& policy, const node_op
 /// The node's setup: every process gets the same configuration and endpoints.
 mesh_setup node_setup(const config& cfg, const sync_policy& policy, const node_options& o) {
   mesh_setup setup = make_mesh_setup(cfg, policy);
-  setup.broker_endpoint = o.broker_endpoint;
+  setup.broker_endpoint = o.broker_endpoints.front();
+  setup.standby_endpoints.assign(o.broker_endpoints.begin() + 1, o.broker_endpoints.end());
   setup.shard_endpoints = o.shard_endpoints;
   setup.learner_endpoints.assign(o.index + 1, o.listen.empty() ? "tcp://127.0.0.1:0" : o.listen);
   // The broker and a shard bind --listen, when given, instead of their own entry of
   // --broker / --shards, which stays the address the others dial: behind a DNS name
   // (ZeroMQ binds no names) they listen on tcp://0.0.0.0:PORT.
-  if (!o.listen.empty() && o.kind == role::sync_broker) setup.broker_endpoint = o.listen;
+  if (!o.listen.empty() && o.kind == role::sync_broker)
+    (o.index == 0 ? setup.broker_endpoint : setup.standby_endpoints[o.index - 1]) = o.listen;
   if (!o.listen.empty() && o.kind == role::parameter_shard) setup.shard_endpoints[o.index] = o.listen;
   return setup;
 }
@@ -91,6 +103,7 @@ void summarize(node_result& out, const status_board& board) {
   out.rejected = c.rejected;
   out.committed = c.committed;
   if (e->now.report) out.broker = *e->now.report;
+  out.leading = e->now.report.has_value();
   out.status = e->now;
 }
 
@@ -121,7 +134,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
   status_board board;
   steady_clock_source clock;
   node_result out;
-  out.address = o.kind == role::sync_broker ? broker_address : node_address{o.kind, o.index};
+  out.address = {o.kind, o.index};
   if (*store && (*store)->head) out.resumed_version = (*store)->head->mesh_version;
   out.inc = inc;
   out.started_unix_s = static_cast<double>(wall_clock_ns()) * 1e-9;
@@ -140,6 +153,15 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
       roles.restore_store = (*store)->store.get();
       if (auto disk = (*store)->disk)
         roles.set_storage_failing = [disk](bool failing) { disk->set_write_error_rate(failing ? 1 : 0); };
+    } else if (o.kind == role::sync_broker && setup.brokers() > 1) {
+      // A broker with standbys keeps the leader's copy (a standby) and its round lease in
+      // memory when it has no --db: a takeover reads them back like a restart would.
+      auto kept = storage::snapshot_store::create(std::shared_ptr<storage::kv_store>(storage::make_memory_kv()), store_info_of(setup),
+                                                  retention_of(cfg));
+      if (!kept) return kept.err();
+      writer = std::make_unique<storage::snapshot_writer>(
+          *kept, storage::writer_options{static_cast<std::size_t>(cfg.storage.queue_mb) << 20});
+      roles.writer = writer.get();
     }
     caf::scoped_actor self{sys};
     // Bound before the role starts, so a port in use stops nothing; serves until the role has ended.
@@ -152,7 +174,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
       metrics = std::move(*started_server);
     }
     const auto head = *store ? (*store)->head : std::nullopt;
-    caf::actor actor = o.kind == role::sync_broker       ? roles.broker(inc, head, writer != nullptr)
+    caf::actor actor = o.kind == role::sync_broker       ? roles.broker(inc, head, writer != nullptr, o.index)
                        : o.kind == role::parameter_shard ? roles.shard(o.index, inc, head)
                                                          : roles.learner(o.index, inc);
     self->monitor(actor);
@@ -177,7 +199,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
       if (auto ok = writer->drain(std::chrono::seconds(60)); !ok)
         std::fprintf(stderr, "archipelago node: %s\n", ok.err().message.c_str());
       writer.reset();
-      out.mesh_version = (*store)->store->last_mesh_version();
+      if (*store) out.mesh_version = (*store)->store->last_mesh_version();
     }
   }
   summarize(out, board);

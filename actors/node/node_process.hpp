@@ -21,7 +21,8 @@ namespace archipelago {
 struct node_options {
   role kind = role::learner;
   std::uint32_t index = 0;                   // shard or learner index
-  std::string broker_endpoint;               // tcp://HOST:PORT, where the broker listens
+  std::vector<std::string> broker_endpoints; // tcp://HOST:PORT of the primary broker, then of each standby
+  bool standby = false;                      // broker: a standby (broker --index, from 1), leading only on a takeover
   std::vector<std::string> shard_endpoints;  // where shard i listens
   std::string listen;                        // where to bind: a learner announces it (default: a free loopback
                                              // port); broker, shard: instead of their own --broker / --shards entry
@@ -41,6 +42,7 @@ struct node_result {
   double wait_s = 0;
   // broker
   broker_report broker;
+  bool leading = false;  // it led at its end (a standby that never took over, or a deposed one: false)
   std::uint64_t rounds = 0;
   // shard
   std::uint64_t published = 0, rejected = 0;

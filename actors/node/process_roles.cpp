@@ -38,8 +38,10 @@ caf::actor process_roles::shard(std::uint32_t index, incarnation inc, std::optio
   return spawn_shard(sys, std::move(a));
 }
 
-caf::actor process_roles::broker(incarnation inc, std::optional<storage::manifest> resume_from, bool recovery) const {
+caf::actor process_roles::broker(incarnation inc, std::optional<storage::manifest> resume_from, bool recovery,
+                                 std::uint32_t index) const {
   broker_actor_args a;
+  a.index = index;
   a.setup = &setup;
   a.io = io;
   a.clock = &clock;

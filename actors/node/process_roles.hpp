@@ -42,8 +42,10 @@ struct process_roles {
   /// Shard `index`, resuming its fragments from `resume_from` (nullopt: a new store, or none).
   caf::actor shard(std::uint32_t index, incarnation inc, std::optional<storage::manifest> resume_from) const;
   /// The broker; rounds numbered after those of `resume_from` and the tape; `recovery`:
-  /// restores what its predecessor stored (a node broker on its own store).
-  caf::actor broker(incarnation inc, std::optional<storage::manifest> resume_from, bool recovery) const;
+  /// restores what its predecessor stored (a node broker on its own store). `index`: 0
+  /// the primary, from 1 a standby.
+  caf::actor broker(incarnation inc, std::optional<storage::manifest> resume_from, bool recovery,
+                    std::uint32_t index = 0) const;
 };
 
 }  // namespace archipelago

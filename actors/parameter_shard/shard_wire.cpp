@@ -39,7 +39,7 @@ shard_wire::shard_wire(const mesh_setup& setup, std::uint32_t index, incarnation
 }
 
 void shard_wire::start() {
-  (void)port_.add_peer(broker_address, setup_.broker_endpoint);
+  for (std::uint32_t b = 0; b < setup_.brokers(); ++b) (void)port_.add_peer(broker_at(b), setup_.broker_endpoint_of(b));
   send_join();
 }
 
@@ -48,33 +48,52 @@ void shard_wire::send_join() {
   auto join = b.body().initJoin();
   join.setLayoutFingerprint(setup_.layout.fingerprint());
   join.setConfigHash(mesh_agreement_hash(setup_.cfg));
-  (void)port_.send(broker_address, b.finish());
+  (void)port_.broadcast(broker_.join_targets(setup_.brokers()), b.finish());
 }
 
 void shard_wire::on_peer(node_address peer, bool alive) {
-  if (alive && peer.kind == role::sync_broker) send_join();
+  if (alive && peer == broker_.leader()) send_join();
 }
 
-/// A message from the broker, or a contribution to one of its rounds. A higher
-/// incarnation than the one known is a restarted broker: the rounds the old one
-/// opened never close, so their buffered contributions go (shard_core::
-/// on_broker_restarted), and the new broker learns this shard's incarnation.
-void shard_wire::broker_seen(std::uint64_t inc) {
-  if (inc <= broker_incarnation_) return;
-  if (broker_incarnation_ != 0) {
-    // Reconnect now: the old broker's socket may be dead for good (an inproc:// pipe
-    // never reconnects), and a broker back within the liveness timeout never looked dead.
-    (void)port_.add_peer(broker_address, setup_.broker_endpoint);
-    const std::size_t dropped = core_->on_broker_restarted();
-    std::fprintf(stderr, "archipelago shard %u: the broker restarted (incarnation %llu); %zu buffered contribution(s) "
-                         "of its rounds dropped\n", index_, static_cast<unsigned long long>(inc), dropped);
+/// The broker epoch of any message (broker_follower). A newer one than known is
+/// a new broker leading — a restarted one, or a standby that took over: the
+/// rounds the old one opened never close, so their buffered contributions go
+/// (shard_core::on_broker_restarted), and the new broker learns this shard's
+/// incarnation. False: a deposed broker's message, refused (it never merges).
+bool shard_wire::follow_broker(const transport::decoded_envelope& env) {
+  const std::uint64_t epoch = env.header().getBrokerEpoch();
+  switch (broker_.on_message(env.sender(), epoch)) {
+    case broker_follower::news::fenced:
+      if (broker_.fenced() <= 10 || broker_.fenced() % 1000 == 0)  // a log budget: the refusal itself is the answer
+          std::fprintf(stderr, "archipelago shard %u: refused %s of broker epoch %llu (epoch %llu leads)\n", index_,
+                     env.sender().to_string().c_str(), static_cast<unsigned long long>(epoch),
+                     static_cast<unsigned long long>(broker_.epoch()));
+      transport::refuse_fenced(port_, env, broker_.epoch());
+      return false;
+    case broker_follower::news::changed: {
+      port_.raise_broker_epoch(epoch);
+      const node_address leader = broker_.leader();
+      // Reconnect now: the old socket may be dead for good (an inproc:// pipe never
+      // reconnects), and a broker back within the liveness timeout never looked dead.
+      (void)port_.add_peer(leader, setup_.broker_endpoint_of(leader.index));
+      const std::size_t dropped = core_->on_broker_restarted();
+      std::fprintf(stderr, "archipelago shard %u: a new broker leads: %s incarnation %llu (epoch %llu); %zu buffered "
+                           "contribution(s) of the old one's rounds dropped\n", index_, leader.to_string().c_str(),
+                   static_cast<unsigned long long>(epoch >> 8), static_cast<unsigned long long>(epoch), dropped);
+      send_join();
+      break;
+    }
+    case broker_follower::news::first:
+      port_.raise_broker_epoch(epoch);
+      send_join();
+      break;
+    case broker_follower::news::same: break;
   }
-  broker_incarnation_ = inc;
-  send_join();
+  return true;
 }
 
 std::optional<chaos_order> shard_wire::on_message(const transport::decoded_envelope& env, nanos now) {
-  if (env.sender().kind == role::sync_broker) broker_seen(env.header().getIncarnation());
+  if (!follow_broker(env)) return std::nullopt;
   switch (env.body()) {
     case wire::Envelope::Body::CHAOS_COMMAND: {
       auto order = chaos_.on_command(env, port_, now);
@@ -107,10 +126,9 @@ void shard_wire::on_contribution(const transport::decoded_envelope& env) {
   const fragment_index p{c.getFragment()};
   std::string why;
   contribution_verdict verdict = contribution_verdict::rejected;
-  // A round of a broker newer than the one known: that broker restarted.
-  const std::uint64_t round_broker = c.getBrokerIncarnation();
-  broker_seen(round_broker);
-  if (round_broker != 0 && round_broker < broker_incarnation_) {
+  // The header's epoch (followed above) is at least the round's.
+  const std::uint64_t round_broker = c.getBrokerEpoch();
+  if (round_broker != 0 && round_broker < broker_.epoch()) {
     verdict = core_->on_earlier_broker_round(c.getTokens());  // its round died with its broker
   } else if (env.tensor_count() == 1 && core_->owns(p) &&
              env.tensor_info(0).getElementCount() == core_->value(p).size()) {
@@ -138,9 +156,9 @@ void shard_wire::on_contribution(const transport::decoded_envelope& env) {
   notice.setLearner(from.index);
   notice.setLearnerIncarnation(env.header().getIncarnation());
   notice.setStep(c.getStep());
-  notice.setBrokerIncarnation(round_broker);
+  notice.setBrokerEpoch(round_broker);
   notice.setVerdict(to_wire(verdict));
-  (void)port_.send(broker_address, b.finish());
+  (void)port_.send(broker_.leader(), b.finish());
 }
 
 void shard_wire::on_round_close(const transport::decoded_envelope& env) {
@@ -180,7 +198,7 @@ void shard_wire::publish(fragment_index p, std::uint64_t version, round_number r
   u.setFragment(p.value);
   u.setVersion(version);
   u.setCommitted(committed);
-  (void)port_.send(broker_address, b.finish());
+  (void)port_.send(broker_.leader(), b.finish());
 }
 
 void shard_wire::on_committed(fragment_index p, std::uint64_t version, round_number round) {

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/broker_follower.hpp"
 #include "core/clock.hpp"
 #include "core/ids.hpp"
 #include "core/mesh_setup.hpp"
@@ -78,6 +79,8 @@ class shard_wire {
   /// Hands every version whose commit failed to the store again. True if there was one.
   bool retry_commits();
 
+  /// Broker messages refused: their broker had been deposed (broker_follower).
+  std::uint64_t broker_messages_fenced() const { return broker_.fenced(); }
   const shard_core& core() const { return *core_; }
   /// The newest version of `p` the learners may see (durable, or no store kept).
   std::uint64_t visible_version(fragment_index p) const { return visible_.at(p.value).version; }
@@ -89,7 +92,7 @@ class shard_wire {
  private:
   transport::encoded_message fragment_message(fragment_index p, std::uint64_t round);
   void send_join();
-  void broker_seen(std::uint64_t inc);
+  bool follow_broker(const transport::decoded_envelope& env);
   void on_contribution(const transport::decoded_envelope& env);
   void on_round_close(const transport::decoded_envelope& env);
   void on_fetch(const transport::decoded_envelope& env);
@@ -107,7 +110,7 @@ class shard_wire {
   node_counters counts_;
   std::vector<node_address> learners_;  // broadcast list (learners that fetched)
   std::map<node_address, std::pair<std::string, std::uint64_t>> endpoints_;  // learner → (endpoint, incarnation)
-  std::uint64_t broker_incarnation_ = 0;  // as last seen; 0: not yet
+  broker_follower broker_;  // which broker leads (the newest epoch heard of)
   /// What the learners see of each owned fragment: its newest durable version.
   struct visible_state {
     std::uint64_t version = 0;

@@ -3,7 +3,7 @@
 #include <ctime>
 
 #include "storage/snapshot_writer.hpp"
-#include "sync_broker/broker_wire.hpp"
+#include "sync_broker/broker_seat.hpp"
 #include "transport/actor_bridge.hpp"
 #include "transport/wire_metrics.hpp"
 
@@ -81,21 +81,25 @@ struct broker_state {
   broker_actor_args args;
   std::unique_ptr<transport::node_transport> wire;
   std::unique_ptr<writer_broker_store> store;
-  std::unique_ptr<broker_wire> broker;
+  std::unique_ptr<broker_seat> seat;
   nanos cpu_ns = 0;  // the broker actor's own CPU time (its transport's I/O thread not included)
   nanos last_report_ns = 0;
   static inline const char* name = "sync_broker";
 
   nanos now() const { return args.clock->now(); }
+  node_address self_address() const { return broker_at(args.index); }
+
   void publish(bool final) {
     if (!args.board) return;
     node_status s;
-    s.node = broker_address;
+    s.node = self_address();
     s.incarnation = args.inc.value;
-    s.counts = broker->counters();
+    if (auto* leader = seat->leading()) s.counts = leader->counters();
     if (wire) count_wire(s.counts, wire->counters());
-    s.report = broker->report(now(), final);
-    s.report->broker_cpu_s = static_cast<double>(cpu_ns) * 1e-9;
+    if (auto* leader = seat->leading()) {
+      s.report = leader->report(now(), final);
+      s.report->broker_cpu_s = static_cast<double>(cpu_ns) * 1e-9;
+    }
     args.board->update(s);
   }
 };
@@ -104,21 +108,25 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, broker_actor
   auto& st = self->state;
   st.args = std::move(args);
   const mesh_setup& setup = *st.args.setup;
-  const broker_start start = read_start(st.args);
-  st.wire = start_actor_wire(self, setup.cfg, st.args.io, broker_address, st.args.inc, setup.broker_endpoint,
-                             *st.args.clock);
+  st.wire = start_actor_wire(self, setup.cfg, st.args.io, st.self_address(), st.args.inc,
+                             setup.broker_endpoint_of(st.args.index), *st.args.clock);
   if (!st.wire) return {};
   if (st.args.writer) st.store = std::make_unique<writer_broker_store>(*st.args.writer);
-  st.broker = std::make_unique<broker_wire>(setup, broker_settings(setup), st.args.inc, *st.wire, st.store.get(), start,
-                                            st.now());
-  st.broker->start(st.now());
+  // A broker begins to lead from its store read back (the queue drained first, so a
+  // standby reads every copy it was sent), as a restarted one does.
+  auto read_back = [&a = st.args] {
+    if (a.writer) (void)a.writer->drain(std::chrono::seconds(5));
+    return read_start(a);
+  };
+  st.seat = std::make_unique<broker_seat>(setup, broker_settings(setup), st.args.inc, st.args.index, *st.wire,
+                                          st.store.get(), read_back, st.now());
   self->send(self, tick_atom::value);
   return {
       [self](tick_atom) {
         auto& st = self->state;
         cpu_meter meter{st.cpu_ns};
         const nanos now = st.now();
-        st.broker->tick(now);
+        st.seat->tick(now);
         if (now - st.last_report_ns >= report_interval_ns) {
           st.last_report_ns = now;
           st.publish(false);
@@ -126,21 +134,23 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, broker_actor
         self->delayed_send(self, std::chrono::milliseconds(2), tick_atom::value);
       },
       [self](peer_atom, std::uint8_t kind, std::uint32_t index, bool alive) {
-        self->state.broker->on_peer({static_cast<role>(kind), index}, alive, self->state.now());
+        self->state.seat->on_peer({static_cast<role>(kind), index}, alive, self->state.now());
       },
       [self](const inbound_ptr& m) {
         auto& st = self->state;
         cpu_meter meter{st.cpu_ns};
-        st.broker->on_message(*m->envelope, st.now());
+        st.seat->on_message(*m->envelope, st.now());
       },
       [self](metrics_atom, const metrics_page& page) {
         const auto& st = self->state;
         const nanos now = st.now();
-        add_node_metrics(*page, broker_address, st.args.inc, now - st.broker->started_ns(), st.wire->counters());
-        st.broker->add_metrics(*page, now);
+        const broker_wire* leader = st.seat->leading();
+        add_node_metrics(*page, st.self_address(), st.args.inc, leader ? now - leader->started_ns() : 0,
+                         st.wire->counters());
+        if (leader) leader->add_metrics(*page, now);
         return true;
       },
-      [self](status_atom) { return self->state.broker->status_json(self->state.now()); },
+      [self](status_atom) { return self->state.seat->status_json(self->state.now()); },
       [self](report_atom) {
         self->state.publish(true);
         return true;

@@ -22,6 +22,8 @@ struct broker_actor_args {
   transport::io_context io;  // the process's transport context
   const clock_source* clock = nullptr;
   incarnation inc{1};
+  /// Which broker it is: 0 the primary, 1, 2, ... the standbys (mesh_setup::standby_endpoints).
+  std::uint32_t index = 0;
   /// The tape and the ledger go here; null: no snapshots.
   storage::snapshot_writer* writer = nullptr;
   /// A resumed run's starting point: rounds are numbered after the ones it names.

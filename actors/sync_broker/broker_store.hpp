@@ -39,8 +39,11 @@ struct broker_start {
   bool recovery = false;
   std::uint64_t rounds_leased = 0;               // recovery: the stored lease covers rounds below this
   std::vector<storage::learner_ledger> ledgers;  // recovery: the stored ledger
-  /// The ledger goes to the store this often (a few records; what a restarted broker restores).
+  /// The ledger goes to the store this often (a few records; what a restarted broker restores),
+  /// and to the standbys (BrokerState) with the tape written since.
   nanos ledger_write_interval_ns = 1'000'000'000;
+  /// The epoch it leads in (mesh_setup.hpp); 0: its incarnation's, as broker 0 (a mesh without standbys).
+  std::uint64_t epoch = 0;
 };
 
 }  // namespace archipelago

@@ -28,8 +28,9 @@ std::vector<std::uint64_t> fragment_floats(const mesh_setup& setup) {
 }
 
 /// The tape's record of a round whose fragment version a shard committed (the store stamps the time).
-storage::tape_record tape_entry(const round_record& r, std::uint64_t version) {
+storage::tape_record tape_entry(const round_record& r, std::uint64_t version, std::uint64_t epoch) {
   storage::tape_record t;
+  t.broker_epoch = epoch;
   t.round = r.round.value;
   t.fragment = r.fragment.value;
   t.opened_ns = r.opened_ns;
@@ -74,7 +75,8 @@ broker_config broker_settings(const mesh_setup& s) {
 
 broker_wire::broker_wire(const mesh_setup& setup, broker_config settings, incarnation inc,
                          transport::message_port& port, broker_store* store, const broker_start& start, nanos now)
-    : setup_(setup), inc_(inc), port_(port), store_(store), lease_(start.recovery && store),
+    : setup_(setup), inc_(inc), epoch_(start.epoch != 0 ? start.epoch : broker_epoch_of(inc.value, 0)), port_(port),
+      store_(store), lease_(start.recovery && store),
       ledger_write_interval_ns_(start.ledger_write_interval_ns), ledger_(fragment_floats(setup)), started_ns_(now) {
   shard_incarnations_.assign(setup.shard_endpoints.size(), 0);
   shard_last_heard_.assign(setup.shard_endpoints.size(), -1);
@@ -84,6 +86,9 @@ broker_wire::broker_wire(const mesh_setup& setup, broker_config settings, incarn
   if (start.recovery) settings.first_round = recover(start);
   core_ = std::make_unique<broker_core>(settings);
   chaos_.accept = setup.cfg.wire.accept_chaos;
+  port_.raise_broker_epoch(epoch_);
+  for (std::uint32_t b = 0; b < setup.brokers(); ++b)
+    if (b != leader_of_epoch(epoch_)) standbys_.push_back(broker_at(b));
 }
 
 /// A restarted node broker picks up where its predecessor stopped: rounds
@@ -133,6 +138,8 @@ std::uint64_t broker_wire::recover(const broker_start& start) {
 }
 
 void broker_wire::start(nanos now) {
+  for (node_address b : standbys_) (void)port_.add_peer(b, setup_.broker_endpoint_of(b.index));
+  if (!standbys_.empty()) write_ledger(now);  // the standbys hear of this epoch at once
   for (std::uint32_t s = 0; s < setup_.shard_endpoints.size(); ++s)
     (void)port_.add_peer({role::parameter_shard, s}, setup_.shard_endpoints[s]);
   welcome_silent_shards(now);
@@ -153,6 +160,7 @@ void broker_wire::lease_round(std::uint64_t round) {
   if (auto ok = store_->lease_rounds(rounds_leased_, inc_); !ok)
     std::fprintf(stderr, "archipelago broker: round lease not written (%s): a restarted broker may reuse round "
                          "numbers\n", ok.err().message.c_str());
+  replicate({});  // the standbys hear of the lease before its rounds are announced
 }
 
 /// Tells `to` this broker's incarnation (the header) and where its rounds stand.
@@ -178,10 +186,54 @@ void broker_wire::welcome_silent_shards(nanos now) {
 }
 
 void broker_wire::tick(nanos now) {
+  if (check_epoch(port_.broker_epoch())) return;  // heard in a heartbeat: another broker leads
   core_->tick(now);
   dispatch(now);
   welcome_silent_shards(now);
-  if (store_ && now - last_ledger_write_ns_ >= ledger_write_interval_ns_) write_ledger(now);
+  if ((store_ || !standbys_.empty()) && now - last_ledger_write_ns_ >= ledger_write_interval_ns_) write_ledger(now);
+}
+
+/// True once an epoch newer than this broker's was heard of: it was deposed (a
+/// standby took over while it was cut off or paused), and does nothing more.
+bool broker_wire::check_epoch(std::uint64_t heard) {
+  if (heard > epoch_) deposed_ = true;
+  return deposed_;
+}
+
+/// The standbys' copy of what a restarted broker reads back from its store (BrokerState):
+/// the round lease, `ledgers` and the tape since the last copy, in messages of at most
+/// ~256 KiB (the envelope limit is 1 MiB). Sent on the control lane; a lost one is
+/// made good by the next (the ledger is whole in each, the tape is lost for the standby).
+void broker_wire::replicate(std::vector<storage::learner_ledger> ledgers) {
+  if (standbys_.empty()) return;
+  constexpr std::size_t chunk_bytes = 256 * 1024;
+  std::vector<std::string> ledger_records;
+  for (const auto& l : ledgers) ledger_records.push_back(storage::encode_record(l));
+  std::size_t next_ledger = 0, next_tape = 0;
+  do {
+    std::size_t bytes = 0, ledger_end = next_ledger, tape_end = next_tape;
+    while (ledger_end < ledger_records.size() && (bytes == 0 || bytes + ledger_records[ledger_end].size() < chunk_bytes))
+      bytes += ledger_records[ledger_end++].size();
+    while (tape_end < tape_outbox_.size() && (bytes == 0 || bytes + tape_outbox_[tape_end].size() < chunk_bytes))
+      bytes += tape_outbox_[tape_end++].size();
+    auto b = port_.make_envelope();
+    auto state = b.body().initBrokerState();
+    state.setRoundsLeased(std::max(rounds_leased_, core_->next_round().value));
+    auto ledger = state.initLedger(static_cast<unsigned>(ledger_end - next_ledger));
+    for (unsigned i = 0; i < ledger.size(); ++i) {
+      const std::string& r = ledger_records[next_ledger + i];
+      ledger.set(i, capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(r.data()), r.size()));
+    }
+    auto tape = state.initTape(static_cast<unsigned>(tape_end - next_tape));
+    for (unsigned i = 0; i < tape.size(); ++i) {
+      const std::string& r = tape_outbox_[next_tape + i];
+      tape.set(i, capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(r.data()), r.size()));
+    }
+    next_ledger = ledger_end;
+    next_tape = tape_end;
+    (void)port_.broadcast(standbys_, b.finish());
+  } while (next_ledger < ledger_records.size() || next_tape < tape_outbox_.size());
+  tape_outbox_.clear();
 }
 
 void broker_wire::write_ledger(nanos now) {
@@ -197,10 +249,21 @@ void broker_wire::write_ledger(nanos now) {
                        std::move(fragments), std::move(tail.tokens), std::move(tail.time_us),
                        std::move(tail.buckets)});
   }
-  store_->write_ledger(std::move(ledgers));
+  if (store_) store_->write_ledger(ledgers);
+  replicate(std::move(ledgers));
 }
 
 void broker_wire::on_peer(node_address peer, bool alive, nanos now) {
+  if (peer.kind == role::sync_broker) {
+    // A broker back (a restarted primary, listening before it leads): a fresh connection
+    // (the old one may sit in a long back-off) and this leader's state at once, whose
+    // epoch it then follows instead of leading.
+    if (alive && peer.index < setup_.brokers()) {
+      (void)port_.add_peer(peer, setup_.broker_endpoint_of(peer.index));
+      write_ledger(now);
+    }
+    return;
+  }
   if (peer.kind == role::parameter_shard) {
     if (alive) {
       core_->on_shard_alive(peer.index, now);
@@ -276,6 +339,7 @@ void broker_wire::shard_seen(node_address from, std::uint64_t inc, nanos now) {
 }
 
 void broker_wire::on_message(const transport::decoded_envelope& env, nanos now) {
+  if (check_epoch(env.header().getBrokerEpoch())) return;
   const node_address from = env.sender();
   if (env.body() == wire::Envelope::Body::CHAOS_COMMAND) {
     (void)chaos_.on_command(env, port_, now);
@@ -293,7 +357,11 @@ void broker_wire::on_message(const transport::decoded_envelope& env, nanos now) 
     case wire::Envelope::Body::LEAVE: on_leave(who, now); break;
     case wire::Envelope::Body::PROGRESS: {
       auto p = env.root().getBody().getProgress();
-      core_->on_progress(who.learner, who.inc, p.getStep(), static_cast<nanos>(p.getStepTimeNs()), now);
+      // Membership needs a Join (its endpoint: rounds are announced there); a learner's
+      // Progress may come first when this broker began to lead after the learner's Join
+      // went nowhere. The ledger counts it (Progress is cumulative); its Join follows.
+      if (std::find(learners_.begin(), learners_.end(), from) != learners_.end())
+        core_->on_progress(who.learner, who.inc, p.getStep(), static_cast<nanos>(p.getStepTimeNs()), now);
       ledger_.on_progress(who, p.getStep(), p.getTokens(), static_cast<nanos>(p.getStepTimeNs()));
       break;
     }
@@ -359,7 +427,7 @@ void broker_wire::on_arrival(const transport::decoded_envelope& env, nanos now) 
   if (refused_.count(who)) return;
   // Buffered for a round of an earlier broker (the shard had not heard of this one yet):
   // that round will never close here; the shard drops it once it hears of this broker.
-  const bool earlier_broker = c.getBrokerIncarnation() != 0 && c.getBrokerIncarnation() != inc_.value;
+  const bool earlier_broker = c.getBrokerEpoch() != 0 && c.getBrokerEpoch() != epoch_;
   const wire::Verdict verdict =
       earlier_broker && c.getVerdict() == wire::Verdict::BUFFERED ? wire::Verdict::LATE : c.getVerdict();
   const fragment_index p{c.getFragment()};
@@ -382,7 +450,12 @@ void broker_wire::on_fragment_update(const transport::decoded_envelope& env, nan
   const round_record* r = core_->find_record(round);
   if (u.getCommitted()) {
     ++counts_.committed;
-    if (store_ && r) store_->append_tape(tape_entry(*r, u.getVersion()));
+    if (r) {
+      storage::tape_record t = tape_entry(*r, u.getVersion(), epoch_);
+      // Bounded (emptied by each copy, once a second).
+      if (!standbys_.empty() && tape_outbox_.size() < 65536) tape_outbox_.push_back(storage::encode_record(t));
+      if (store_) store_->append_tape(std::move(t));
+    }
   }
   core_->on_published(round, {u.getFragment()}, u.getVersion(), now);
   ledger_.on_round_published(round);

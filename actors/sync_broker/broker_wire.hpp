@@ -47,8 +47,12 @@ class broker_wire {
   void on_message(const transport::decoded_envelope& env, nanos now);
   /// The transport found a peer silent (alive false) or heard it again.
   void on_peer(node_address peer, bool alive, nanos now);
-  /// Deadlines and paced rounds (the core), Welcomes to shards not heard from, the ledger write.
+  /// Deadlines and paced rounds (the core), Welcomes to shards not heard from, the ledger
+  /// write and the standbys' copy.
   void tick(nanos now);
+  /// The epoch this broker leads in. Once a newer one is heard of (any message's header,
+  /// or the port's), another broker leads: this one does nothing more (its shell steps down).
+  std::uint64_t epoch() const { return epoch_; }
 
   /// The accounting as of now; `final` (the end of a run) adds the rounds' latencies.
   broker_report report(nanos now, bool final);
@@ -74,12 +78,16 @@ class broker_wire {
   void on_arrival(const transport::decoded_envelope& env, nanos now);
   void on_fragment_update(const transport::decoded_envelope& env, nanos now);
   void write_ledger(nanos now);
+  void replicate(std::vector<storage::learner_ledger> ledgers);
+  bool check_epoch(std::uint64_t heard);
   double uptime_until(nanos end) const;
   std::vector<double> fragment_availability_until(nanos end) const;
   double live_goodput(const ledger_totals& l, nanos now) const;
 
   const mesh_setup& setup_;
   const incarnation inc_;
+  const std::uint64_t epoch_;
+  bool deposed_ = false;
   transport::message_port& port_;
   broker_store* store_;
   const bool lease_ = false;  // broker_start::recovery: lease round numbers ahead
@@ -101,6 +109,8 @@ class broker_wire {
   std::vector<std::uint64_t> shard_incarnations_;  // as last heard; 0: not yet
   std::vector<nanos> shard_last_heard_;            // per shard; -1: never
   std::vector<std::uint64_t> fragment_versions_;   // the newest version the shards published, per fragment
+  std::vector<node_address> standbys_;             // the other brokers: BrokerState goes to them
+  std::vector<std::string> tape_outbox_;           // tape records (framed) not yet sent to the standbys
 };
 
 }  // namespace archipelago

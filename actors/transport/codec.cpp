@@ -7,7 +7,7 @@
 namespace archipelago::transport {
 namespace {
 
-constexpr std::uint16_t max_known_body = static_cast<std::uint16_t>(wire::Envelope::Body::ACK);
+constexpr std::uint16_t max_known_body = static_cast<std::uint16_t>(wire::Envelope::Body::BROKER_STATE);
 constexpr std::uint16_t max_known_encoding = static_cast<std::uint16_t>(wire::TensorEncoding::INT2);
 constexpr std::uint16_t max_known_role = static_cast<std::uint16_t>(wire::Role::CHAOS_MONKEY);
 
@@ -187,7 +187,7 @@ wire::NodeAddress::Builder set_address(wire::NodeAddress::Builder b, node_addres
 }
 
 envelope_builder::envelope_builder(node_address sender, incarnation inc, std::uint64_t sequence,
-                                   std::uint64_t round)
+                                   std::uint64_t round, std::uint64_t broker_epoch)
     : root_(builder_.initRoot<wire::Envelope>()) {
   auto header = root_.initHeader();
   header.setProtocolVersion(wire::PROTOCOL_VERSION);
@@ -195,6 +195,7 @@ envelope_builder::envelope_builder(node_address sender, incarnation inc, std::ui
   header.setIncarnation(inc.value);
   header.setSequence(sequence);
   header.setRound(round);
+  header.setBrokerEpoch(broker_epoch);
 }
 
 void envelope_builder::add_tensor(const std::string& name, tensor_encoding encoding,

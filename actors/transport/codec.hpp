@@ -114,7 +114,9 @@ struct encoded_message {
 /// Builds one Envelope: set the body through body(), add tensors, finish().
 class envelope_builder {
  public:
-  envelope_builder(node_address sender, incarnation inc, std::uint64_t sequence, std::uint64_t round);
+  /// `broker_epoch`: the newest broker epoch the sender knows (Header.brokerEpoch).
+  envelope_builder(node_address sender, incarnation inc, std::uint64_t sequence, std::uint64_t round,
+                   std::uint64_t broker_epoch = 0);
   wire::Envelope::Body::Builder body() { return root_.getBody(); }
   /// Adds an already encoded tensor frame; its length and checksum are computed here.
   void add_tensor(const std::string& name, tensor_encoding encoding, std::uint64_t element_count,

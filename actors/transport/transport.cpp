@@ -103,6 +103,7 @@ struct node_transport::impl {
   int timer_fd = -1;  // nanosecond wake-ups for shaped deliveries (poll's timeout is in ms)
   std::thread io;
   std::atomic<std::uint64_t> sequence{0};
+  broker_epoch_cell broker_epoch;
   std::atomic<nanos> frozen_until{0};  // freeze_for(): the I/O thread does nothing before then
 
   // Shared with callers (under mutex).
@@ -286,7 +287,7 @@ struct node_transport::impl {
 
   /// A heartbeat to `p`, echoing the last one it sent us.
   std::shared_ptr<const encoded_message> heartbeat_for(const peer& p, nanos now) {
-    envelope_builder b(cfg.self, cfg.self_incarnation, ++sequence, 0);
+    envelope_builder b(cfg.self, cfg.self_incarnation, ++sequence, 0, broker_epoch.get());
     auto hb = b.body().initHeartbeat();
     hb.setSentAtNs(now);
     if (p.echo_sent_at != 0) {
@@ -372,7 +373,7 @@ struct node_transport::impl {
 
   void reply_error(zmq::socket_t& socket, const std::string* identity, wire::ErrorCode code,
                    const std::string& text) {
-    envelope_builder b(cfg.self, cfg.self_incarnation, ++sequence, 0);
+    envelope_builder b(cfg.self, cfg.self_incarnation, ++sequence, 0, broker_epoch.get());
     auto e = b.body().initError();
     e.setCode(code);
     e.setMessage(text);
@@ -448,6 +449,8 @@ struct node_transport::impl {
       case dedup_window::verdict::too_old: count([](auto& c) { ++c.too_old; }); return;
     }
     if (!bulk) heard_from(sender, now);  // liveness is the control lane's verdict alone
+    // Any message, heartbeats too, spreads the newest broker epoch (message_port::broker_epoch).
+    broker_epoch.raise(env.header().getBrokerEpoch());
     if (env.body() == wire::Envelope::Body::HEARTBEAT) {
       count([](auto& c) { ++c.heartbeats_received; });
       if (auto it = peers.find(sender); it != peers.end()) heartbeat_from(it->second, env.root().getBody().getHeartbeat(), now);
@@ -756,8 +759,12 @@ status node_transport::add_peer(node_address peer, const std::string& endpoint,
   return {};
 }
 
+std::uint64_t node_transport::broker_epoch() const { return impl_->broker_epoch.get(); }
+void node_transport::raise_broker_epoch(std::uint64_t epoch) { impl_->broker_epoch.raise(epoch); }
+
 envelope_builder node_transport::make_envelope(std::uint64_t round) {
-  return envelope_builder(impl_->cfg.self, impl_->cfg.self_incarnation, ++impl_->sequence, round);
+  return envelope_builder(impl_->cfg.self, impl_->cfg.self_incarnation, ++impl_->sequence, round,
+                          impl_->broker_epoch.get());
 }
 
 status node_transport::send(node_address peer, encoded_message&& message) {

@@ -149,6 +149,8 @@ class node_transport final : public message_port {
   status add_peer(node_address peer, const std::string& endpoint) override { return add_peer(peer, endpoint, {}); }
   /// A builder with this node's header and the next sequence number.
   envelope_builder make_envelope(std::uint64_t round = 0) override;
+  std::uint64_t broker_epoch() const override;
+  void raise_broker_epoch(std::uint64_t epoch) override;
   /// Queues a message for `peer`. errc::overloaded if the outbox is full; the
   /// message is taken only when the call succeeds, so a caller can retry it.
   status send(node_address peer, encoded_message&& message) override;

@@ -208,7 +208,7 @@ def finish(mesh, incarnations):
             raise Failure(f"learner {i} exited {proc.returncode} with {r}; log {path}")
         reports.append(r)
         for inc in incarnations[-1:]:  # it followed the broker to its last incarnation
-            if f"the broker restarted (incarnation {inc})" not in read(path):
+            if f"sync_broker/0 incarnation {inc} (epoch" not in read(path):
                 raise Failure(f"learner {i} never saw broker incarnation {inc}; log {path}")
     for proc, _ in mesh.shards:
         proc.send_signal(signal.SIGTERM)

@@ -13,7 +13,7 @@
 #include "core/prng.hpp"
 #include "learner/learner_wire.hpp"
 #include "parameter_shard/shard_wire.hpp"
-#include "sync_broker/broker_wire.hpp"
+#include "sync_broker/broker_seat.hpp"
 #include "transport/bulk_pacer.hpp"
 #include "transport/codec.hpp"
 #include "transport/message_port.hpp"
@@ -49,6 +49,7 @@ mesh_setup sim_setup(const sim_config& c) {
   s.plan = *make_fragment_plan(s.layout, c.fragments);
   s.shard_of_fragment = round_robin_shards(c.fragments, static_cast<std::uint32_t>(c.shards));
   s.broker_endpoint = "sim://broker";
+  for (int b = 1; b <= c.standbys; ++b) s.standby_endpoints.push_back("sim://broker-" + std::to_string(b));
   for (int i = 0; i < c.shards; ++i) s.shard_endpoints.push_back("sim://shard-" + std::to_string(i));
   for (int i = 0; i < c.learners; ++i) s.learner_endpoints.push_back("sim://learner-" + std::to_string(i));
   return s;
@@ -66,8 +67,10 @@ class sim_port final : public transport::message_port {
   const std::string& endpoint() const override { return endpoint_; }
   status add_peer(node_address, const std::string&) override { return {}; }  // routing is by address
   transport::envelope_builder make_envelope(std::uint64_t round) override {
-    return transport::envelope_builder(self_, inc, ++sequence_, round);
+    return transport::envelope_builder(self_, inc, ++sequence_, round, epoch_.get());
   }
+  std::uint64_t broker_epoch() const override { return epoch_.get(); }
+  void raise_broker_epoch(std::uint64_t epoch) override { epoch_.raise(epoch); }
   status send(node_address peer, encoded_message&& message) override;
   status broadcast(const std::vector<node_address>& peers, encoded_message&& message) override;
   status set_link(node_address peer, const link_profile& profile) override;
@@ -78,22 +81,27 @@ class sim_port final : public transport::message_port {
  private:
   mesh& world_;
   int node_;
+  transport::broker_epoch_cell epoch_;
   node_address self_;
   std::string endpoint_;
   link_profile link_;
   std::uint64_t sequence_ = 0;
 };
 
-/// The broker's store: its round lease and its ledger, kept across its restarts.
+/// A broker's store: its round lease and its ledger, kept across its restarts
+/// (a standby's holds the leader's copies). Records replace theirs by key, as the
+/// snapshot store's do.
 struct sim_broker_store final : broker_store {
   std::uint64_t rounds_leased = 0;
-  std::vector<storage::learner_ledger> ledgers;
+  std::map<std::pair<std::uint32_t, std::uint64_t>, storage::learner_ledger> ledgers;
   status lease_rounds(std::uint64_t rounds_below, incarnation) override {
-    rounds_leased = rounds_below;
+    rounds_leased = std::max(rounds_leased, rounds_below);
     return {};
   }
   void append_tape(storage::tape_record) override {}
-  void write_ledger(std::vector<storage::learner_ledger> l) override { ledgers = std::move(l); }
+  void write_ledger(std::vector<storage::learner_ledger> l) override {
+    for (auto& record : l) ledgers[{record.learner, record.incarnation}] = std::move(record);
+  }
 };
 
 class mesh {
@@ -105,7 +113,7 @@ class mesh {
   void observe_broker_send(const std::vector<node_address>& to, const encoded_message& message);
   int node_of(node_address a) const {
     if (a.kind == role::learner) return static_cast<int>(a.index);
-    if (a.kind == role::sync_broker) return broker_node();
+    if (a.kind == role::sync_broker) return broker_node(a.index);
     if (a.kind == role::chaos_monkey) return chaos_node();
     return shard_node(a.index);
   }
@@ -159,6 +167,15 @@ class mesh {
 
   /// What each node's transport knows: who it heard from (liveness), the newest
   /// incarnation of each sender (older ones are dropped), who it reported dead.
+  /// A broker's process: its port, its seat (leading or following) and its store.
+  struct broker_process {
+    std::unique_ptr<sim_port> port;
+    std::unique_ptr<broker_seat> seat;
+    sim_broker_store store;
+    bool up = true;
+    const broker_wire* led = nullptr;  // the wire it led through when last looked at
+  };
+
   struct node_transport_state {
     peer_liveness liveness;
     std::map<int, std::uint64_t> newest_inc;
@@ -173,18 +190,29 @@ class mesh {
   };
 
   // -- topology ---------------------------------------------------------------
-  int broker_node() const { return cfg_.learners; }
+  // Nodes: the learners, the primary broker, the shards, the standby brokers; the chaos monkey last.
+  int broker_node(std::uint32_t b = 0) const {
+    return b == 0 ? cfg_.learners : cfg_.learners + cfg_.shards + static_cast<int>(b);
+  }
   int shard_node(std::uint32_t s) const { return cfg_.learners + 1 + static_cast<int>(s); }
-  bool is_shard_node(int node) const { return node > broker_node(); }
+  bool is_shard_node(int node) const { return node > cfg_.learners && node <= cfg_.learners + cfg_.shards; }
+  /// The broker index of a broker's node; -1 for any other node.
+  int broker_at_node(int node) const {
+    if (node == cfg_.learners) return 0;
+    if (node > cfg_.learners + cfg_.shards && node < nodes()) return node - cfg_.learners - cfg_.shards;
+    return -1;
+  }
   std::uint32_t shard_at(int node) const { return static_cast<std::uint32_t>(node - cfg_.learners - 1); }
-  int nodes() const { return cfg_.learners + 1 + cfg_.shards; }  // the mesh's; the chaos monkey's is after them
+  int nodes() const { return cfg_.learners + 1 + cfg_.shards + cfg_.standbys; }  // the chaos monkey's is after them
   int chaos_node() const { return nodes(); }
   node_address address_of(int node) const {
     if (node < cfg_.learners) return {role::learner, static_cast<std::uint32_t>(node)};
-    if (node == broker_node()) return broker_address;
+    if (const int b = broker_at_node(node); b >= 0) return broker_at(static_cast<std::uint32_t>(b));
     if (node == chaos_node()) return {role::chaos_monkey, 0};
     return {role::parameter_shard, shard_at(node)};
   }
+  /// The broker that leads now, if one does (the newest epoch among those that lead).
+  const broker_wire* leader() const;
   std::uint32_t shard_of(fragment_index p) const { return setup_.shard_of_fragment[p.value]; }
   void at(nanos t, std::function<void()> action) { events_.push({t, seq_++, std::move(action)}); }
 
@@ -214,9 +242,10 @@ class mesh {
   void arm_rejoin(std::uint32_t i, incarnation inc);
   void arm_wait_timeout(std::uint32_t i, incarnation inc);
   void on_learner_event(std::uint32_t i, const learner_event& e);
-  void start_broker(bool with_store);
+  void start_broker(std::uint32_t b, bool with_store);
+  void note_leadership(std::uint32_t b);
   void broker_tick();
-  void crash_broker();
+  void crash_broker(bool store_lost = false);
   std::unique_ptr<shard_wire> make_shard(std::uint32_t s, std::vector<std::pair<fragment_index, fragment_outer_state>> restored);
   void on_shard_commit(std::uint32_t s, shard_commit c);
   void restart_shard(std::uint32_t s);
@@ -245,11 +274,7 @@ class mesh {
   std::vector<float> target_;
   std::vector<learner> learners_;
   std::vector<shard_process> shards_;
-  // The broker's process: its port, wire, store and incarnation.
-  std::unique_ptr<sim_port> broker_port_;
-  std::unique_ptr<broker_wire> broker_;
-  sim_broker_store broker_store_;
-  bool broker_up_ = true;
+  std::vector<broker_process> brokers_;  // the primary, then the standbys
   std::vector<round_record> earlier_history_;
   std::vector<node_transport_state> transports_;
   // The chaos monkey: its wire layer, its port, the launcher it drives, its record.
@@ -298,7 +323,7 @@ status sim_port::send(node_address peer, encoded_message&& message) {
 
 status sim_port::broadcast(const std::vector<node_address>& peers, encoded_message&& message) {
   auto shared = std::make_shared<const encoded_message>(std::move(message));
-  if (self_ == broker_address) world_.observe_broker_send(peers, *shared);
+  if (self_.kind == role::sync_broker) world_.observe_broker_send(peers, *shared);
   for (node_address peer : peers) world_.send(node_, world_.node_of(peer), shared);
   return {};
 }
@@ -340,8 +365,11 @@ mesh::mesh(const sim_config& c) : cfg_(c), setup_(sim_setup(c)), rng_(derive_see
     for (auto& x : l.target) x += 0.3f * static_cast<float>(bias.normal());  // non-IID data
     l.step_ns = i < static_cast<int>(c.step_ns.size()) ? c.step_ns[i] : 10'000'000;
   }
-  broker_port_ = std::make_unique<sim_port>(*this, broker_node(), broker_address, setup_.broker_endpoint, c.link);
-  start_broker(true);
+  brokers_.resize(static_cast<std::size_t>(1 + c.standbys));
+  for (std::uint32_t b = 0; b < brokers_.size(); ++b) {
+    brokers_[b].port = std::make_unique<sim_port>(*this, broker_node(b), broker_at(b), setup_.broker_endpoint_of(b), c.link);
+    start_broker(b, true);
+  }
   for (std::uint32_t s = 0; s < shards_.size(); ++s) shards_[s].wire->start();
   for (int i = 0; i < m; ++i) start_learner(static_cast<std::uint32_t>(i), 0);
   for (const auto& f : c.crashes) {
@@ -351,8 +379,8 @@ mesh::mesh(const sim_config& c) : cfg_(c), setup_(sim_setup(c)), rng_(derive_see
   at(0, [this] { broker_tick(); });
   for (int n = 0; n < nodes(); ++n) at(0, [this, n] { heartbeat(n); });
   for (const auto& f : c.broker_crashes) {
-    at(f.at_ns, [this] { crash_broker(); });
-    if (f.restart_at_ns >= f.at_ns) at(f.restart_at_ns, [this, f] { start_broker(f.with_store); });
+    at(f.at_ns, [this, f] { crash_broker(f.store_lost); });
+    if (f.restart_at_ns >= f.at_ns) at(f.restart_at_ns, [this, f] { start_broker(0, f.with_store); });
   }
   if (!c.timeline.empty()) {
     chaos_port_ = std::make_unique<sim_port>(*this, chaos_node(), node_address{role::chaos_monkey, 0}, "sim://chaos", c.link);
@@ -382,6 +410,12 @@ bool mesh::partitioned(int a, int b) const {
     if (now_ < p.from_ns || now_ >= p.to_ns) continue;
     const int l = static_cast<int>(p.learner);
     if ((a == l) != (b == l)) return true;
+  }
+  for (const auto& p : cfg_.broker_partitions) {
+    if (now_ < p.from_ns || now_ >= p.to_ns) continue;
+    const int n = broker_node(p.broker);
+    if ((a == n) == (b == n)) continue;
+    if (!p.from_brokers_only || (broker_at_node(a) >= 0 && broker_at_node(b) >= 0)) return true;
   }
   return false;
 }
@@ -426,7 +460,7 @@ link_shaper& mesh::link(int from, int to) {
 /// The sender's incarnation, carried by every message as the envelope's header does.
 std::uint64_t mesh::incarnation_of(int node) const {
   if (node < cfg_.learners) return learners_[static_cast<std::size_t>(node)].inc.value;
-  if (node == broker_node()) return broker_port_->inc.value;
+  if (const int b = broker_at_node(node); b >= 0) return brokers_[static_cast<std::size_t>(b)].port->inc.value;
   if (node == chaos_node()) return chaos_port_->inc.value;
   return shards_[shard_at(node)].port->inc.value;
 }
@@ -434,7 +468,7 @@ std::uint64_t mesh::incarnation_of(int node) const {
 /// The node's process runs (a paused learner runs not, but is alive).
 bool mesh::running(int node) const {
   if (node < cfg_.learners) return learners_[static_cast<std::size_t>(node)].alive;
-  if (node == broker_node()) return broker_up_;
+  if (const int b = broker_at_node(node); b >= 0) return brokers_[static_cast<std::size_t>(b)].up;
   return shards_[shard_at(node)].up;
 }
 
@@ -503,8 +537,8 @@ void mesh::peer_event(int node, int peer, bool alive) {
   if (node < cfg_.learners) {
     const auto i = static_cast<std::uint32_t>(node);
     if (learners_[i].wire->on_peer(p, alive)) arm_rejoin(i, learners_[i].inc);
-  } else if (node == broker_node()) {
-    broker_->on_peer(p, alive, now_);
+  } else if (const int b = broker_at_node(node); b >= 0) {
+    brokers_[static_cast<std::size_t>(b)].seat->on_peer(p, alive, now_);
   } else {
     shards_[shard_at(node)].wire->on_peer(p, alive);
   }
@@ -554,14 +588,25 @@ void mesh::dispatch(int to, int from, const decoded_envelope& env) {
   if (to < cfg_.learners) {
     const auto i = static_cast<std::uint32_t>(to);
     on_learner_event(i, learners_[i].wire->on_message(env, now_));
-  } else if (to == broker_node()) {
-    if (env.body() == wire::Envelope::Body::PROGRESS) {
+  } else if (const int b = broker_at_node(to); b >= 0) {
+    broker_process& proc = brokers_[static_cast<std::size_t>(b)];
+    if (env.body() == wire::Envelope::Body::PROGRESS && proc.seat->leading()) {
       std::uint64_t& delivered = result_.progress_delivered[{{env.sender().index}, incarnation{env.header().getIncarnation()}}];
       delivered = std::max(delivered, env.root().getBody().getProgress().getStep());
     }
-    broker_->on_message(env, now_);
-  } else if (auto order = shards_[shard_at(to)].wire->on_message(env, now_)) {
-    storage_order(shard_at(to), *order);
+    proc.seat->on_message(env, now_);
+    note_leadership(static_cast<std::uint32_t>(b));
+  } else {
+    shard_wire& shard = *shards_[shard_at(to)].wire;
+    const std::uint64_t fenced = shard.broker_messages_fenced();
+    if (auto order = shard.on_message(env, now_)) storage_order(shard_at(to), *order);
+    // A round close of an epoch older than one that led already, taken by the shard: a deposed broker merged.
+    if (env.body() == wire::Envelope::Body::ROUND_CLOSE && shard.broker_messages_fenced() == fenced)
+      for (const auto& [t, b, epoch] : result_.leaders)
+        if (epoch > env.header().getBrokerEpoch() && t <= now_) {
+          ++result_.closes_merged_by_deposed;
+          break;
+        }
   }
 }
 
@@ -576,6 +621,11 @@ void mesh::observe_broker_send(const std::vector<node_address>& to, const encode
       if (peer.kind == role::parameter_shard) result_.welcomes_to_shards.emplace_back(now_, peer.index);
   } else if (env.body() == wire::Envelope::Body::ROUND_CLOSE) {
     auto close = env.root().getBody().getRoundClose();
+    for (const auto& [t, b, epoch] : result_.leaders)
+      if (epoch > env.header().getBrokerEpoch()) {
+        ++result_.closes_by_deposed;
+        break;
+      }
     for (auto m : close.getMembers()) {
       result_.member_incarnations[m.getLearner()].push_back(m.getIncarnation());
       if (close.getQuorumNs() >= 0) result_.merged_at[m.getLearner()].push_back(now_);
@@ -704,42 +754,80 @@ void mesh::step(std::uint32_t i, incarnation inc) {
 
 /// A new broker process: the first one, or a restart. With its store (as `node
 /// --role broker --db`) it leases round numbers and restores its predecessor's
-/// round lease and ledger; without, it starts from nothing.
-void mesh::start_broker(bool with_store) {
-  if (broker_ && broker_up_) return;
-  if (broker_) {
-    ++broker_port_->inc.value;
+/// round lease and ledger when it begins to lead; without, it starts from
+/// nothing. Its seat leads at once in a mesh without standbys; with standbys
+/// the election decides (broker_seat).
+void mesh::start_broker(std::uint32_t b, bool with_store) {
+  broker_process& proc = brokers_[b];
+  if (proc.seat && proc.up) return;
+  if (proc.seat) {  // a new process: the next incarnation, a port that knows no epoch yet
+    const incarnation next{proc.port->inc.value + 1};
+    proc.seat.reset();
     ++result_.broker_restarts;
-    fresh_transport(broker_node());
+    fresh_transport(broker_node(b));
+    proc.port = std::make_unique<sim_port>(*this, broker_node(b), broker_at(b), setup_.broker_endpoint_of(b), cfg_.link);
+    proc.port->inc = next;
   }
-  broker_start start;
-  start.first_round = cfg_.broker.first_round;
-  start.recovery = with_store;
-  start.rounds_leased = broker_store_.rounds_leased;
-  start.ledgers = broker_store_.ledgers;
-  start.ledger_write_interval_ns = cfg_.broker_ledger_write_ns;
   broker_config settings = cfg_.broker;
   settings.fragments = cfg_.fragments;
   settings.shard_of_fragment = setup_.shard_of_fragment;
-  broker_ = std::make_unique<broker_wire>(setup_, settings, broker_port_->inc, *broker_port_,
-                                          with_store ? &broker_store_ : nullptr, start, now_);
-  broker_up_ = true;
-  result_.ledger_restored = broker_->ledger().totals();
-  result_.broker_first_rounds.push_back(broker_->core().next_round().value);
-  broker_->start(now_);
+  auto read_start = [this, &proc, with_store] {
+    broker_start start;
+    start.first_round = cfg_.broker.first_round;
+    start.recovery = with_store;
+    start.rounds_leased = proc.store.rounds_leased;
+    for (const auto& [key, record] : proc.store.ledgers) start.ledgers.push_back(record);
+    start.ledger_write_interval_ns = cfg_.broker_ledger_write_ns;
+    return start;
+  };
+  proc.up = true;
+  proc.led = nullptr;
+  proc.seat = std::make_unique<broker_seat>(setup_, settings, proc.port->inc, b, *proc.port,
+                                            with_store ? &proc.store : nullptr, read_start, now_);
+  note_leadership(b);
+}
+
+/// Records a seat's change of role: the leader's first round and restored ledger,
+/// the epochs in turn, and the history of a leader that stepped down.
+void mesh::note_leadership(std::uint32_t b) {
+  broker_process& proc = brokers_[b];
+  const broker_wire* wire = proc.up && proc.seat ? proc.seat->leading() : nullptr;
+  if (wire == proc.led) return;
+  if (proc.led && !wire && proc.up) result_.step_downs.emplace_back(now_, b);
+  proc.led = wire;
+  if (!wire) return;
+  result_.leaders.emplace_back(now_, b, wire->epoch());
+  result_.ledger_restored = wire->ledger().totals();
+  result_.broker_first_rounds.push_back(wire->core().next_round().value);
+}
+
+const broker_wire* mesh::leader() const {
+  const broker_wire* out = nullptr;
+  for (const broker_process& proc : brokers_)
+    if (proc.up && proc.seat && proc.seat->leading() && (!out || proc.seat->leading()->epoch() > out->epoch()))
+      out = proc.seat->leading();
+  return out;
 }
 
 void mesh::broker_tick() {
-  if (broker_up_) broker_->tick(now_);
+  for (std::uint32_t b = 0; b < brokers_.size(); ++b) {
+    if (!brokers_[b].up) continue;
+    brokers_[b].seat->tick(now_);
+    note_leadership(b);
+  }
   if (const int n = healthy_learners(); result_.healthy_learners.empty() || result_.healthy_learners.back().second != n)
     result_.healthy_learners.emplace_back(now_, n);
   at(now_ + cfg_.tick_ns, [this] { broker_tick(); });
 }
 
-void mesh::crash_broker() {
-  if (!broker_up_) return;
-  broker_up_ = false;
-  earlier_history_.insert(earlier_history_.end(), broker_->core().history().begin(), broker_->core().history().end());
+/// The primary's process dies; with store_lost its host is gone (a restart starts from an empty store).
+void mesh::crash_broker(bool store_lost) {
+  broker_process& proc = brokers_[0];
+  if (!proc.up) return;
+  proc.up = false;
+  if (const broker_wire* wire = proc.seat->leading())
+    earlier_history_.insert(earlier_history_.end(), wire->core().history().begin(), wire->core().history().end());
+  if (store_lost) proc.store = sim_broker_store{};
 }
 
 // -- shards -----------------------------------------------------------------------
@@ -839,7 +927,7 @@ void mesh::restart_target(const fault_target& t) {
   // Later than the chaos monkey's own reapply: the faults in force reach the new process once it runs.
   at(std::max(now_, crashed_at_[node] + cfg_.restart_ns), [this, t] {
     if (t.kind == role::parameter_shard) restart_shard(t.index);
-    else start_broker(true);
+    else start_broker(0, true);
     chaos_->reapply(t);
   });
 }
@@ -878,10 +966,13 @@ int mesh::healthy_learners() const {
   int n = 0;
   for (int i = 0; i < cfg_.learners; ++i) {
     const learner& l = learners_[static_cast<std::size_t>(i)];
-    bool reachable = broker_up_;
-    for (int peer = broker_node(); peer < nodes(); ++peer)
-      if (peer == broker_node() || shards_[shard_at(peer)].up)
-        reachable &= !partitioned(i, peer) && !cut(i, peer) && !cut(peer, i);
+    const broker_wire* lead = leader();
+    bool reachable = lead != nullptr;
+    for (int peer = cfg_.learners; reachable && peer < nodes(); ++peer) {
+      const int b = broker_at_node(peer);
+      const bool matters = b >= 0 ? lead == brokers_[static_cast<std::size_t>(b)].seat->leading() : shards_[shard_at(peer)].up;
+      if (matters) reachable &= !partitioned(i, peer) && !cut(i, peer) && !cut(peer, i);
+    }
     bool joined = l.alive;
     for (std::uint32_t p = 0; joined && p < setup_.fragments(); ++p) joined = l.wire->core().installed({p});
     n += l.alive && !l.paused && joined && reachable;
@@ -890,7 +981,7 @@ int mesh::healthy_learners() const {
 }
 
 int mesh::faults_in_place() const {
-  int n = !broker_up_;
+  int n = !brokers_[0].up;
   for (const learner& l : learners_) n += !l.alive + l.paused + (l.alive && std::abs(l.wire->slowdown() - 1) > 1e-9);
   for (const auto& [ends, profile] : shaped_) n += !(profile == cfg_.link);
   for (const shard_process& proc : shards_) n += !proc.up + (now_ < proc.storage_failing_until);
@@ -918,12 +1009,17 @@ void mesh::collect(sim_result& r) const {
   r.final_theta = global_theta();
   r.final_loss = loss(r.final_theta);
   r.history = earlier_history_;  // the brokers before a restart, then the last one
-  r.history.insert(r.history.end(), broker_->core().history().begin(), broker_->core().history().end());
-  r.broker = broker_->core().counters();
-  r.ledger = broker_->ledger().totals();
-  r.ledger_by_incarnation = broker_->ledger().per_learner();
-  r.fragment_ledger = broker_->ledger().per_fragment();
-  for (const shard_process& proc : shards_) r.shards.push_back(proc.wire->core().ledger());
+  if (const broker_wire* lead = leader()) {
+    r.history.insert(r.history.end(), lead->core().history().begin(), lead->core().history().end());
+    r.broker = lead->core().counters();
+    r.ledger = lead->ledger().totals();
+    r.ledger_by_incarnation = lead->ledger().per_learner();
+    r.fragment_ledger = lead->ledger().per_fragment();
+  }
+  for (const shard_process& proc : shards_) {
+    r.shards.push_back(proc.wire->core().ledger());
+    r.fenced_at_shards += proc.wire->broker_messages_fenced();
+  }
   for (std::size_t i = 0; i < learners_.size(); ++i) {
     const learner& l = learners_[i];
     const node_counters counts = l.wire->status().counts;

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <map>
 #include <utility>
+#include <tuple>
 #include <vector>
 
 #include "chaos_monkey/chaos_core.hpp"
@@ -68,10 +69,23 @@ struct crash_fault {
 ///    incarnation continued from its stored step count; without: rounds start
 ///    again at 0 and the ledger from the learners' cumulative Progress alone.
 /// A crash while the broker is down is ignored; so is a restart_at_ns before at_ns.
+/// With standbys (sim_config::standbys) a standby takes over while it is down
+/// (broker_seat); store_lost: its host is gone — a restart, if any, starts from
+/// an empty store (and follows the standby that leads).
 struct broker_crash_fault {
   nanos at_ns;
   nanos restart_at_ns;
   bool with_store = true;
+  bool store_lost = false;
+};
+
+/// Broker `broker` (0: the primary) cut from every other node, both ways; with
+/// from_brokers_only, only from the other brokers (a split brain: the standby
+/// takes over while the primary still reaches the learners and shards).
+struct broker_partition_fault {
+  std::uint32_t broker;
+  nanos from_ns, to_ns;
+  bool from_brokers_only = false;
 };
 
 struct partition_fault {
@@ -96,6 +110,9 @@ struct sim_config {
   std::vector<partition_fault> partitions;
   /// Broker process crashes and restarts (broker_crash_fault says what the sim does).
   std::vector<broker_crash_fault> broker_crashes;
+  /// Standby brokers beside the primary (node --role broker --standby), each a broker_seat.
+  int standbys = 0;
+  std::vector<broker_partition_fault> broker_partitions;
   /// The transport's liveness: a peer silent this long is dead (heartbeats go
   /// every third of it). A learner finds a crashed broker silent this much later.
   nanos broker_silence_ns = 300'000'000;
@@ -140,6 +157,13 @@ struct sim_result {
   broker_counters broker;                    // the last broker incarnation's
   std::uint64_t broker_restarts = 0;
   std::vector<std::uint64_t> broker_first_rounds;  // per broker incarnation: the round it numbered from
+  /// Each time a broker began to lead: (time, broker index, epoch); and when one stepped down.
+  std::vector<std::tuple<nanos, std::uint32_t, std::uint64_t>> leaders;
+  std::vector<std::pair<nanos, std::uint32_t>> step_downs;
+  /// RoundClose messages a broker sent after a newer epoch than its own led (a deposed
+  /// broker's, before it heard); those a shard took all the same (must be 0); and the
+  /// broker messages the shards refused (fenced).
+  std::uint64_t closes_by_deposed = 0, closes_merged_by_deposed = 0, fenced_at_shards = 0;
   std::vector<shard_ledger> shards;
   std::uint64_t published = 0;
   std::uint64_t messages_sent = 0, messages_lost = 0;

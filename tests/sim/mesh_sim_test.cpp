@@ -361,3 +361,119 @@ TEST_CASE("sim: a restarted shard's Join is answered by the broker, its old roun
   }
   CHECK(r.final_loss < 0.2 * r.initial_loss);
 }
+
+// A standby broker (broker_seat, the real election and wire layers) takes over
+// when the primary's host is lost — its process dead, its store gone — from the
+// copy the primary sent it: within the liveness bound, no version goes back, no
+// learner restarts, and the ledger stays exact across the takeover.
+TEST_CASE("sim: the primary's host is lost; a standby takes over, nothing committed is lost, the ledger stays exact") {
+  constexpr nanos crash_ns = 3'000'000'000;
+  for (const std::uint64_t seed : {81u, 82u}) {
+    CAPTURE(seed);
+    sim_config c = base(seed);
+    c.standbys = 1;
+    c.duration_ns = 8'000'000'000;
+    c.drain_ns = 100'000'000;
+    c.broker_ledger_write_ns = 500'000'000;
+    c.broker_crashes = {{crash_ns, -1, true, true}};  // never back, its store gone
+    c.link.latency_ns = 2'000'000;
+    c.link.jitter_ns = 1'000'000;
+    const sim_result r = run_mesh(c);
+    REQUIRE(r.leaders.size() == 2);
+    const auto [t0, b0, e0] = r.leaders[0];
+    const auto [t1, b1, e1] = r.leaders[1];
+    CHECK(b0 == 0u);
+    CHECK(b1 == 1u);
+    CHECK(e1 > e0);
+    // The primary listened two heartbeats before it led; the standby took over on the death verdict.
+    CHECK(t0 == 2 * c.broker_silence_ns / 3);
+    CHECK(t1 > crash_ns);
+    CHECK(t1 <= crash_ns + c.broker_silence_ns + c.broker_silence_ns / 3);
+    nanos first_merge_after = std::numeric_limits<nanos>::max();
+    for (const auto& rec : r.history)
+      if (rec.closed_ns > crash_ns && rec.quorum_ns >= 0) first_merge_after = std::min(first_merge_after, rec.closed_ns);
+    MESSAGE("seed " << seed << ": standby leading " << (t1 - crash_ns) / 1e6 << " ms after the crash, merging "
+                    << (first_merge_after - crash_ns) / 1e6 << " ms after it");
+    CHECK(first_merge_after < crash_ns + 2 * c.broker_silence_ns);
+    std::map<std::uint32_t, std::uint64_t> version;
+    for (const auto& v : r.versions) {
+      if (v.kind != version_event::what::published) continue;
+      CHECK(v.version > version[v.fragment.value]);
+      version[v.fragment.value] = v.version;
+    }
+    for (std::size_t i = 0; i < r.member_incarnations.size(); ++i) {
+      CAPTURE(i);
+      CHECK(std::all_of(r.member_incarnations[i].begin(), r.member_incarnations[i].end(),
+                        [](std::uint64_t inc) { return inc == 1; }));
+      CHECK(std::any_of(r.merged_at[i].begin(), r.merged_at[i].end(), [&](nanos t) { return t > first_merge_after; }));
+    }
+    CHECK(r.ledger_restored.processed > 0);  // the standby's copy held the primary's ledger
+    CHECK(r.ledger.balanced());
+    CHECK(r.ledger.processed == r.tokens_processed);
+    CHECK(r.final_loss < 0.05 * r.initial_loss);
+  }
+}
+
+// The primary cut off from everyone (a partition, not a crash): the standby takes
+// over; when the partition heals, the old primary's messages are refused (fenced)
+// and it steps down; no round it closed after the new epoch began was merged.
+TEST_CASE("sim: a partitioned primary is fenced when it returns, and steps down") {
+  constexpr nanos cut_ns = 3'000'000'000, heal_ns = 5'000'000'000;
+  for (const std::uint64_t seed : {91u, 92u}) {
+    CAPTURE(seed);
+    sim_config c = base(seed);
+    c.standbys = 1;
+    c.duration_ns = 8'000'000'000;
+    c.drain_ns = 100'000'000;
+    c.broker_ledger_write_ns = 500'000'000;
+    c.broker_partitions = {{0, cut_ns, heal_ns}};
+    const sim_result r = run_mesh(c);
+    REQUIRE(r.leaders.size() >= 2);
+    CHECK(std::get<1>(r.leaders[1]) == 1u);
+    CHECK(std::get<0>(r.leaders[1]) > cut_ns);
+    CHECK(std::get<0>(r.leaders[1]) < heal_ns);
+    REQUIRE(!r.step_downs.empty());
+    CHECK(r.step_downs.front().second == 0u);
+    CHECK(r.step_downs.front().first >= heal_ns);
+    CHECK(r.step_downs.front().first < heal_ns + 2 * c.broker_silence_ns);
+    MESSAGE("seed " << seed << ": standby leading " << (std::get<0>(r.leaders[1]) - cut_ns) / 1e6
+                    << " ms after the cut; the old primary stepped down " << (r.step_downs.front().first - heal_ns) / 1e6
+                    << " ms after the heal; its round closes refused by the shards: " << r.fenced_at_shards);
+    CHECK(r.closes_merged_by_deposed == 0);
+    std::map<std::uint32_t, std::uint64_t> version;
+    for (const auto& v : r.versions) {
+      if (v.kind != version_event::what::published) continue;
+      CHECK(v.version > version[v.fragment.value]);
+      version[v.fragment.value] = v.version;
+    }
+    CHECK(r.ledger.balanced());
+    CHECK(r.ledger.processed == r.tokens_processed);
+    CHECK(r.final_loss < 0.05 * r.initial_loss);
+  }
+  // Split brain: only the brokers lose each other. The standby takes over while the
+  // primary still reaches everyone; the shards and learners follow the newer epoch
+  // (refusing the primary's messages) and the first message the primary gets from
+  // them carries it: it steps down long before the cut heals.
+  for (const std::uint64_t seed : {93u, 94u}) {
+    CAPTURE(seed);
+    sim_config c = base(seed);
+    c.standbys = 1;
+    c.duration_ns = 8'000'000'000;
+    c.drain_ns = 100'000'000;
+    c.broker_ledger_write_ns = 500'000'000;
+    c.broker_partitions = {{0, cut_ns, heal_ns, true}};
+    const sim_result r = run_mesh(c);
+    REQUIRE(r.leaders.size() >= 2);
+    CHECK(std::get<1>(r.leaders[1]) == 1u);
+    REQUIRE(!r.step_downs.empty());
+    CHECK(r.step_downs.front().second == 0u);
+    CHECK(r.step_downs.front().first < heal_ns);
+    MESSAGE("seed " << seed << " (split brain): the primary stepped down "
+                    << (r.step_downs.front().first - std::get<0>(r.leaders[1])) / 1e6 << " ms after the standby led; "
+                    << r.fenced_at_shards << " of its messages refused by the shards");
+    CHECK(r.step_downs.front().first - std::get<0>(r.leaders[1]) < c.broker_silence_ns);  // the next message told it
+    CHECK(r.closes_merged_by_deposed == 0);
+    CHECK(r.ledger.balanced());
+    CHECK(r.ledger.processed == r.tokens_processed);
+  }
+}

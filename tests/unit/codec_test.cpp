@@ -9,6 +9,7 @@
 
 #include "core/prng.hpp"
 #include "core/checksum.hpp"
+#include "core/mesh_setup.hpp"
 #include "transport/codec.hpp"
 #include "transport/transport.hpp"
 
@@ -47,9 +48,9 @@ decode_result decode(const owned_message& m) { return decode_envelope(m.views())
 
 TEST_CASE("every body round-trips with its header") {
   using Body = wire::Envelope::Body;
-  for (int tag = 0; tag <= static_cast<int>(Body::ACK); ++tag) {
+  for (int tag = 0; tag <= static_cast<int>(Body::BROKER_STATE); ++tag) {
     CAPTURE(tag);
-    envelope_builder b(learner3, incarnation{9}, 100 + tag, 55);
+    envelope_builder b(learner3, incarnation{9}, 100 + tag, 55, broker_epoch_of(9, 1));
     auto body = b.body();
     switch (static_cast<Body::Which>(tag)) {
       case Body::JOIN: body.initJoin().setEndpoint("tcp://127.0.0.1:7000"); break;
@@ -77,6 +78,13 @@ TEST_CASE("every body round-trips with its header") {
       case Body::CHAOS_COMMAND: body.initChaosCommand().initLink().setLoss(0.25); break;
       case Body::ERROR: body.initError().setMessage("nope"); break;
       case Body::ACK: body.initAck().setSequence(99); break;
+      case Body::BROKER_STATE: {
+        auto st = body.initBrokerState();
+        st.setRoundsLeased(512);
+        const kj::byte record[] = {1, 2, 3};
+        st.initTape(1).set(0, kj::arrayPtr(record, 3));
+        break;
+      }
     }
     owned_message m(b.finish());
     auto r = decode(m);
@@ -87,6 +95,7 @@ TEST_CASE("every body round-trips with its header") {
     CHECK(env.header().getIncarnation() == 9);
     CHECK(env.header().getSequence() == static_cast<std::uint64_t>(100 + tag));
     CHECK(env.header().getRound() == 55);
+    CHECK(env.header().getBrokerEpoch() == broker_epoch_of(9, 1));
     auto rb = env.root().getBody();
     switch (static_cast<Body::Which>(tag)) {
       case Body::JOIN: CHECK(std::string(rb.getJoin().getEndpoint().cStr()) == "tcp://127.0.0.1:7000"); break;
@@ -102,6 +111,10 @@ TEST_CASE("every body round-trips with its header") {
       case Body::CHAOS_COMMAND: CHECK(rb.getChaosCommand().getLink().getLoss() == 0.25); break;
       case Body::ERROR: CHECK(std::string(rb.getError().getMessage().cStr()) == "nope"); break;
       case Body::ACK: CHECK(rb.getAck().getSequence() == 99); break;
+      case Body::BROKER_STATE:
+        CHECK(rb.getBrokerState().getRoundsLeased() == 512);
+        CHECK(rb.getBrokerState().getTape()[0].size() == 3);
+        break;
     }
   }
 }

@@ -74,7 +74,7 @@ int run_node_command(node_cli& n) {
       }
       j.add("started_unix_ms", static_cast<std::int64_t>(r.started_unix_s * 1000)).add("rounds", static_cast<std::int64_t>(r.rounds)).add("uptime", r.broker.uptime)
           .add_raw("ledger", ledger_json(l)).add("ledger_balanced", l.balanced()).add_raw("learners", learners + "]")
-          .add("committed", r.committed);
+          .add("committed", r.committed).add("leading", r.leading);
     } else {
       j.add("published", static_cast<std::int64_t>(r.published)).add("rejected", static_cast<std::int64_t>(r.rejected))
           .add("resumed_version", r.resumed_version).add("mesh_version", r.mesh_version);
@@ -93,8 +93,14 @@ runner add_node_command(CLI::App& app) {
   cmd->add_option("--role", n->role_name, "broker, shard or learner")
       ->required()
       ->check(CLI::IsMember({"broker", "shard", "learner"}));
-  cmd->add_option("--index", n->index, "Shard or learner index (from 0)");
-  cmd->add_option("--broker", n->options.broker_endpoint, "The broker's endpoint, tcp://HOST:PORT")->required();
+  cmd->add_option("--index", n->index, "Shard or learner index (from 0); a standby broker's (from 1)");
+  cmd->add_option("--broker", n->options.broker_endpoints,
+                  "The brokers' endpoints, tcp://HOST:PORT, comma-separated: the primary's, then each standby's")
+      ->required()
+      ->delimiter(',');
+  cmd->add_flag("--standby", n->options.standby,
+                "Broker: a standby, broker --index I of --broker (from 1): it keeps the leader's ledger and tape "
+                "and takes over when the leader is declared dead");
   cmd->add_option("--shards", n->options.shard_endpoints, "Every shard's endpoint, comma-separated, in index order")
       ->required()
       ->delimiter(',');

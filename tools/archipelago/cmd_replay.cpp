@@ -204,7 +204,8 @@ std::string tape_json(const storage::tape_record& t, double quorum_ms) {
   json_line row;
   row.add("round", t.round).add("fragment", static_cast<std::int64_t>(t.fragment)).add("version", t.version)
       .add("quorum_ms", quorum_ms).add("grace_ms", static_cast<double>(t.grace_ns) * 1e-6).add("reason", t.reason)
-      .add("committed_ns", static_cast<std::int64_t>(t.committed_ns))
+      .add("committed_ns", static_cast<std::int64_t>(t.committed_ns)).add("epoch", t.broker_epoch)
+      .add("broker", static_cast<std::int64_t>(leader_of_epoch(t.broker_epoch)))
       .add_raw("members", "[" + members + "]").add_raw("late", "[" + late + "]");
   return row.str();
 }
@@ -215,7 +216,12 @@ int run_tape(const replay_cli& c, const replay_store& s) {
   std::printf("%8s  %8s  %8s  %9s  %9s  %-13s  %-30s  %s\n", "round", "fragment", "version", "quorum ms", "grace ms",
               "closed by", "members (weight)", "late");
   std::string rows;
+  std::uint64_t epoch = 0;
   for (const storage::tape_record& t : *rounds) {
+    if (t.broker_epoch != epoch && t.broker_epoch != 0)  // a takeover, or a restarted broker
+      std::printf("-- from here broker/%u leads, epoch %llu (incarnation %llu)\n", leader_of_epoch(t.broker_epoch),
+                  static_cast<unsigned long long>(t.broker_epoch), static_cast<unsigned long long>(t.broker_epoch >> 8));
+    epoch = t.broker_epoch;
     const double quorum_ms = t.quorum_ns < 0 ? std::nan("") : static_cast<double>(t.quorum_ns - t.opened_ns) * 1e-6;
     std::printf("%8llu  %8u  %8llu  %9.1f  %9.1f  %-13s  %-30s  %s\n", static_cast<unsigned long long>(t.round),
                 t.fragment, static_cast<unsigned long long>(t.version), quorum_ms,

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cli_common.hpp"
 #include "commands.hpp"
@@ -18,7 +19,7 @@ namespace archipelago::cli {
 namespace {
 
 struct status_cli {
-  std::string broker;  // HOST:PORT of the broker's metrics port
+  std::vector<std::string> brokers;  // HOST:PORT of each broker's metrics port (primary, standbys)
   double every_s = 2;
   bool once = false;
   bool json = false;
@@ -69,9 +70,15 @@ std::string render(const nlohmann::json& d) {
   auto u64 = [](const nlohmann::json& v) { return v.is_number() ? v.get<unsigned long long>() : 0ULL; };
   char line[512];
   std::string out;
-  std::snprintf(line, sizeof line, "mesh: %s, %llu learners configured, quorum %llu; broker incarnation %llu, up %s\n",
-                d.value("mode", "?").c_str(), u64(d["learners_configured"]), u64(d["quorum"]), u64(d["incarnation"]),
-                format_duration(num(d["uptime_s"])).c_str());
+  if (!d.value("leading", true)) {  // a standby's page: who it follows
+    std::snprintf(line, sizeof line, "broker/%llu is a standby: it follows broker/%llu (epoch %llu)\n", u64(d["broker"]),
+                  u64(d["leader"]), u64(d["epoch"]));
+    return line;
+  }
+  std::snprintf(line, sizeof line,
+                "mesh: %s, %llu learners configured, quorum %llu; broker/%llu leads (epoch %llu, incarnation %llu), up %s\n",
+                d.value("mode", "?").c_str(), u64(d["learners_configured"]), u64(d["quorum"]), u64(d["broker"]),
+                u64(d["epoch"]), u64(d["incarnation"]), format_duration(num(d["uptime_s"])).c_str());
   out += line;
   const auto& l = d["ledger"];
   std::snprintf(line, sizeof line,
@@ -106,19 +113,78 @@ std::string render(const nlohmann::json& d) {
   return out + "\n";
 }
 
+/// One broker's metrics address and what it answered.
+struct broker_page {
+  std::string where;
+  std::unique_ptr<httplib::Client> client;
+  expected<nlohmann::json> doc = nlohmann::json();
+};
+
+/// The brokers' table (with standbys): who leads, each one's epoch.
+std::string render_brokers(const std::vector<broker_page>& pages) {
+  auto u64 = [](const nlohmann::json& v) { return v.is_number() ? v.get<unsigned long long>() : 0ULL; };
+  std::string out = "broker  leads  epoch                 incarnation     metrics\n";
+  char line[512];
+  for (const broker_page& p : pages) {
+    if (!p.doc) {
+      std::snprintf(line, sizeof line, "     ?  -      unreachable                           %s\n", p.where.c_str());
+    } else {
+      const nlohmann::json& d = *p.doc;
+      std::snprintf(line, sizeof line, "%6llu  %-5s  %-20llu  %-14llu  %s\n", u64(d["broker"]),
+                    d.value("leading", false) ? "yes" : "no", u64(d["epoch"]), u64(d["incarnation"]), p.where.c_str());
+    }
+    out += line;
+  }
+  return out + "\n";
+}
+
+/// Asks every broker; the leader is the one that says it leads in the newest epoch. With one
+/// broker, its answer (or its error).
+expected<nlohmann::json> fetch_all(std::vector<broker_page>& pages) {
+  const nlohmann::json* leader = nullptr;
+  for (broker_page& p : pages) {
+    p.doc = fetch(*p.client, p.where);
+    if (p.doc && p.doc->value("leading", true) &&
+        (!leader || p.doc->value("epoch", std::uint64_t{0}) > leader->value("epoch", std::uint64_t{0})))
+      leader = &*p.doc;
+  }
+  if (pages.size() == 1) return pages.front().doc;
+  if (!leader) {
+    std::string why = "no broker leads";
+    for (const broker_page& p : pages) why += p.doc ? "" : "; " + p.doc.err().message;
+    return make_error(errc::disconnected, why + " (a takeover under way, or none reachable)");
+  }
+  nlohmann::json out = *leader;
+  out["brokers"] = nlohmann::json::array();
+  for (const broker_page& p : pages) {
+    nlohmann::json b = p.doc ? *p.doc : nlohmann::json{{"error", p.doc.err().message}};
+    nlohmann::json row = {{"metrics", p.where}};
+    for (const char* key : {"broker", "leading", "epoch", "incarnation", "error"})
+      if (b.contains(key)) row[key] = b[key];
+    out["brokers"].push_back(row);
+  }
+  return out;
+}
+
 int run_status(const status_cli& o) {
-  auto address = parse_address(o.broker);
-  if (!address) return report(address.err());
-  const std::string where = address->first + ":" + std::to_string(address->second);
-  httplib::Client client(address->first, address->second);
+  std::vector<broker_page> pages;
   const auto timeout = std::chrono::microseconds(static_cast<long long>(o.timeout_s * 1e6));
-  client.set_connection_timeout(timeout);
-  client.set_read_timeout(timeout);
+  for (const std::string& b : o.brokers) {
+    auto address = parse_address(b);
+    if (!address) return report(address.err());
+    broker_page p;
+    p.where = address->first + ":" + std::to_string(address->second);
+    p.client = std::make_unique<httplib::Client>(address->first, address->second);
+    p.client->set_connection_timeout(timeout);
+    p.client->set_read_timeout(timeout);
+    pages.push_back(std::move(p));
+  }
+  const std::string where = pages.front().where;
   // Live on a terminal until Ctrl-C; once when asked, for --json, or into a pipe.
   const bool live = !o.once && !o.json && isatty(STDOUT_FILENO);
   install_stop_handlers();
   for (bool first = true;; first = false) {
-    auto doc = fetch(client, where);
+    auto doc = fetch_all(pages);
     if (!doc) {
       if (first || !live) return report(doc.err());
       std::printf("\033[2J\033[H%s\n(retrying every %.0f s; Ctrl-C to quit)\n", doc.err().message.c_str(), o.every_s);
@@ -127,6 +193,7 @@ int run_status(const status_cli& o) {
       return exit_ok;
     } else {
       if (live) std::printf("\033[2J\033[H");  // clear and home: the table redrawn in place
+      if (pages.size() > 1) std::fputs(render_brokers(pages).c_str(), stdout);
       std::fputs(render(*doc).c_str(), stdout);
       if (!live) return exit_ok;
       std::printf("\n(every %.0f s from http://%s/status; Ctrl-C to quit)\n", o.every_s, where.c_str());
@@ -143,7 +210,11 @@ int run_status(const status_cli& o) {
 runner add_status_command(CLI::App& app) {
   auto o = std::make_shared<status_cli>();
   CLI::App* cmd = app.add_subcommand("status", "A live table of a running mesh: members, incarnations, last seen, rounds, versions");
-  cmd->add_option("--broker", o->broker, "The broker's metrics address HOST:PORT (its --metrics-port)")->required();
+  cmd->add_option("--broker", o->brokers,
+                  "The broker's metrics address HOST:PORT (its --metrics-port); with standbys, every broker's, "
+                  "comma-separated: the table is the leader's")
+      ->required()
+      ->delimiter(',');
   cmd->add_option("--every", o->every_s, "Seconds between refreshes of the live table")->check(CLI::Range(0.2, 3600.0))
       ->capture_default_str();
   cmd->add_option("--timeout", o->timeout_s, "Seconds to wait for the broker's answer")->check(CLI::Range(0.1, 600.0))

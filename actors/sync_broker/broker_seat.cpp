@@ -1,0 +1,102 @@
+#include "sync_broker/broker_seat.hpp"
+
+#include <cstdio>
+#include <utility>
+
+#include "core/json_line.hpp"
+
+namespace archipelago {
+namespace {
+
+election_config election_settings(const mesh_setup& setup, std::uint32_t index) {
+  const nanos heartbeat_ns = setup.cfg.wire.heartbeat_interval_ms * 1'000'000;
+  return {index, setup.brokers(), heartbeat_ns, heartbeat_ns * setup.cfg.wire.liveness};
+}
+
+}  // namespace
+
+broker_seat::broker_seat(const mesh_setup& setup, broker_config settings, incarnation inc, std::uint32_t index,
+                         transport::message_port& port, broker_store* store, std::function<broker_start()> read_start,
+                         nanos now)
+    : setup_(setup), settings_(std::move(settings)), inc_(inc), index_(index), port_(port), store_(store),
+      read_start_(std::move(read_start)), election_(election_settings(setup, index), inc.value, now) {
+  for (std::uint32_t b = 0; b < setup.brokers(); ++b)  // heartbeats both ways: the others' liveness and epochs
+    if (b != index) (void)port_.add_peer(broker_at(b), setup.broker_endpoint_of(b));
+  if (auto epoch = election_.take_over(now)) lead(*epoch, now);  // without standbys: at once
+}
+
+/// Leads in `epoch` from its store, as a restarted broker would.
+void broker_seat::lead(std::uint64_t epoch, nanos now) {
+  broker_start start = read_start_();
+  start.epoch = epoch;
+  wire_ = std::make_unique<broker_wire>(setup_, settings_, inc_, port_, store_, start, now);
+  if (setup_.brokers() > 1)
+    std::fprintf(stderr, "archipelago broker/%u: leading in epoch %llu\n", index_, static_cast<unsigned long long>(epoch));
+  wire_->start(now);
+}
+
+/// Deposed: it follows (what it counted goes on in its successor's ledger, from the copies).
+void broker_seat::follow(nanos now) {
+  std::fprintf(stderr, "archipelago broker/%u: broker/%u leads in a newer epoch (%llu > %llu): stepping down\n", index_,
+               election_.leader().value_or(0), static_cast<unsigned long long>(election_.epoch()),
+               static_cast<unsigned long long>(wire_->epoch()));
+  wire_.reset();
+  election_.step_down(now);
+}
+
+void broker_seat::tick(nanos now) {
+  if (election_.on_epoch(port_.broker_epoch(), now) && wire_) follow(now);  // heard in a heartbeat
+  if (!wire_)
+    if (auto epoch = election_.take_over(now)) lead(*epoch, now);
+  if (wire_) wire_->tick(now);
+}
+
+void broker_seat::on_peer(node_address peer, bool alive, nanos now) {
+  if (peer.kind == role::sync_broker) election_.on_broker_peer(peer.index, alive, now);
+  if (wire_) wire_->on_peer(peer, alive, now);
+}
+
+void broker_seat::on_message(const transport::decoded_envelope& env, nanos now) {
+  if (election_.on_epoch(env.header().getBrokerEpoch(), now) && wire_) follow(now);
+  if (wire_) return wire_->on_message(env, now);
+  // Following: only the leader's copy of its state matters (it is alive, too).
+  const auto leader = election_.leader();
+  if (env.body() != wire::Envelope::Body::BROKER_STATE || !leader || env.sender() != broker_at(*leader)) return;
+  election_.on_leader_heard(now);
+  keep(env);
+}
+
+/// The leader's copy of its store (BrokerState) into this broker's own store.
+void broker_seat::keep(const transport::decoded_envelope& env) {
+  if (!store_) return;
+  auto state = env.root().getBody().getBrokerState();
+  std::vector<storage::learner_ledger> ledgers;
+  std::size_t bad = 0;
+  for (auto record : state.getLedger()) {
+    auto l = storage::decode_ledger_record({reinterpret_cast<const char*>(record.begin()), record.size()});
+    if (l) ledgers.push_back(std::move(*l));
+    else ++bad;
+  }
+  if (!ledgers.empty()) store_->write_ledger(std::move(ledgers));
+  for (auto record : state.getTape()) {
+    auto t = storage::decode_tape_record({reinterpret_cast<const char*>(record.begin()), record.size()});
+    if (t) store_->append_tape(std::move(*t));
+    else ++bad;
+  }
+  if (const std::uint64_t leased = state.getRoundsLeased(); leased > 0)
+    (void)store_->lease_rounds(leased, incarnation{env.header().getIncarnation()});
+  if (bad > 0)  // a checksum passed, the records did not: a bug or a foreign build
+    std::fprintf(stderr, "archipelago broker/%u: %zu record(s) of %s's state undecodable, not kept\n", index_, bad,
+                 env.sender().to_string().c_str());
+}
+
+std::string broker_seat::status_json(nanos now) const {
+  if (wire_) return wire_->status_json(now);
+  json_line j;
+  j.add("broker", static_cast<std::uint64_t>(index_)).add("incarnation", inc_.value).add("leading", false)
+      .add("epoch", election_.epoch());
+  if (auto leader = election_.leader()) j.add("leader", static_cast<std::uint64_t>(*leader));
+  return j.str();
+}
+
+}  // namespace archipelago

@@ -1,0 +1,61 @@
+#pragma once
+// One broker of a mesh: it leads (through a broker_wire) or follows the broker
+// that does (broker_election decides which), keeping the leader's copy of its
+// store (BrokerState) in its own store, so that it can take over from there as
+// a restarted broker would. A mesh without standbys has one seat, which leads
+// from its start. Pure like broker_wire: the actor shell and the simulation
+// drive it; every input carries its time.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/clock.hpp"
+#include "core/ids.hpp"
+#include "core/mesh_setup.hpp"
+#include "sync_broker/broker_election.hpp"
+#include "sync_broker/broker_store.hpp"
+#include "sync_broker/broker_wire.hpp"
+#include "transport/codec.hpp"
+#include "transport/message_port.hpp"
+
+namespace archipelago {
+
+class broker_seat {
+ public:
+  /// `index`: 0 the primary, from 1 a standby. `read_start`: where this broker starts
+  /// when it begins to lead — its store read back (with a standby's copy in it) and
+  /// the first round of a resumed run. `setup`, `port` and `store` outlive the seat.
+  broker_seat(const mesh_setup& setup, broker_config settings, incarnation inc, std::uint32_t index,
+              transport::message_port& port, broker_store* store, std::function<broker_start()> read_start, nanos now);
+
+  void on_message(const transport::decoded_envelope& env, nanos now);
+  void on_peer(node_address peer, bool alive, nanos now);
+  /// Takes over when the election says so, steps down when a newer epoch is heard of; the leader's tick.
+  void tick(nanos now);
+
+  /// The leader's wire while this broker leads; null while it follows.
+  broker_wire* leading() { return wire_.get(); }
+  const broker_wire* leading() const { return wire_.get(); }
+  const broker_election& election() const { return election_; }
+  /// GET /status: the leader's view, or who this standby follows.
+  std::string status_json(nanos now) const;
+
+ private:
+  void lead(std::uint64_t epoch, nanos now);
+  void follow(nanos now);
+  void keep(const transport::decoded_envelope& env);
+
+  const mesh_setup& setup_;
+  const broker_config settings_;
+  const incarnation inc_;
+  const std::uint32_t index_;
+  transport::message_port& port_;
+  broker_store* store_;
+  std::function<broker_start()> read_start_;
+  broker_election election_;
+  std::unique_ptr<broker_wire> wire_;
+};
+
+}  // namespace archipelago
