@@ -9,9 +9,10 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("archipelago::wire");
 
-const protocolVersion :UInt16 = 1;
+const protocolVersion :UInt16 = 2;
 # Bumped only for a change an old peer would misread; a peer that receives a
-# different version answers with an Error naming both versions.
+# different version answers with an Error naming both versions. 2: broker epochs
+# (Header.brokerEpoch; Contribution.brokerEpoch holds an epoch where 1 held an incarnation).
 
 enum Role {
   learner @0;

@@ -93,10 +93,17 @@ bool learner_wire::follow_broker(const transport::decoded_envelope& env) {
       std::fprintf(stderr, "archipelago learner/%u: a new broker leads: %s incarnation %llu (epoch %llu); %zu pending "
                            "round(s) dropped\n", index_, leader.to_string().c_str(),
                    static_cast<unsigned long long>(epoch >> 8), static_cast<unsigned long long>(epoch), dropped);
-      if (!done_) send_join();  // a finished incarnation left (its Leave went to the old broker)
+      if (done_) break;  // a finished incarnation left (its Leave went to the old broker)
+      send_join();
+      if (core_->steps_done() > 0) send_progress();  // see below
       break;
     }
-    case broker_follower::news::first: port_.raise_broker_epoch(epoch); break;
+    case broker_follower::news::first:
+      // A broker that began to lead after this learner's Progress went elsewhere knows no
+      // step of it yet, and a dp learner sends none until a round opens: it hears the latest.
+      port_.raise_broker_epoch(epoch);
+      if (core_->steps_done() > 0 && !done_) send_progress();
+      break;
     case broker_follower::news::same: break;
   }
   if (from == broker_.leader()) broker_silent_ = false;
@@ -172,13 +179,19 @@ void learner_wire::after_step(std::uint64_t tokens, nanos step_ns) {
   core_->on_step(tokens);
   ++counts_.steps;
   counts_.tokens += tokens;
+  last_step_ns_ = step_ns;
+  send_progress();
+  send_contributions();
+}
+
+/// Where this incarnation stands (cumulative: a repeat changes nothing).
+void learner_wire::send_progress() {
   auto b = port_.make_envelope();
   auto p = b.body().initProgress();
   p.setStep(core_->steps_done());  // this incarnation's steps (the ledger counts from 1)
-  p.setStepTimeNs(static_cast<std::uint64_t>(step_ns));
-  p.setTokens(core_->steps_done() * tokens);
+  p.setStepTimeNs(static_cast<std::uint64_t>(last_step_ns_));
+  p.setTokens(counts_.tokens);
   (void)port_.send(broker_.leader(), b.finish());
-  send_contributions();
 }
 
 void learner_wire::leave(const std::string& reason) {

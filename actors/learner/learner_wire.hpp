@@ -93,6 +93,7 @@ class learner_wire {
  private:
   void fetch(std::optional<std::uint32_t> only_shard = std::nullopt);
   void send_join();
+  void send_progress();
   bool shard_restarted(std::uint32_t shard, std::uint64_t inc);
   bool follow_broker(const transport::decoded_envelope& env);
   void send_contributions();
@@ -110,6 +111,7 @@ class learner_wire {
   std::size_t to_install_ = 0;
   bool stepping_ = false, waiting_ = false, done_ = false;
   nanos wait_since_ = 0;
+  nanos last_step_ns_ = 0;
   std::vector<std::uint64_t> shard_incarnations_;  // as last seen; 0: not yet
   broker_follower broker_;                         // which broker leads (the newest epoch heard of)
   bool broker_silent_ = false;                     // the transport found the broker silent; Join is re-sent

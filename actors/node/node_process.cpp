@@ -138,6 +138,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
   if (*store && (*store)->head) out.resumed_version = (*store)->head->mesh_version;
   out.inc = inc;
   out.started_unix_s = static_cast<double>(wall_clock_ns()) * 1e-9;
+  out.started_steady_ns = clock.now();
   {
     caf::actor_system_config sys_cfg;
     sys_cfg.set("scheduler.max-threads", 2);

@@ -35,6 +35,7 @@ struct node_result {
   node_address address;
   incarnation inc;
   double started_unix_s = 0;  // wall-clock start, to line up with other processes' clocks
+  nanos started_steady_ns = 0;  // the same moment on the process's steady clock (what reports' times use)
   double wall_s = 0;
   // learner
   std::uint64_t steps = 0, tokens = 0;

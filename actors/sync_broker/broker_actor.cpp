@@ -148,6 +148,11 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, broker_actor
         add_node_metrics(*page, st.self_address(), st.args.inc, leader ? now - leader->started_ns() : 0,
                          st.wire->counters());
         if (leader) leader->add_metrics(*page, now);
+        const metric_labels l = {{"role", to_string(role::sync_broker)}, {"index", std::to_string(st.args.index)}};
+        page->gauge("archipelago_broker_leading", "1 while this broker leads, 0 while it follows (a standby).",
+                    leader ? 1.0 : 0.0, l);
+        page->gauge("archipelago_broker_epoch", "The newest broker epoch this broker knows (its own while it leads).",
+                    static_cast<double>(st.seat->election().epoch()), l);
         return true;
       },
       [self](status_atom) { return self->state.seat->status_json(self->state.now()); },

@@ -47,8 +47,8 @@ std::optional<std::uint64_t> broker_election::take_over(nanos now) {
     go = true;  // no standbys: lead at once, as a mesh always did
   } else if (epoch_ == 0 || leader_of_epoch(epoch_) == cfg_.self) {
     // No leader heard of (or only an earlier incarnation of this broker): the
-    // primary listens briefly, a standby for a whole liveness window.
-    go = now - since_ns_ >= (cfg_.self == 0 ? 2 * cfg_.heartbeat_ns : cfg_.dead_after_ns + stagger);
+    // primary listens a liveness window, a standby a heartbeat longer.
+    go = now - since_ns_ >= cfg_.dead_after_ns + (cfg_.self == 0 ? 0 : cfg_.heartbeat_ns + stagger);
   } else if (heard_directly_) {
     // The leader's death verdict: the control lane's, which heartbeats feed.
     go = dead_at_ && now - *dead_at_ >= stagger;

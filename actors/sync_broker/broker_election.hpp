@@ -11,9 +11,10 @@
 // leader heard of only through others' headers, never from itself: twice as long).
 // Standby i waits (i − 1) heartbeat intervals longer, so that two standbys do
 // not usually campaign at once; when they do, the higher epoch wins and the
-// other steps down on hearing of it. The primary (broker 0) listens two
-// heartbeat intervals at its start before it leads, so that a primary
-// restarted while a standby leads follows that standby instead.
+// other steps down on hearing of it. The primary (broker 0) listens one
+// liveness window at its start before it leads (asking the others who leads:
+// broker_seat), so that a primary restarted while a standby leads follows that
+// standby instead; a standby that hears of no leader waits a heartbeat longer.
 //
 // Safety does not rest on these timings: shards and learners refuse a
 // broker's message of an older epoch than they know (broker_follower), so a

@@ -22,7 +22,21 @@ broker_seat::broker_seat(const mesh_setup& setup, broker_config settings, incarn
       read_start_(std::move(read_start)), election_(election_settings(setup, index), inc.value, now) {
   for (std::uint32_t b = 0; b < setup.brokers(); ++b)  // heartbeats both ways: the others' liveness and epochs
     if (b != index) (void)port_.add_peer(broker_at(b), setup.broker_endpoint_of(b));
-  if (auto epoch = election_.take_over(now)) lead(*epoch, now);  // without standbys: at once
+  if (auto epoch = election_.take_over(now)) {  // without standbys: at once
+    lead(*epoch, now);
+    return;
+  }
+  // Ask who leads: a leader answers a broker's Join with a Welcome (its epoch in the
+  // header) and, having found it alive, with its state at once (broker_wire::on_peer).
+  auto b = port_.make_envelope();
+  auto join = b.body().initJoin();
+  join.setLayoutFingerprint(setup.layout.fingerprint());
+  join.setConfigHash(mesh_agreement_hash(setup.cfg));
+  join.setEndpoint(port_.endpoint());
+  std::vector<node_address> others;
+  for (std::uint32_t o = 0; o < setup.brokers(); ++o)
+    if (o != index) others.push_back(broker_at(o));
+  (void)port_.broadcast(others, b.finish());
 }
 
 /// Leads in `epoch` from its store, as a restarted broker would.

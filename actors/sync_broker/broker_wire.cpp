@@ -359,7 +359,8 @@ void broker_wire::on_message(const transport::decoded_envelope& env, nanos now) 
       auto p = env.root().getBody().getProgress();
       // Membership needs a Join (its endpoint: rounds are announced there); a learner's
       // Progress may come first when this broker began to lead after the learner's Join
-      // went nowhere. The ledger counts it (Progress is cumulative); its Join follows.
+      // went nowhere. The ledger counts it (Progress is cumulative); a learner follows
+      // every Join with its latest Progress, which the core then hears.
       if (std::find(learners_.begin(), learners_.end(), from) != learners_.end())
         core_->on_progress(who.learner, who.inc, p.getStep(), static_cast<nanos>(p.getStepTimeNs()), now);
       ledger_.on_progress(who, p.getStep(), p.getTokens(), static_cast<nanos>(p.getStepTimeNs()));

@@ -6,7 +6,7 @@
 namespace archipelago {
 
 void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
-  const metric_labels l = {{"role", to_string(role::sync_broker)}, {"index", "0"}};
+  const metric_labels l = {{"role", to_string(role::sync_broker)}, {"index", std::to_string(leader_of_epoch(epoch_))}};
   auto with = [&](const char* key, std::string value) {
     metric_labels x = l;
     x.emplace_back(key, std::move(value));

@@ -718,7 +718,7 @@ const transport_config& node_transport::config() const { return impl_->cfg; }
 std::vector<std::string> curve_key_names(node_address node) {
   const std::string i = std::to_string(node.index);
   switch (node.kind) {
-    case role::sync_broker: return {"broker"};
+    case role::sync_broker: return node.index == 0 ? std::vector<std::string>{"broker"} : std::vector<std::string>{"broker-" + i};  // standbys: broker-1, ...
     case role::parameter_shard: return {"shard-" + i};
     case role::learner: return {"learner-" + i, "learner"};
     case role::chaos_monkey: return {"chaos"};

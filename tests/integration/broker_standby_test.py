@@ -135,7 +135,7 @@ def main():
         # 2. A new primary host (empty store) follows; the leader is cut off (SIGSTOP) until the
         #    primary takes over, then comes back with its old epoch and must step down.
         mesh.start("primary", "broker", 0, "--db", mesh.db["primary"])
-        time.sleep(4)  # longer than its listening (2 heartbeats): it heard of the standby's epoch
+        time.sleep(5)  # longer than its listening (the 3 s liveness window): it heard of the standby's epoch
         if "leading in epoch" in mesh.log("primary"):
             raise Failure(f"the new primary led while the standby did; log {mesh.procs['primary'][1]}")
         standby, _ = mesh.procs["standby"]

@@ -104,11 +104,16 @@ def check_mesh(binary, job_dir, db, steps):
             not os.path.exists(os.path.join(job_dir, "keys", "broker.key")):
         raise Failure(f"CURVE was not on, or the job made no keys: {mesh}\n[wire]{wire}")
 
-    names = ["broker", "shard-0"] + [f"learner-{i}" for i in range(LEARNERS)]
+    names = ["broker", "broker-1", "shard-0"] + [f"learner-{i}" for i in range(LEARNERS)]
     missing = [n for n in names if not os.path.exists(os.path.join(job_dir, f"{n}.json"))]
     if missing:
         raise Failure(f"no JSON summary from {missing}")
     broker = read_json(os.path.join(job_dir, "broker.json"))
+    standby = read_json(os.path.join(job_dir, "broker-1.json"))
+    if not broker.get("leading") or standby.get("leading") or \
+            len(mesh["brokers"].split(",")) != 2 or not os.path.exists(os.path.join(job_dir, "keys", "broker-1.key")):
+        raise Failure(f"expected the primary to lead beside a standby (broker-1) with its own key: "
+                      f"primary {broker.get('leading')}, standby {standby.get('leading')}, brokers {mesh['brokers']}")
     shard = read_json(os.path.join(job_dir, "shard-0.json"))
     learners = [read_json(os.path.join(job_dir, f"learner-{i}.json")) for i in range(LEARNERS)]
 

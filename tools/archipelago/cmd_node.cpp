@@ -72,7 +72,10 @@ int run_node_command(node_cli& n) {
             .add("left_s", since_start(rec.left_ns));
         learners += (learners.size() > 1 ? "," : "") + e.str();
       }
-      j.add("started_unix_ms", static_cast<std::int64_t>(r.started_unix_s * 1000)).add("rounds", static_cast<std::int64_t>(r.rounds)).add("uptime", r.broker.uptime)
+      // The wall-clock moment the times below count from: when this broker began to lead.
+      const double led_from_s =
+          r.started_unix_s + (r.leading ? static_cast<double>(r.broker.started_ns - r.started_steady_ns) * 1e-9 : 0.0);
+      j.add("started_unix_ms", static_cast<std::int64_t>(led_from_s * 1000)).add("rounds", static_cast<std::int64_t>(r.rounds)).add("uptime", r.broker.uptime)
           .add_raw("ledger", ledger_json(l)).add("ledger_balanced", l.balanced()).add_raw("learners", learners + "]")
           .add("committed", r.committed).add("leading", r.leading);
     } else {
