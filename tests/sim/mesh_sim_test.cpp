@@ -35,6 +35,16 @@ double mean_members(const sim_result& r) {
   return r.history.empty() ? 0 : total / static_cast<double>(r.history.size());
 }
 
+/// Every fragment's published versions only grow: nothing a learner could install is taken back.
+void check_versions_only_grow(const sim_result& r) {
+  std::map<std::uint32_t, std::uint64_t> version;
+  for (const auto& v : r.versions) {
+    if (v.kind != version_event::what::published) continue;
+    CHECK(v.version > version[v.fragment.value]);
+    version[v.fragment.value] = v.version;
+  }
+}
+
 bool contains(const std::vector<std::uint64_t>& v, std::uint64_t x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
@@ -283,12 +293,7 @@ TEST_CASE("sim: a crashed broker restarts and training goes on with rounds numbe
         CHECK(r.broker_first_rounds[1] == 0);  // no store: numbered from 0 again, and still safe
       }
       // Versions never go back: each fragment's published versions only grow.
-      std::map<std::uint32_t, std::uint64_t> version;
-      for (const auto& v : r.versions) {
-        if (v.kind != version_event::what::published) continue;
-        CHECK(v.version > version[v.fragment.value]);
-        version[v.fragment.value] = v.version;
-      }
+      check_versions_only_grow(r);
       // No learner was restarted, and every one of them was merged again after the restart.
       for (std::size_t i = 0; i < r.member_incarnations.size(); ++i) {
         CAPTURE(i);
@@ -395,12 +400,7 @@ TEST_CASE("sim: the primary's host is lost; a standby takes over, nothing commit
     MESSAGE("seed " << seed << ": standby leading " << (t1 - crash_ns) / 1e6 << " ms after the crash, merging "
                     << (first_merge_after - crash_ns) / 1e6 << " ms after it");
     CHECK(first_merge_after < crash_ns + 2 * c.broker_silence_ns);
-    std::map<std::uint32_t, std::uint64_t> version;
-    for (const auto& v : r.versions) {
-      if (v.kind != version_event::what::published) continue;
-      CHECK(v.version > version[v.fragment.value]);
-      version[v.fragment.value] = v.version;
-    }
+    check_versions_only_grow(r);
     for (std::size_t i = 0; i < r.member_incarnations.size(); ++i) {
       CAPTURE(i);
       CHECK(std::all_of(r.member_incarnations[i].begin(), r.member_incarnations[i].end(),
@@ -440,12 +440,7 @@ TEST_CASE("sim: a partitioned primary is fenced when it returns, and steps down"
                     << " ms after the cut; the old primary stepped down " << (r.step_downs.front().first - heal_ns) / 1e6
                     << " ms after the heal; its round closes refused by the shards: " << r.fenced_at_shards);
     CHECK(r.closes_merged_by_deposed == 0);
-    std::map<std::uint32_t, std::uint64_t> version;
-    for (const auto& v : r.versions) {
-      if (v.kind != version_event::what::published) continue;
-      CHECK(v.version > version[v.fragment.value]);
-      version[v.fragment.value] = v.version;
-    }
+    check_versions_only_grow(r);
     CHECK(r.ledger.balanced());
     CHECK(r.ledger.processed == r.tokens_processed);
     CHECK(r.final_loss < 0.05 * r.initial_loss);
