@@ -139,7 +139,7 @@ std::uint64_t broker_wire::recover(const broker_start& start) {
 
 void broker_wire::start(nanos now) {
   for (node_address b : standbys_) (void)port_.add_peer(b, setup_.broker_endpoint_of(b.index));
-  if (!standbys_.empty()) write_ledger(now);  // the standbys hear of this epoch at once
+  if (!standbys_.empty()) write_ledger(now, true);  // the standbys hear of this epoch at once
   for (std::uint32_t s = 0; s < setup_.shard_endpoints.size(); ++s)
     (void)port_.add_peer({role::parameter_shard, s}, setup_.shard_endpoints[s]);
   welcome_silent_shards(now);
@@ -160,7 +160,7 @@ void broker_wire::lease_round(std::uint64_t round) {
   if (auto ok = store_->lease_rounds(rounds_leased_, inc_); !ok)
     std::fprintf(stderr, "archipelago broker: round lease not written (%s): a restarted broker may reuse round "
                          "numbers\n", ok.err().message.c_str());
-  replicate({});  // the standbys hear of the lease before its rounds are announced
+  replicate({}, false);  // the standbys hear of the lease before its rounds are announced
 }
 
 /// Tells `to` this broker's incarnation (the header) and where its rounds stand.
@@ -201,14 +201,25 @@ bool broker_wire::check_epoch(std::uint64_t heard) {
 }
 
 /// The standbys' copy of what a restarted broker reads back from its store (BrokerState):
-/// the round lease, `ledgers` and the tape since the last copy, in messages of at most
-/// ~256 KiB (the envelope limit is 1 MiB). Sent on the control lane; a lost one is
-/// made good by the next (the ledger is whole in each, the tape is lost for the standby).
-void broker_wire::replicate(std::vector<storage::learner_ledger> ledgers) {
+/// the round lease, the ledger records changed since the last copy (every one when
+/// `whole`, and every 30th copy, which makes good a lost message), and the tape since
+/// the last copy, in messages of at most ~256 KiB (the envelope limit is 1 MiB). Sent
+/// on the control lane: only what changed, so that a long run's hundreds of finished
+/// incarnations do not crowd the heartbeats on a slow link. A lost tape record is
+/// lost for the standby.
+void broker_wire::replicate(const std::vector<storage::learner_ledger>& ledgers, bool whole) {
   if (standbys_.empty()) return;
   constexpr std::size_t chunk_bytes = 256 * 1024;
+  if (!ledgers.empty() && copies_++ % 30 == 0) whole = true;
   std::vector<std::string> ledger_records;
-  for (const auto& l : ledgers) ledger_records.push_back(storage::encode_record(l));
+  for (const auto& l : ledgers) {
+    std::string record = storage::encode_record(l);
+    std::size_t& sent = copied_[{{l.learner}, incarnation{l.incarnation}}];
+    const std::size_t hash = std::hash<std::string>{}(record);
+    if (!whole && sent == hash) continue;
+    sent = hash;
+    ledger_records.push_back(std::move(record));
+  }
   std::size_t next_ledger = 0, next_tape = 0;
   do {
     std::size_t bytes = 0, ledger_end = next_ledger, tape_end = next_tape;
@@ -236,7 +247,7 @@ void broker_wire::replicate(std::vector<storage::learner_ledger> ledgers) {
   tape_outbox_.clear();
 }
 
-void broker_wire::write_ledger(nanos now) {
+void broker_wire::write_ledger(nanos now, bool whole) {
   last_ledger_write_ns_ = now;
   std::vector<storage::learner_ledger> ledgers;
   for (const auto& [who, totals] : ledger_.per_learner()) {
@@ -250,7 +261,7 @@ void broker_wire::write_ledger(nanos now) {
                        std::move(tail.buckets)});
   }
   if (store_) store_->write_ledger(ledgers);
-  replicate(std::move(ledgers));
+  replicate(ledgers, whole);
 }
 
 void broker_wire::on_peer(node_address peer, bool alive, nanos now) {
@@ -260,7 +271,7 @@ void broker_wire::on_peer(node_address peer, bool alive, nanos now) {
     // epoch it then follows instead of leading.
     if (alive && peer.index < setup_.brokers()) {
       (void)port_.add_peer(peer, setup_.broker_endpoint_of(peer.index));
-      write_ledger(now);
+      write_ledger(now, true);
     }
     return;
   }

@@ -77,8 +77,9 @@ class broker_wire {
   void on_leave(learner_ref who, nanos now);
   void on_arrival(const transport::decoded_envelope& env, nanos now);
   void on_fragment_update(const transport::decoded_envelope& env, nanos now);
-  void write_ledger(nanos now);
-  void replicate(std::vector<storage::learner_ledger> ledgers);
+  /// `whole`: every record goes to the standbys, not only those changed since the last copy.
+  void write_ledger(nanos now, bool whole = false);
+  void replicate(const std::vector<storage::learner_ledger>& ledgers, bool whole);
   bool check_epoch(std::uint64_t heard);
   double uptime_until(nanos end) const;
   std::vector<double> fragment_availability_until(nanos end) const;
@@ -111,6 +112,8 @@ class broker_wire {
   std::vector<std::uint64_t> fragment_versions_;   // the newest version the shards published, per fragment
   std::vector<node_address> standbys_;             // the other brokers: BrokerState goes to them
   std::vector<std::string> tape_outbox_;           // tape records (framed) not yet sent to the standbys
+  std::map<learner_ref, std::size_t> copied_;      // the hash of each ledger record as last sent to them
+  std::uint64_t copies_ = 0;
 };
 
 }  // namespace archipelago
