@@ -499,10 +499,14 @@ std::vector<double> broker_wire::fragment_availability_until(nanos end) const {
 }
 
 /// The learners' share of time spent on steps whose tokens were merged, since the first Join.
+/// A broker that began to lead late (restarted, or a standby that took over) holds work done
+/// before its first Join: the span is then at least the step time its ledger holds, so the
+/// figure never exceeds 1.
 double broker_wire::live_goodput(const ledger_totals& l, nanos now) const {
   const int learners = setup_.cfg.mesh.learners;
   if (first_join_ns_ < 0 || now <= first_join_ns_ || learners <= 0) return 0;
-  return l.merged_step_time_s / (learners * static_cast<double>(now - first_join_ns_) * 1e-9);
+  const double span_s = std::max(learners * static_cast<double>(now - first_join_ns_) * 1e-9, l.step_time_s);
+  return l.merged_step_time_s / span_s;
 }
 
 broker_report broker_wire::report(nanos now, bool final) {
