@@ -65,7 +65,7 @@ void chaos_wire::start() {
 /// is not re-established, and nodes never heartbeat the monkey, so it would
 /// never find them silent).
 void chaos_wire::reconnect(node_address n) {
-  if (n.kind == role::sync_broker) (void)port_.add_peer(n, setup_.broker_endpoint);
+  if (n.kind == role::sync_broker && n.index < setup_.brokers()) (void)port_.add_peer(n, setup_.broker_endpoint_of(n.index));
   if (n.kind == role::parameter_shard && n.index < setup_.shard_endpoints.size())
     (void)port_.add_peer(n, setup_.shard_endpoints[n.index]);
   if (n.kind == role::learner && n.index < setup_.learner_endpoints.size())

@@ -58,8 +58,16 @@ mesh_setup node_setup(const config& cfg, const sync_policy& policy, const node_o
 }
 
 /// The role's store (--db), opened and recovered. A drill's shard (wire.accept_chaos):
-/// its writes can be made to fail (the chaos monkey's storage faults).
+/// its writes can be made to fail (the chaos monkey's storage faults). A broker with
+/// standbys and no --db keeps the leader's copy (a standby) and its round lease in
+/// memory: a takeover reads them back as a restart would.
 expected<std::optional<recovered_store>> open_node_store(const config& cfg, const mesh_setup& setup, const node_options& o) {
+  if (o.db.empty() && o.kind == role::sync_broker && setup.brokers() > 1) {
+    auto kept = storage::snapshot_store::create(std::shared_ptr<storage::kv_store>(storage::make_memory_kv()),
+                                                store_info_of(setup), retention_of(cfg));
+    if (!kept) return kept.err();
+    return std::optional<recovered_store>{recovered_store{std::move(*kept), std::nullopt, {}, nullptr}};
+  }
   if (o.db.empty()) return std::optional<recovered_store>{};
   auto opened = open_mesh_store(o.db, setup, cfg.wire.accept_chaos && o.kind == role::parameter_shard);
   if (!opened) return opened.err();
@@ -154,15 +162,6 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
       roles.restore_store = (*store)->store.get();
       if (auto disk = (*store)->disk)
         roles.set_storage_failing = [disk](bool failing) { disk->set_write_error_rate(failing ? 1 : 0); };
-    } else if (o.kind == role::sync_broker && setup.brokers() > 1) {
-      // A broker with standbys keeps the leader's copy (a standby) and its round lease in
-      // memory when it has no --db: a takeover reads them back like a restart would.
-      auto kept = storage::snapshot_store::create(std::shared_ptr<storage::kv_store>(storage::make_memory_kv()), store_info_of(setup),
-                                                  retention_of(cfg));
-      if (!kept) return kept.err();
-      writer = std::make_unique<storage::snapshot_writer>(
-          *kept, storage::writer_options{static_cast<std::size_t>(cfg.storage.queue_mb) << 20});
-      roles.writer = writer.get();
     }
     caf::scoped_actor self{sys};
     // Bound before the role starts, so a port in use stops nothing; serves until the role has ended.
@@ -200,7 +199,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
       if (auto ok = writer->drain(std::chrono::seconds(60)); !ok)
         std::fprintf(stderr, "archipelago node: %s\n", ok.err().message.c_str());
       writer.reset();
-      if (*store) out.mesh_version = (*store)->store->last_mesh_version();
+      out.mesh_version = (*store)->store->last_mesh_version();
     }
   }
   summarize(out, board);

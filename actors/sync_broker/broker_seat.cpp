@@ -20,8 +20,12 @@ broker_seat::broker_seat(const mesh_setup& setup, broker_config settings, incarn
                          nanos now)
     : setup_(setup), settings_(std::move(settings)), inc_(inc), index_(index), port_(port), store_(store),
       read_start_(std::move(read_start)), election_(election_settings(setup, index), inc.value, now) {
+  std::vector<node_address> others;
   for (std::uint32_t b = 0; b < setup.brokers(); ++b)  // heartbeats both ways: the others' liveness and epochs
-    if (b != index) (void)port_.add_peer(broker_at(b), setup.broker_endpoint_of(b));
+    if (b != index) {
+      others.push_back(broker_at(b));
+      (void)port_.add_peer(others.back(), setup.broker_endpoint_of(b));
+    }
   if (auto epoch = election_.take_over(now)) {  // without standbys: at once
     lead(*epoch, now);
     return;
@@ -33,9 +37,6 @@ broker_seat::broker_seat(const mesh_setup& setup, broker_config settings, incarn
   join.setLayoutFingerprint(setup.layout.fingerprint());
   join.setConfigHash(mesh_agreement_hash(setup.cfg));
   join.setEndpoint(port_.endpoint());
-  std::vector<node_address> others;
-  for (std::uint32_t o = 0; o < setup.brokers(); ++o)
-    if (o != index) others.push_back(broker_at(o));
   (void)port_.broadcast(others, b.finish());
 }
 

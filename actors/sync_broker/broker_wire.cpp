@@ -186,18 +186,10 @@ void broker_wire::welcome_silent_shards(nanos now) {
 }
 
 void broker_wire::tick(nanos now) {
-  if (check_epoch(port_.broker_epoch())) return;  // heard in a heartbeat: another broker leads
   core_->tick(now);
   dispatch(now);
   welcome_silent_shards(now);
   if ((store_ || !standbys_.empty()) && now - last_ledger_write_ns_ >= ledger_write_interval_ns_) write_ledger(now);
-}
-
-/// True once an epoch newer than this broker's was heard of: it was deposed (a
-/// standby took over while it was cut off or paused), and does nothing more.
-bool broker_wire::check_epoch(std::uint64_t heard) {
-  if (heard > epoch_) deposed_ = true;
-  return deposed_;
 }
 
 /// The standbys' copy of what a restarted broker reads back from its store (BrokerState):
@@ -350,7 +342,6 @@ void broker_wire::shard_seen(node_address from, std::uint64_t inc, nanos now) {
 }
 
 void broker_wire::on_message(const transport::decoded_envelope& env, nanos now) {
-  if (check_epoch(env.header().getBrokerEpoch())) return;
   const node_address from = env.sender();
   if (env.body() == wire::Envelope::Body::CHAOS_COMMAND) {
     (void)chaos_.on_command(env, port_, now);

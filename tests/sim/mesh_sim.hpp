@@ -160,10 +160,9 @@ struct sim_result {
   /// Each time a broker began to lead: (time, broker index, epoch); and when one stepped down.
   std::vector<std::tuple<nanos, std::uint32_t, std::uint64_t>> leaders;
   std::vector<std::pair<nanos, std::uint32_t>> step_downs;
-  /// RoundClose messages a broker sent after a newer epoch than its own led (a deposed
-  /// broker's, before it heard); those a shard took all the same (must be 0); and the
-  /// broker messages the shards refused (fenced).
-  std::uint64_t closes_by_deposed = 0, closes_merged_by_deposed = 0, fenced_at_shards = 0;
+  /// Round closes of a broker whose epoch a newer one had already replaced that a shard
+  /// took all the same (must be 0: fencing), and the broker messages shards refused.
+  std::uint64_t closes_merged_by_deposed = 0, fenced_at_shards = 0;
   std::vector<shard_ledger> shards;
   std::uint64_t published = 0;
   std::uint64_t messages_sent = 0, messages_lost = 0;

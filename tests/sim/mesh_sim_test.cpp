@@ -35,6 +35,16 @@ double mean_members(const sim_result& r) {
   return r.history.empty() ? 0 : total / static_cast<double>(r.history.size());
 }
 
+/// A primary and one standby broker; 8 s, the ledger copied every 0.5 s, messages in flight delivered at the end.
+sim_config with_standby(std::uint64_t seed) {
+  sim_config c = base(seed);
+  c.standbys = 1;
+  c.duration_ns = 8'000'000'000;
+  c.drain_ns = 100'000'000;
+  c.broker_ledger_write_ns = 500'000'000;
+  return c;
+}
+
 /// Every fragment's published versions only grow: nothing a learner could install is taken back.
 void check_versions_only_grow(const sim_result& r) {
   std::map<std::uint32_t, std::uint64_t> version;
@@ -375,11 +385,7 @@ TEST_CASE("sim: the primary's host is lost; a standby takes over, nothing commit
   constexpr nanos crash_ns = 3'000'000'000;
   for (const std::uint64_t seed : {81u, 82u}) {
     CAPTURE(seed);
-    sim_config c = base(seed);
-    c.standbys = 1;
-    c.duration_ns = 8'000'000'000;
-    c.drain_ns = 100'000'000;
-    c.broker_ledger_write_ns = 500'000'000;
+    sim_config c = with_standby(seed);
     c.broker_crashes = {{crash_ns, -1, true, true}};  // never back, its store gone
     c.link.latency_ns = 2'000'000;
     c.link.jitter_ns = 1'000'000;
@@ -421,11 +427,7 @@ TEST_CASE("sim: a partitioned primary is fenced when it returns, and steps down"
   constexpr nanos cut_ns = 3'000'000'000, heal_ns = 5'000'000'000;
   for (const std::uint64_t seed : {91u, 92u}) {
     CAPTURE(seed);
-    sim_config c = base(seed);
-    c.standbys = 1;
-    c.duration_ns = 8'000'000'000;
-    c.drain_ns = 100'000'000;
-    c.broker_ledger_write_ns = 500'000'000;
+    sim_config c = with_standby(seed);
     c.broker_partitions = {{0, cut_ns, heal_ns}};
     const sim_result r = run_mesh(c);
     REQUIRE(r.leaders.size() >= 2);
@@ -451,11 +453,7 @@ TEST_CASE("sim: a partitioned primary is fenced when it returns, and steps down"
   // them carries it: it steps down long before the cut heals.
   for (const std::uint64_t seed : {93u, 94u}) {
     CAPTURE(seed);
-    sim_config c = base(seed);
-    c.standbys = 1;
-    c.duration_ns = 8'000'000'000;
-    c.drain_ns = 100'000'000;
-    c.broker_ledger_write_ns = 500'000'000;
+    sim_config c = with_standby(seed);
     c.broker_partitions = {{0, cut_ns, heal_ns, true}};
     const sim_result r = run_mesh(c);
     REQUIRE(r.leaders.size() >= 2);

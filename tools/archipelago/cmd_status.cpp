@@ -64,10 +64,12 @@ std::string seconds_ago(const nlohmann::json& v) {
   return buf;
 }
 
+/// A count from the status document (0 when missing).
+unsigned long long u64(const nlohmann::json& v) { return v.is_number() ? v.get<unsigned long long>() : 0ULL; }
+
 /// The table, as lines.
 std::string render(const nlohmann::json& d) {
   auto num = [](const nlohmann::json& v) { return v.is_number() ? v.get<double>() : 0.0; };
-  auto u64 = [](const nlohmann::json& v) { return v.is_number() ? v.get<unsigned long long>() : 0ULL; };
   char line[512];
   std::string out;
   if (!d.value("leading", true)) {  // a standby's page: who it follows
@@ -122,7 +124,6 @@ struct broker_page {
 
 /// The brokers' table (with standbys): who leads, each one's epoch.
 std::string render_brokers(const std::vector<broker_page>& pages) {
-  auto u64 = [](const nlohmann::json& v) { return v.is_number() ? v.get<unsigned long long>() : 0ULL; };
   std::string out = "broker  leads  epoch                 incarnation     metrics\n";
   char line[512];
   for (const broker_page& p : pages) {
