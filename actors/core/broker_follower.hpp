@@ -39,10 +39,11 @@ class broker_follower {
   node_address leader() const { return epoch_ == 0 ? broker_address : broker_at(leader_of_epoch(epoch_)); }
   std::uint64_t epoch() const { return epoch_; }
   std::uint64_t fenced() const { return fenced_; }
-  /// Who a Join goes to: the leader, or every broker while no epoch is known
-  /// (a node that starts while a standby leads; only the leader answers).
-  std::vector<node_address> join_targets(std::uint32_t brokers) const {
-    if (epoch_ != 0) return {leader()};
+  /// Who a Join goes to: the leader, or every broker while no epoch is known (a
+  /// node that starts while a standby leads) or while the leader is silent (one
+  /// that took over may not know this node's endpoint); only the leader answers.
+  std::vector<node_address> join_targets(std::uint32_t brokers, bool leader_silent = false) const {
+    if (epoch_ != 0 && !leader_silent) return {leader()};
     std::vector<node_address> all;
     for (std::uint32_t b = 0; b < brokers; ++b) all.push_back(broker_at(b));
     return all;

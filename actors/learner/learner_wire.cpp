@@ -51,7 +51,7 @@ void learner_wire::send_join() {
   j.setBatchTokens(model_.tokens_per_step);
   j.setThreads(model_.threads);
   j.setEndpoint(port_.endpoint());
-  (void)port_.broadcast(broker_.join_targets(setup_.brokers()), b.finish());
+  (void)port_.broadcast(broker_.join_targets(setup_.brokers(), broker_silent_), b.finish());
 }
 
 /// A shard restarted from its snapshot (a higher incarnation) and lost our

@@ -108,6 +108,7 @@ TEST_CASE("follower: nodes follow the newest epoch from anyone and fence a depos
   CHECK(f.on_message({role::parameter_shard, 0}, new_epoch) == broker_follower::news::changed);
   CHECK(f.leader() == broker_at(1));
   CHECK(f.join_targets(3) == std::vector<node_address>{broker_at(1)});
+  CHECK(f.join_targets(3, true).size() == 3u);  // the leader silent: every broker (a successor may not know us)
   // The old primary, back from a partition, is refused; so is a standby speaking in the leader's epoch.
   CHECK(f.on_message(broker_at(0), old_epoch) == broker_follower::news::fenced);
   CHECK(f.on_message(broker_at(2), new_epoch) == broker_follower::news::fenced);
