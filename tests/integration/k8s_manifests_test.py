@@ -11,9 +11,12 @@
    volumes name ConfigMaps and Secrets that exist and hold the files the command
    lines read, the command lines dial the right per-pod DNS names and ports,
    indexes come from the StatefulSet ordinal, the metrics port agrees with the
-   Prometheus annotations, replicas agree with mesh.shards / mesh.learners, every
-   Secret key matches its public key on the allow-list; the ConfigMap's TOML with
-   each container's overrides passes `archipelago config`.
+   Prometheus annotations, replicas agree with mesh.shards / mesh.learners, the
+   broker StatefulSet runs the primary and a standby (>= 2 replicas, only pods
+   1.. with --standby) kept off one node by a required pod anti-affinity, every
+   pod's --broker names the broker pods in ordinal order, every key file a pod
+   reads matches the public key its peers look up for it on the allow-list; the
+   ConfigMap's TOML with each container's overrides passes `archipelago config`.
 4. Checks the Containerfile: Debian 12 stages, sources that exist, runtime
    packages that Debian has (apt-cache) and that cover every library the built
    binary links against, the entrypoint the manifests rely on.
@@ -21,9 +24,13 @@
    checks above cannot pass vacuously.
 6. Runs the pods' own command lines on loopback, each "pod" on an address of its
    own (127.X.0.N), with its volumes written as the kubelet writes them and the
-   downward API's values filled in: broker, shards and two learners form a mesh
-   with CURVE on, /metrics and /status answer, a third learner joins (scale up)
-   and leaves again on SIGTERM (scale down), and the ledger balances.
+   downward API's values filled in: the primary broker and its standby, shards and
+   two learners form a mesh with CURVE on, /metrics and /status answer, a third
+   learner joins (scale up) and leaves again on SIGTERM (scale down); then the
+   primary broker's process is SIGKILLed (its node lost): the standby leads in a
+   newer epoch (`archipelago status --broker ... --json`), the learners keep
+   stepping and merging under it, and after they are scaled away its ledger
+   balances and holds exactly the learners' own token counts.
 
 Environment: ARCHIPELAGO (the binary), K8S_VALIDATE_CACHE (where npm installs),
 K8S_KEEP=1 keeps the temporary directory (renders, pods' volumes and logs).
@@ -49,8 +56,8 @@ K8S = os.path.join(REPO, "deploy", "k8s")
 VALIDATE = os.path.join(K8S, "validate")
 KEY_NAMES = None  # filled from the kustomization: the keypairs keys/ must hold
 POD_INDEX = "metadata.labels['apps.kubernetes.io/pod-index']"
-LEARNER_STEPS = 120  # each learner of the loopback mesh
-DEADLINE_S = 150  # the whole loopback mesh
+DEADLINE_S = 270  # the whole loopback mesh (events only; the machine may be loaded)
+PROGRESS_STEPS = 10  # steps each learner must finish under the standby after the takeover
 
 
 class Failed(Exception):
@@ -137,11 +144,18 @@ def validate_schema(vdir, files, dump=None):
 
 
 def flags(args):
-    """--flag value pairs of a container's args ('--set' repeats)."""
+    """--flag value pairs of a container's args, and --flag=value ('--set' repeats)."""
     out, sets, i = {}, [], 0
     while i < len(args):
         a = args[i]
-        if a.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+        if a.startswith("--") and "=" in a:
+            k, v = a.split("=", 1)
+            if k == "--set":
+                sets.append(v)
+            else:
+                out[k] = v
+            i += 1
+        elif a.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
             if a == "--set":
                 sets.append(args[i + 1])
             else:
@@ -157,6 +171,45 @@ def flags(args):
 def expand(text, env):
     """The kubelet's $(VAR) expansion ($$ escapes)."""
     return re.sub(r"\$\$|\$\(([^)]*)\)", lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+def cli_flag_on(value):
+    """How the command-line parser (CLI11) reads a flag given --flag=VALUE: a number > 0, true/on/yes."""
+    if value is True:
+        return True
+    if value is None:
+        return False
+    text = str(value).strip().lower()
+    if re.fullmatch(r"[+-]?\d+", text):
+        return int(text) > 0
+    if text in ("true", "on", "yes", "t", "y", "+"):
+        return True
+    if text in ("false", "off", "no", "f", "n", "-"):
+        return False
+    raise ValueError(f"{value!r} is not a flag value")
+
+
+def curve_key_names(comp, i):
+    """transport::curve_key_names: the allow-list names under which peers look up node `comp` `i`."""
+    if comp == "broker":
+        return ["broker"] if i == 0 else [f"broker-{i}"]
+    if comp == "shard":
+        return [f"shard-{i}"]
+    return [f"learner-{i}", "learner"]
+
+
+def volume_files(by, vol):
+    """The files a ConfigMap or Secret volume shows, as the kubelet projects them: every key, or
+    only its `items` at their paths. name -> bytes; None for other volumes."""
+    if "configMap" in vol:
+        src, data = vol["configMap"], {k: v.encode() for k, v in by.get(("ConfigMap", vol["configMap"]["name"]), {}).get("data", {}).items()}
+    elif "secret" in vol:
+        src, data = vol["secret"], {k: base64.b64decode(v) for k, v in by.get(("Secret", vol["secret"]["secretName"]), {}).get("data", {}).items()}
+    else:
+        return None
+    if src.get("items") is None:
+        return data
+    return {item["path"]: data[item["key"]] for item in src["items"] if item["key"] in data}
 
 
 def pod_env(container, ordinal, ip, pod, namespace):
@@ -206,20 +259,47 @@ class Mesh:
         return None, None
 
     def file_of(self, sts, path):
-        """The content of a file from a ConfigMap or Secret volume, or None."""
+        """The content of a file from a ConfigMap or Secret volume (its items honoured), or None."""
         vol, key = self.mount_source(sts, path)
-        if vol is None:
+        files = volume_files(self.by, vol) if vol is not None else None
+        if files is None or key not in files:
             return None
-        if "configMap" in vol:
-            return self.by.get(("ConfigMap", vol["configMap"]["name"]), {}).get("data", {}).get(key)
-        if "secret" in vol:
-            data = self.by.get(("Secret", vol["secret"]["secretName"]), {}).get("data", {}).get(key)
-            return base64.b64decode(data).decode() if data is not None else None
-        return None
+        return files[key].decode()
 
     def config_map_of(self, sts, flag):
         path = flags(sts["spec"]["template"]["spec"]["containers"][0].get("args", [])).get(flag)
         return self.file_of(sts, path) if isinstance(path, str) else None
+
+
+def selects(selector, labels):
+    """A Kubernetes label selector against a pod's labels (an absent selector selects nothing)."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e.get("key"), e.get("operator"), e.get("values", [])
+        if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and labels.get(key) in values) \
+                or (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels) \
+                or op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return False
+    return True
+
+
+def anti_affinity_apart(sts):
+    """True if the scheduler must keep any two pods of `sts` off one node: a required pod
+    anti-affinity term on kubernetes.io/hostname that selects the pods' own labels in their namespace."""
+    spec = sts["spec"]["template"]["spec"]
+    labels = sts["spec"]["template"]["metadata"].get("labels", {})
+    terms = (spec.get("affinity") or {}).get("podAntiAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution") or []
+    ns = sts["metadata"].get("namespace")
+    for t in terms:
+        if t.get("topologyKey") != "kubernetes.io/hostname" or not selects(t.get("labelSelector"), labels):
+            continue
+        if t.get("namespaceSelector") is None and t.get("namespaces") not in (None, []) and ns not in t["namespaces"]:
+            continue
+        return True
+    return False
 
 
 def cross_check(objects):
@@ -276,8 +356,12 @@ def cross_check(objects):
     m = mesh.cfg.get("mesh", {})
     shards_n, learners_n = m.get("shards", 2), m.get("learners", 4)
     broker, shard, learner = mesh.sts["broker"], mesh.sts["shard"], mesh.sts["learner"]
-    if broker["spec"].get("replicas", 1) != 1:
-        p(f"the broker StatefulSet has {broker['spec'].get('replicas')} replicas; a mesh has one broker")
+    brokers_n = broker["spec"].get("replicas", 1)
+    if brokers_n < 2:
+        p(f"the broker StatefulSet has {brokers_n} replica(s); the mesh runs the primary and a standby (2)")
+    if not anti_affinity_apart(broker):
+        p(f"{broker['metadata']['name']}: no required pod anti-affinity (topologyKey kubernetes.io/hostname, "
+          "selecting the broker pods): the standby could share its primary's node and be lost with it")
     if shard["spec"].get("replicas", 1) != shards_n:
         p(f"the shard StatefulSet has {shard['spec'].get('replicas', 1)} replicas; mesh.shards is {shards_n}")
     if learner["spec"].get("replicas", 1) > learners_n:
@@ -290,7 +374,7 @@ def cross_check(objects):
     def dns(sts, i):
         return f"tcp://{sts['metadata']['name']}-{i}.{sts['spec']['serviceName']}:{port_of(sts, 'mesh')}"
 
-    want_broker = dns(broker, 0)
+    want_brokers = ",".join(dns(broker, i) for i in range(max(brokers_n, 1)))
     want_shards = ",".join(dns(shard, i) for i in range(shards_n))
     key_pubs = {}  # name -> public key in the allow-list
     for comp, sts in mesh.sts.items():
@@ -302,8 +386,8 @@ def cross_check(objects):
         f = flags(args)
         if not args or args[0] != "node" or f.get("--role") != comp:
             p(f"{where}: args must start with `node --role {comp}`, not {args[:3]}")
-        if f.get("--broker") != want_broker:
-            p(f"{where}: --broker {f.get('--broker')}; the broker pod is at {want_broker}")
+        if f.get("--broker") != want_brokers:
+            p(f"{where}: --broker {f.get('--broker')}; the broker pods are at {want_brokers} (primary first)")
         if f.get("--shards") != want_shards:
             p(f"{where}: --shards {f.get('--shards')}; the shard pods are at {want_shards}")
         own = port_of(sts, "mesh")
@@ -316,10 +400,25 @@ def cross_check(objects):
                 p(f"{where}: --listen {listen}; a learner listens on its pod IP (status.podIP) at its mesh port {own}")
         elif listen != f"tcp://0.0.0.0:{own}":
             p(f"{where}: --listen {listen}; it must bind tcp://0.0.0.0:{own} (its mesh port; ZeroMQ binds no DNS name)")
-        if comp in ("shard", "learner"):
-            m_ix = re.fullmatch(r"\$\((\w+)\)", str(f.get("--index")))
-            if not m_ix or env.get(m_ix.group(1), {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != POD_INDEX:
-                p(f"{where}: --index {f.get('--index')} must be the pod's ordinal ({POD_INDEX})")
+        m_ix = re.fullmatch(r"\$\((\w+)\)", str(f.get("--index")))
+        if not m_ix or env.get(m_ix.group(1), {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != POD_INDEX:
+            p(f"{where}: --index {f.get('--index')} must be the pod's ordinal ({POD_INDEX})")
+        if comp != "broker" and "--standby" in f:
+            p(f"{where}: --standby is a broker's flag only")
+        if comp == "broker" and m_ix:
+            # Pod 0 the primary (no standby, index 0), pod I >= 1 `--standby --index I`.
+            for i in range(brokers_n):
+                values = {k: str(i) for k, e in env.items()
+                          if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == POD_INDEX}
+                standby = f.get("--standby")
+                try:
+                    on = cli_flag_on(expand(standby, values) if isinstance(standby, str) else standby)
+                except ValueError as e:
+                    p(f"{where}: pod {i}: --standby: {e}")
+                    continue
+                if on != (i > 0):
+                    p(f"{where}: pod {i} would run {'with' if on else 'without'} --standby; pod 0 is the primary "
+                      "and pod I >= 1 the standby `--standby --index I` (e.g. --standby=$(ORDINAL))")
         metrics = port_of(sts, "metrics")
         ann = sts["spec"]["template"]["metadata"].get("annotations", {})
         if metrics is None or str(metrics) != str(f.get("--metrics-port")):
@@ -356,13 +455,15 @@ def cross_check(objects):
                 if text is None:
                     p(f"{where}: pod {i} reads wire.key_file {path}, which no mounted Secret holds")
                     continue
-                stem = os.path.basename(path)[:-4]
+                # The key its peers find for it on the allow-list (the first of its names listed there).
+                name = next((n for n in curve_key_names(comp, i) if n in key_pubs), curve_key_names(comp, i)[0])
                 pub = re.search(r'public\s*=\s*"([^"]+)"', text)
-                if key_pubs and (not pub or key_pubs.get(stem) != pub.group(1)):
-                    p(f"{where}: pod {i}'s key {path} does not match {stem}.pub on the allow-list")
+                if key_pubs and (not pub or key_pubs.get(name) != pub.group(1)):
+                    p(f"{where}: pod {i}'s key {path} does not match {name}.pub on the allow-list")
     if mesh.cfg.get("wire", {}).get("curve", True):
         # The names under which nodes find their servers' keys (transport::curve_key_names).
-        for name in ["broker", "learner"] + [f"shard-{i}" for i in range(shards_n)]:
+        for name in ([curve_key_names("broker", i)[0] for i in range(brokers_n)] + ["learner"]
+                     + [f"shard-{i}" for i in range(shards_n)]):
             if name not in key_pubs:
                 p(f"the allow-list has no {name}.pub: peers dialling {name} find no server key")
     return problems
@@ -497,6 +598,9 @@ def negative_checks(binary, vdir, tmp, rendered, objects):
         ("serviceName: archipelago-learner", "serviceNme: archipelago-learner", "/spec/serviceNme is not a field"),
         ("$(LEARNER_INDEX)\n", "$(LEARNER_IDX)\n", "refers to $(LEARNER_IDX)"),
         ("fieldPath: status.podIP", "fieldPath: status.podIp", "fieldPath 'status.podIp' is not one"),
+        ("--standby=$(BROKER_INDEX)", "--standby=$(BROKER_IDX)", "refers to $(BROKER_IDX)"),
+        ("requiredDuringSchedulingIgnoredDuringExecution:", "requiredDuringSchedulingIgnoredDuringExecutoin:",
+         "/requiredDuringSchedulingIgnoredDuringExecutoin is not a field"),
     ]
     files = []
     for i, (old, new, reason) in enumerate(planted):
@@ -517,23 +621,65 @@ def negative_checks(binary, vdir, tmp, rendered, objects):
         if not any(reason in p for p in problems):
             raise Failed(f"cross-check did not find {reason!r}; it found: {problems}")
 
-    def learner_args(objs, by):
-        return by[("StatefulSet", "archipelago-learner")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    def args_of(by, name):
+        return by[("StatefulSet", name)]["spec"]["template"]["spec"]["containers"][0]["args"]
 
-    broken(lambda o, by: by[("Service", "archipelago-shard")]["spec"]["selector"].update({"app.kubernetes.io/component": "shards"}),
-           "selects no workload")
-    broken(lambda o, by: learner_args(o, by).__setitem__(learner_args(o, by).index("--broker") + 1,
-                                                         "tcp://archipelago-broker-0.archipelago-broker:5554"), "--broker")
-    broken(lambda o, by: by[("Secret", "archipelago-shard-keys")]["data"].pop("shard-1.key"), "which no mounted Secret holds")
-    broken(lambda o, by: by[("StatefulSet", "archipelago-learner")]["spec"].update(replicas=99), "mesh.learners (the most)")
-    broken(lambda o, by: by[("StatefulSet", "archipelago-shard")]["spec"]["template"]["metadata"]["annotations"]
-           .update({"prometheus.io/port": "9000"}), "prometheus.io annotations")
-    # A Secret file that no longer matches its public key on the allow-list.
-    def swap_key(o, by):
-        data = by[("Secret", "archipelago-broker-key")]["data"]
-        data["broker.key"] = by[("Secret", "archipelago-learner-key")]["data"]["learner.key"]
-    broken(swap_key, "does not match broker.pub")
-    return len(planted) + 6
+    def set_arg(by, name, flag, value):
+        args = args_of(by, name)
+        args[args.index(flag) + 1] = value
+
+    def broker_spec(by):
+        return by[("StatefulSet", "archipelago-broker")]["spec"]
+
+    def anti_affinity(by):
+        return broker_spec(by)["template"]["spec"]["affinity"]["podAntiAffinity"]
+
+    def swap_key_items(by):
+        key = next(v for v in broker_spec(by)["template"]["spec"]["volumes"] if v["name"] == "key")
+        for item in key["secret"]["items"]:
+            item["path"] = {"broker-0.key": "broker-1.key", "broker-1.key": "broker-0.key"}[item["path"]]
+
+    primary, standby = "tcp://archipelago-broker-0.archipelago-broker:5555", "tcp://archipelago-broker-1.archipelago-broker:5555"
+    faults = [
+        (lambda o, by: by[("Service", "archipelago-shard")]["spec"]["selector"].update({"app.kubernetes.io/component": "shards"}),
+         "selects no workload"),
+        (lambda o, by: set_arg(by, "archipelago-learner", "--broker", f"{primary[:-1]}4,{standby}"), "archipelago-learner: --broker"),
+        # A learner that knows only the primary would never follow the standby.
+        (lambda o, by: set_arg(by, "archipelago-learner", "--broker", primary), "archipelago-learner: --broker"),
+        # A shard told the brokers in the wrong order would take the standby for the primary.
+        (lambda o, by: set_arg(by, "archipelago-shard", "--broker", f"{standby},{primary}"), "archipelago-shard: --broker"),
+        (lambda o, by: by[("Secret", "archipelago-shard-keys")]["data"].pop("shard-1.key"), "which no mounted Secret holds"),
+        (lambda o, by: by[("StatefulSet", "archipelago-learner")]["spec"].update(replicas=99), "mesh.learners (the most)"),
+        (lambda o, by: by[("StatefulSet", "archipelago-shard")]["spec"]["template"]["metadata"]["annotations"]
+         .update({"prometheus.io/port": "9000"}), "prometheus.io annotations"),
+        # A Secret file that no longer matches its public key on the allow-list.
+        (lambda o, by: by[("Secret", "archipelago-broker-keys")]["data"].update(
+            {"broker-1.key": by[("Secret", "archipelago-learner-key")]["data"]["learner.key"]}), "does not match broker-1.pub"),
+        # The key volume's items swapped: the standby would present the primary's key.
+        (lambda o, by: swap_key_items(by), "pod 1's key /etc/archipelago/keys/broker-1.key does not match broker-1.pub"),
+        (lambda o, by: by[("ConfigMap", "archipelago-allow")]["data"].pop("broker-1.pub"), "no broker-1.pub"),
+        # Back to one broker: no standby.
+        (lambda o, by: broker_spec(by).update(replicas=1), "the primary and a standby"),
+        # A third broker pod that no --broker list names.
+        (lambda o, by: broker_spec(by).update(replicas=3), "archipelago-learner: --broker"),
+        # Both brokers may land on one node: anti-affinity removed, merely preferred, keyed on another topology, or selecting other pods.
+        (lambda o, by: broker_spec(by)["template"]["spec"].pop("affinity"), "no required pod anti-affinity"),
+        (lambda o, by: anti_affinity(by).update(preferredDuringSchedulingIgnoredDuringExecution=[
+            {"weight": 100, "podAffinityTerm": t} for t in anti_affinity(by).pop("requiredDuringSchedulingIgnoredDuringExecution")]),
+         "no required pod anti-affinity"),
+        (lambda o, by: anti_affinity(by)["requiredDuringSchedulingIgnoredDuringExecution"][0].update(topologyKey="topology.kubernetes.io/rack"),
+         "no required pod anti-affinity"),
+        (lambda o, by: anti_affinity(by)["requiredDuringSchedulingIgnoredDuringExecution"][0]["labelSelector"]["matchLabels"]
+         .update({"app.kubernetes.io/component": "shard"}), "no required pod anti-affinity"),
+        # Both pods primaries (no --standby), or both standbys (a bare --standby).
+        (lambda o, by: args_of(by, "archipelago-broker").remove("--standby=$(BROKER_INDEX)"), "pod 1 would run without --standby"),
+        (lambda o, by: args_of(by, "archipelago-broker").__setitem__(args_of(by, "archipelago-broker").index("--standby=$(BROKER_INDEX)"),
+                                                                      "--standby"), "pod 0 would run with --standby"),
+        (lambda o, by: set_arg(by, "archipelago-broker", "--index", "1"), "archipelago-broker: --index 1 must be the pod's ordinal"),
+    ]
+    for fn, reason in faults:
+        broken(fn, reason)
+    return len(planted) + len(faults)
 
 
 # ---- 6. the pods on loopback ---------------------------------------------------------
@@ -564,6 +710,7 @@ class Pods:
         self.binary, self.mesh, self.tmp = binary, mesh, tmp
         self.net = 100 + os.getpid() % 100  # 127.NET.0.N: one address per pod
         self.ips, self.procs, self.logs, self.roots = {}, {}, {}, {}
+        self.killed = set()  # pods whose node the test took away (SIGKILL): their exit is expected
         n = 1
         for comp in ("broker", "shard", "learner"):
             sts = mesh.sts[comp]
@@ -584,13 +731,10 @@ class Pods:
         for m in c.get("volumeMounts", []):
             target = root + m["mountPath"]
             vol = next((v for v in spec.get("volumes", []) if v["name"] == m["name"]), {})
-            if "configMap" in vol:
-                obj = self.mesh.by[("ConfigMap", vol["configMap"]["name"])]
-                write_volume(target, {k: v.encode() for k, v in obj.get("data", {}).items()}, vol["configMap"].get("defaultMode", 0o644))
-            elif "secret" in vol:
-                obj = self.mesh.by[("Secret", vol["secret"]["secretName"])]
-                write_volume(target, {k: base64.b64decode(v) for k, v in obj.get("data", {}).items()}, vol["secret"].get("defaultMode", 0o644))
-            else:  # emptyDir or a volumeClaimTemplate: an empty directory
+            files = volume_files(self.mesh.by, vol)
+            if files is not None:  # a ConfigMap or a Secret: its keys, or only its items at their paths
+                write_volume(target, files, vol.get("configMap", vol.get("secret", {})).get("defaultMode", 0o644))
+            else:  # emptyDir or a volumeClaimTemplate (its own per pod): an empty directory
                 os.makedirs(target)
 
         def host_path(p):
@@ -617,9 +761,7 @@ class Pods:
         args, out = [expand(a, env) for a in c.get("args", [])], []
         for i, a in enumerate(args):
             prev = args[i - 1] if i else ""
-            if prev in ("--broker", "--listen"):
-                a = endpoint(a)
-            elif prev == "--shards":
+            if prev in ("--broker", "--shards", "--listen"):
                 a = ",".join(endpoint(e) for e in a.split(","))
             elif prev == "--set" and "=/" in a:
                 k, v = a.split("=", 1)
@@ -633,8 +775,6 @@ class Pods:
                 if isinstance(value, str) and value.startswith("/"):
                     out += ["--set", f"{section}.{key}={host_path(value)}"]
         out += ["--metrics-host", ip, "--json"]  # every pod's metrics port on its own address
-        if comp == "learner":
-            out += ["--set", f"train.steps={LEARNER_STEPS}"]
         self.roots[pod] = (root, [root + m["mountPath"] for m in mounts])
         return pod, [self.binary] + out
 
@@ -647,6 +787,12 @@ class Pods:
         self.procs[pod] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            cwd=self.roots[pod][0])
         return pod
+
+    def kill(self, pod):
+        """The pod's node is lost: its process dies at once, with no chance to say goodbye."""
+        self.killed.add(pod)
+        self.procs[pod].send_signal(signal.SIGKILL)
+        self.procs[pod].wait()
 
     def writes_outside_volumes(self):
         stray = []
@@ -684,12 +830,14 @@ class Pods:
                 p.kill()
                 p.wait()
 
-    def metrics_url(self, comp, ordinal, path):
+    def metrics_address(self, comp, ordinal):
         sts = self.mesh.sts[comp]
         pod = f"{sts['metadata']['name']}-{ordinal}"
-        port = self.mesh.container(comp)["ports"]
-        port = next(cp["containerPort"] for cp in port if cp["name"] == "metrics")
-        return f"http://{self.ips[pod]}:{port}{path}"
+        port = next(cp["containerPort"] for cp in self.mesh.container(comp)["ports"] if cp["name"] == "metrics")
+        return f"{self.ips[pod]}:{port}"
+
+    def metrics_url(self, comp, ordinal, path):
+        return f"http://{self.metrics_address(comp, ordinal)}{path}"
 
 
 def wait(what, predicate, pods, until):
@@ -697,34 +845,55 @@ def wait(what, predicate, pods, until):
         got = predicate()
         if got:
             return got
-        dead = [pod for pod, p in pods.procs.items() if p.poll() not in (None, 0)]
+        dead = [pod for pod, p in pods.procs.items() if p.poll() not in (None, 0) and pod not in pods.killed]
         if dead:
             raise Failed(f"while waiting for {what}: {', '.join(dead)} exited\n" + "\n".join(pods.tail(d) for d in dead))
         time.sleep(0.25)
     raise Failed(f"timed out waiting for {what}\n" + "\n".join(pods.tail(p) for p in pods.procs))
 
 
-def broker_status(pods):
+def mesh_status(pods, brokers_n):
+    """`archipelago status --broker B0,B1 --json` over every broker pod's metrics port: the leader's
+    /status with a row per broker (who leads, each one's epoch); None while no broker leads."""
+    where = ",".join(pods.metrics_address("broker", i) for i in range(brokers_n))
     try:
-        status, body = http_get(pods.metrics_url("broker", 0, "/status"))
-        return json.loads(body) if status == 200 else None
-    except (OSError, ValueError):
+        r = run([pods.binary, "status", "--broker", where, "--json", "--timeout", "3"], timeout=30)
+    except subprocess.TimeoutExpired:
         return None
+    if r.returncode != 0:
+        return None
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
+def learner_steps(pods, i):
+    """A learner's own count of finished steps (its /metrics), or None."""
+    try:
+        status, body = http_get(pods.metrics_url("learner", i, "/metrics"))
+    except OSError:
+        return None
+    m = re.search(r"^archipelago_learner_steps_total(?:\{[^}]*\})?\s+(\S+)$", body, re.M)
+    return int(float(m.group(1))) if status == 200 and m else None
 
 
 def run_pods(binary, mesh, tmp):
     pods = Pods(binary, mesh, tmp)
     until = time.monotonic() + DEADLINE_S
     shards_n = mesh.sts["shard"]["spec"].get("replicas", 1)
+    brokers_n = mesh.sts["broker"]["spec"].get("replicas", 1)
+    learners = [f"archipelago-learner-{i}" for i in range(3)]
     try:
-        pods.start("broker", 0)
+        for i in range(brokers_n):  # the primary and its standby, as the StatefulSet starts them (Parallel)
+            pods.start("broker", i)
         for i in range(shards_n):
             pods.start("shard", i)
         for i in range(2):  # the learner StatefulSet at 2 replicas
             pods.start("learner", i)
 
         def all_metrics():
-            for comp, n in (("broker", 1), ("shard", shards_n), ("learner", 2)):
+            for comp, n in (("broker", brokers_n), ("shard", shards_n), ("learner", 2)):
                 for i in range(n):
                     try:
                         status, body = http_get(pods.metrics_url(comp, i, "/metrics"))
@@ -736,42 +905,96 @@ def run_pods(binary, mesh, tmp):
 
         wait("every pod's /metrics at its prometheus.io port", all_metrics, pods, until)
 
-        def merged(learner):
-            s = broker_status(pods)
-            rows = [r for r in (s or {}).get("learners", []) if r.get("learner") == learner]
-            return rows and rows[-1].get("merged_tokens", 0) > 0
+        def row(doc, learner):
+            rows = [r for r in (doc or {}).get("learners", []) if r.get("learner") == learner]
+            return rows[-1] if rows else {}
+
+        def led_by(broker):
+            doc = mesh_status(pods, brokers_n)
+            return doc if doc and doc.get("broker") == broker and doc.get("leading") else None
+
+        def merged(learner, broker=0):
+            return row(led_by(broker), learner).get("merged_tokens", 0) > 0
 
         wait("learners 0 and 1 merged over CURVE", lambda: merged(0) and merged(1), pods, until)
         pods.start("learner", 2)  # kubectl scale --replicas=3
         wait("learner 2 (scaled up) merged", lambda: merged(2), pods, until)
-        rc = pods.stop("archipelago-learner-2")  # kubectl scale --replicas=2: SIGTERM to the highest ordinal
-        left = pods.summary("archipelago-learner-2")
-        if rc != 0 or not left or left.get("steps", LEARNER_STEPS) >= LEARNER_STEPS:
-            raise Failed(f"learner 2 should leave on SIGTERM before its {LEARNER_STEPS} steps, exit 0: exit {rc}, {left}\n{pods.tail('archipelago-learner-2')}")
-        wait("learners 0 and 1 done", lambda: all(pods.procs[f"archipelago-learner-{i}"].poll() is not None for i in range(2)), pods, until)
+        rc = pods.stop(learners[2])  # kubectl scale --replicas=2: SIGTERM to the highest ordinal
+        left = pods.summary(learners[2])
+        if rc != 0 or not left or left.get("steps", 0) <= 0:
+            raise Failed(f"learner 2 should leave on SIGTERM after some steps, exit 0: exit {rc}, {left}\n{pods.tail(learners[2])}")
+        wait("the primary seeing learner 2 leave", lambda: row(led_by(0), 2).get("state") == "left", pods, until)
+
+        # The standby follows the primary: both answer, the primary leads, the standby does not.
+        before = wait("broker 0 leading and broker 1 following it (archipelago status)",
+                      lambda: (lambda d: d if d and len(d.get("brokers", [])) == brokers_n and all(
+                          "error" not in b and b.get("leading") == (b.get("broker") == 0) for b in d["brokers"]) else None)(led_by(0)),
+                      pods, until)
+        primary_epoch = before["epoch"]
+
+        # The primary's node is lost: its process SIGKILLed, mid-training.
+        steps_at_kill = {i: learner_steps(pods, i) or 0 for i in range(2)}
+        killed_at = time.monotonic()
+        pods.kill("archipelago-broker-0")
+        took_over = wait("broker 1 (the standby) leading in a newer epoch than the primary's",
+                         lambda: (lambda d: d if d and d.get("epoch", 0) > primary_epoch else None)(led_by(1)), pods, until)
+        takeover_s = time.monotonic() - killed_at
+        rows = took_over.get("brokers", [])  # in --broker order: the primary's row first
+        if len(rows) != brokers_n or "error" not in rows[0] or rows[1].get("broker") != 1 or rows[1].get("leading") is not True:
+            raise Failed(f"after the primary's loss, archipelago status should show broker 1 leading and broker 0 "
+                         f"unreachable: {took_over.get('brokers')}")
+        merged_at = {i: row(took_over, i).get("merged_tokens", 0) for i in range(2)}
+        rounds_at = took_over.get("rounds_closed", 0)
+        steps_at = {i: learner_steps(pods, i) or 0 for i in range(2)}
+
+        def training_on():
+            doc = led_by(1)
+            if not doc or doc.get("epoch") != took_over["epoch"] or doc.get("rounds_closed", 0) <= rounds_at:
+                return None
+            for i in range(2):
+                steps = learner_steps(pods, i)
+                if steps is None or steps < steps_at[i] + PROGRESS_STEPS or row(doc, i).get("merged_tokens", 0) <= merged_at[i]:
+                    return None
+            return doc
+
+        after = wait(f"learners 0 and 1 finishing {PROGRESS_STEPS} more steps each and merging under the standby",
+                     training_on, pods, until)
+        progress = {i: (learner_steps(pods, i) or 0) - steps_at_kill[i] for i in range(2)}
+
+        # kubectl scale --replicas=0: SIGTERM, each learner finishes its step and leaves.
+        reports = {2: left}
         for i in range(2):
-            s = pods.summary(f"archipelago-learner-{i}")
-            if not s or s.get("steps") != LEARNER_STEPS:
-                raise Failed(f"learner {i} did not finish its {LEARNER_STEPS} steps: {s}\n{pods.tail(f'archipelago-learner-{i}')}")
-        status = broker_status(pods)
+            rc = pods.stop(learners[i], timeout=60)
+            reports[i] = pods.summary(learners[i])
+            if rc != 0 or not reports[i] or reports[i].get("steps", 0) < steps_at[i] + PROGRESS_STEPS:
+                raise Failed(f"learner {i} should leave on SIGTERM, exit 0, after more than {steps_at[i] + PROGRESS_STEPS} "
+                             f"steps: exit {rc}, {reports[i]}\n{pods.tail(learners[i])}")
         for i in range(shards_n):
             if pods.stop(f"archipelago-shard-{i}", timeout=90) != 0:
                 raise Failed(f"shard {i} exited non-zero\n{pods.tail(f'archipelago-shard-{i}')}")
-        if pods.stop("archipelago-broker-0") != 0:
-            raise Failed(f"the broker exited non-zero\n{pods.tail('archipelago-broker-0')}")
+        if pods.stop("archipelago-broker-1") != 0:
+            raise Failed(f"the standby broker exited non-zero\n{pods.tail('archipelago-broker-1')}")
         stray = pods.writes_outside_volumes()
         if stray:
             raise Failed(f"pods wrote outside their volumes (their root file system is read-only): {stray}")
-        b = pods.summary("archipelago-broker-0")
-        if not b or not b.get("ledger_balanced") or b.get("rounds", 0) <= 0:
-            raise Failed(f"the broker's summary: {b}")
-        seen = {r["learner"] for r in b.get("learners", [])}
-        if seen != {0, 1, 2}:
-            raise Failed(f"the broker saw learners {sorted(seen)}, not 0, 1, 2: {b}")
-        gone = [r for r in b["learners"] if r["learner"] == 2]
-        if not all(r.get("left_s", -1) >= 0 for r in gone):
-            raise Failed(f"the broker did not see learner 2 leave: {gone}")
-        return {"rounds": b["rounds"], "ledger": b["ledger"], "status_learners": len((status or {}).get("learners", []))}
+        b = pods.summary("archipelago-broker-1")
+        if not b or not b.get("leading") or not b.get("ledger_balanced") or b.get("rounds", 0) <= 0:
+            raise Failed(f"the standby's summary (it should lead at its end, ledger balanced, rounds closed): {b}")
+        # Its ledger continued the primary's: every learner's one incarnation, exactly the tokens it reports.
+        seen = {}
+        for r in b.get("learners", []):
+            seen.setdefault(r["learner"], []).append(r)
+        if set(seen) != {0, 1, 2}:
+            raise Failed(f"the standby's ledger holds learners {sorted(seen)}, not 0, 1, 2: {b}")
+        for i, rep in reports.items():
+            recs = seen[i]
+            if [r["incarnation"] for r in recs] != [rep["incarnation"]] or recs[0].get("processed") != rep.get("tokens"):
+                raise Failed(f"learner {i} (incarnation {rep['incarnation']}, {rep.get('tokens')} tokens): the standby's "
+                             f"ledger holds {[(r['incarnation'], r.get('processed')) for r in recs]}")
+        if b["ledger"]["processed"] != sum(r["tokens"] for r in reports.values()) or b["ledger"]["merged"] <= 0:
+            raise Failed(f"the standby's ledger {b['ledger']} vs the learners' {[r['tokens'] for r in reports.values()]}")
+        return {"rounds": b["rounds"], "ledger": b["ledger"], "primary_epoch": primary_epoch, "epoch": took_over["epoch"],
+                "takeover_s": takeover_s, "progress": progress, "after_rounds": after.get("rounds_closed", 0) - rounds_at}
     finally:
         pods.cleanup()
 
@@ -806,7 +1029,8 @@ def main():
             raise Failed("deploy/k8s is inconsistent:\n  " + "\n  ".join(problems))
         mesh = Mesh(objects)
         check_config(binary, mesh, tmp)
-        print("ok: cross-object checks (selectors, ports, volumes, keys, DNS names, indexes, metrics, replicas, config)")
+        print("ok: cross-object checks (selectors, ports, volumes, keys, DNS names, indexes, metrics, replicas, "
+              "standby broker and its anti-affinity, config)")
         passed += 1
         packages, needed = check_containerfile(binary, mesh)
         print(f"ok: Containerfile (debian:12 stages; {len(packages)} runtime packages exist and cover {len(needed)} linked libraries)")
@@ -816,8 +1040,12 @@ def main():
         passed += 1
         t = time.monotonic()
         mesh_run = run_pods(binary, mesh, tmp)
-        print(f"ok: the pods' command lines on loopback formed a CURVE mesh, scaled 2 -> 3 -> 2 learners; "
-              f"{mesh_run['rounds']} rounds, ledger {mesh_run['ledger']} ({time.monotonic() - t:.1f} s)")
+        print(f"ok: the pods' command lines on loopback formed a CURVE mesh with a standby broker, scaled 2 -> 3 -> 2 "
+              f"learners; primary SIGKILLed -> standby leading (epoch {mesh_run['primary_epoch']} -> {mesh_run['epoch']}) "
+              f"{mesh_run['takeover_s']:.1f} s later (as archipelago status saw it), the learners went on "
+              f"({mesh_run['progress']} steps since the kill, {mesh_run['after_rounds']} rounds closed by the standby "
+              f"while waited for); standby's ledger {mesh_run['ledger']} balanced and equal to the learners' own counts, "
+              f"{mesh_run['rounds']} rounds ({time.monotonic() - t:.1f} s)")
         passed += 1
     except Failed as e:
         print(f"FAIL: {e}", file=sys.stderr)
