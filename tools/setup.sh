@@ -23,11 +23,11 @@ packages=(
   g++ cmake ninja-build pkg-config python3 python3-numpy
   libcaf-dev libzmq3-dev cppzmq-dev capnproto libcapnp-dev librocksdb-dev
   libeigen3-dev doctest-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcpp-httplib-dev
-  nlohmann-json3-dev
+  nlohmann-json3-dev libsodium-dev
 )
 # What only the tests need: the one-node Slurm cluster, the network-namespace test bed.
 if [[ $ACTION == test ]]; then
-  packages+=(slurm-wlm munge iproute2 prometheus)
+  packages+=(slurm-wlm munge iproute2 prometheus etcd-server)
 fi
 if [[ ${WITH_TORCH:-0} == 1 ]]; then
   packages+=(python3-torch libopenblas0-pthread libopenblas0-openmp)

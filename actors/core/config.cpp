@@ -244,6 +244,16 @@ std::vector<knob> make_knobs() {
                   if (v == "rda" || v == "mean") return "";
                   return "unknown merge '" + std::string(v) + "' (rda or mean)";
                 }),
+      text_knob("mesh.etcd", h, &mesh_config::etcd, "http://HOST:PORT[,http://HOST:PORT...]",
+                "etcd's client URLs: a broker leads only while it holds the mesh's lease there, in "
+                "an epoch etcd allocates, so two brokers never lead at once (brokers only; not part "
+                "of the mesh agreement). Empty: brokers elect by the control lane's liveness. "
+                "Default: empty.",
+                [](std::string_view v) -> std::string {
+                  if (v.empty()) return "";
+                  auto endpoints = parse_etcd_endpoints(v);
+                  return endpoints ? "" : endpoints.err().message;
+                }),
       number_knob("mesh.mix", h, &mesh_config::mix, -1.0, 1.0,
                   "alpha_mix on receipt of a fragment; -1 takes the mode's (0, streaming 0.5). "
                   "Default: -1."),
@@ -292,8 +302,13 @@ std::vector<knob> make_knobs() {
                   "in pieces of this size so that control messages wait behind one piece, not a whole "
                   "fragment. Default: 65536."),
       number_knob("wire.bulk_sndbuf_bytes", w, &wire_config::bulk_sndbuf_bytes, I{0}, I{1} << 30,
-                  "Kernel send buffer of the bulk (tensor) connections: bounds the tensor bytes in "
-                  "flight per link on a real network. 0: the OS's autotuning. Default: 0."),
+                  "Kernel send buffer of the bulk (tensor) connections, fixed: bounds the tensor bytes "
+                  "in flight per link. 0: adaptive (wire.bulk_queue_target_ms). Default: 0."),
+      number_knob("wire.bulk_queue_target_ms", w, &wire_config::bulk_queue_target_ms, 0.0, 10000.0,
+                  "Over tcp://, each bulk connection's send buffer (its bytes in flight) follows the "
+                  "queueing delay it causes (its RTT above its minimum), shrinking above this target "
+                  "and growing below it, so that heartbeats crossing the same bottleneck wait about "
+                  "this long behind tensors. 0: the OS's autotuning (unbounded queues). Default: 50."),
       text_knob("wire.encoding", w, &wire_config::encoding, "fp32 | bf16 | int8 | int4 | int2",
                 "Encoding of outer gradients on the wire. Default: fp32.",
                 [](std::string_view v) -> std::string {
@@ -548,6 +563,22 @@ expected<sync_policy> resolve_policy(const config& cfg) {
   }
   if (m.mix >= 0) p.mix = m.mix;
   return p;
+}
+
+expected<std::vector<std::string>> parse_etcd_endpoints(std::string_view list) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    const std::string_view e = list.substr(start, comma - start);
+    start = comma + 1;
+    if (e.empty()) continue;
+    if (!e.starts_with("http://") || e.size() <= 7 || e.find('/', 7) != e.npos)
+      return make_error(errc::invalid_input, "'" + std::string(e) + "' is not http://HOST:PORT (etcd's client URL)");
+    out.emplace_back(e);
+  }
+  if (out.empty()) return make_error(errc::invalid_input, "no etcd endpoint in '" + std::string(list) + "'");
+  return out;
 }
 
 std::uint64_t mesh_agreement_hash(const config& cfg) {

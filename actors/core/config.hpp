@@ -73,6 +73,7 @@ struct mesh_config {
   int inner_steps = 50;            // H for diloco and streaming (paper 500, scaled)
   bool elastic = true;             // synchronous modes: stop waiting for a dead learner (false: stall)
   double round_timeout_s = 60;     // bound on any open round
+  std::string etcd;                // brokers' lease service: http://HOST:PORT[,...]; empty: none
   // Heterogeneous learners: comma-separated values, one per learner (empty: the defaults).
   std::string learner_threads;     // compute threads (default: train.threads / M, at least 1)
   std::string learner_batch;       // sequences per step (default: data.batch)
@@ -93,7 +94,8 @@ struct wire_config {
   std::int64_t peer_queue_capacity = 256;     // messages waiting for one peer
   std::int64_t max_tensor_bytes = std::int64_t{1} << 30;
   std::int64_t bulk_piece_bytes = 64 * 1024;  // an emulated link interleaves control between such pieces
-  std::int64_t bulk_sndbuf_bytes = 0;         // the bulk lane's kernel send buffer; 0: the OS's autotuning
+  std::int64_t bulk_sndbuf_bytes = 0;         // the bulk lane's kernel send buffer, fixed; 0: adaptive (below)
+  double bulk_queue_target_ms = 50;           // the adaptive bulk window's queueing target; 0: the OS's autotuning
   std::string encoding = "fp32";              // outer-gradient encoding on the wire
   int block_size = 64;                        // quantisation block
   bool curve = true;                          // CURVE on tcp:// endpoints
@@ -186,6 +188,9 @@ struct sync_policy {
 
 /// validate_mesh() and the policy of cfg.mesh.mode.
 expected<sync_policy> resolve_policy(const config& cfg);
+
+/// mesh.etcd's list of client URLs ("http://10.0.0.5:2379,http://10.0.0.6:2379").
+expected<std::vector<std::string>> parse_etcd_endpoints(std::string_view list);
 
 /// A hash of the knobs every node of a mesh must agree on (mode, fragments,
 /// shards, H, τ, wire encoding); Join carries it.

@@ -126,7 +126,7 @@ caf::behavior learner_actor(learner_self* self, learner_actor_args args) {
       [self, wait_bound, retry](wake_atom, std::uint64_t generation) {
         auto& st = self->state;
         if (generation == 0) {  // joining
-          if (st.learner->on_join_timer()) self->delayed_send(self, retry, wake_atom::value, std::uint64_t{0});
+          if (st.learner->on_join_timer(st.now())) self->delayed_send(self, retry, wake_atom::value, std::uint64_t{0});
           return;
         }
         if (!st.learner->waiting() || generation != st.wake_generation) return;

@@ -1,5 +1,7 @@
 #include "learner/learner_wire.hpp"
 
+#include <algorithm>
+
 #include <cstdio>
 
 namespace archipelago {
@@ -111,6 +113,11 @@ bool learner_wire::follow_broker(const transport::decoded_envelope& env) {
 }
 
 bool learner_wire::on_peer(node_address peer, bool alive) {
+  if (peer.kind == role::parameter_shard && alive && to_install_ != 0 && !done_) {
+    ++counts_.refetches;
+    fetch(peer.index);
+    return false;
+  }
   if (peer != broker_.leader() || done_) return false;
   const bool was_silent = broker_silent_;
   broker_silent_ = !alive;
@@ -124,15 +131,22 @@ bool learner_wire::on_rejoin_timer() {
   return true;
 }
 
-bool learner_wire::on_join_timer() {
+bool learner_wire::on_join_timer(nanos now) {
   bool again = false;
   if (!welcomed_ && !done_) {  // no broker answered yet: with standbys, none may have led at first
     send_join();
     again = true;
   }
   if (to_install_ != 0) {
-    ++counts_.refetches;
-    fetch();
+    const auto longest = static_cast<nanos>(setup_.cfg.mesh.round_timeout_s * 1e9);
+    const nanos stall_bound = longest_install_gap_ns_ < 0 ? longest : std::min(3 * longest_install_gap_ns_, longest);
+    if (last_install_ns_ < 0) {
+      last_install_ns_ = now;
+    } else if (now - last_install_ns_ >= stall_bound) {
+      ++counts_.refetches;
+      fetch();
+      last_install_ns_ = now;
+    }
     again = true;
   }
   return again;
@@ -253,6 +267,8 @@ learner_event learner_wire::on_fragment_update(const transport::decoded_envelope
   if (!core_->installed(p)) {
     if (!core_->install(p, u.getVersion(), value, model_.params)) return out;
     reanchor_.erase(p.value);
+    if (last_install_ns_ >= 0) longest_install_gap_ns_ = std::max(longest_install_gap_ns_, now - last_install_ns_);
+    last_install_ns_ = now;
     if (--to_install_ == 0 && !stepping_) out.start_stepping = stepping_ = true;
     return out;
   }

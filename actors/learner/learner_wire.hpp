@@ -62,13 +62,22 @@ class learner_wire {
   learner_event on_message(const transport::decoded_envelope& env, nanos now);
   /// The broker fell silent or speaks again: Join again (a restarted broker knows no
   /// learner). True: arm the rejoin timer (on_rejoin_timer), the broker just went silent.
+  /// A shard alive again while joining: fetch its fragments again (what was queued
+  /// for the dead link was dropped).
   bool on_peer(node_address peer, bool alive);
   /// While the broker stays silent, Join again each liveness period (the reconnecting
   /// socket may drop what it queued). True: arm the timer again.
   bool on_rejoin_timer();
-  /// Joining is bounded: fetch every fragment still missing, Join again until a broker
-  /// welcomes this incarnation. True: still joining, arm again.
-  bool on_join_timer();
+  /// Joining is bounded: Join again until a broker welcomes this incarnation, and fetch
+  /// every fragment again (the newest versions of those installed too) while some are
+  /// missing and none has arrived for three times the longest gap
+  /// between two arrivals so far (at most mesh.round_timeout_s; before the second
+  /// arrival, the latter). Not sooner: over a slow link the fragments
+  /// asked for are still queued (a 3 Mbit/s link shared by three learners brings one
+  /// 1.8 MB fragment every 14 s), and asking again queues a second copy of each behind
+  /// them; a lost request on a fast link is asked again within seconds. True: still
+  /// joining, arm again.
+  bool on_join_timer(nanos now);
   /// Before a step: a synchronous policy sends what is ready and waits (true) until
   /// the awaited fragment arrives (learner_event::resume) or on_wait_timeout().
   bool wait_before_step(nanos now);
@@ -109,6 +118,8 @@ class learner_wire {
   chaos_receiver chaos_;
   node_counters counts_;
   std::size_t to_install_ = 0;
+  nanos last_install_ns_ = -1;  // joining: when a fragment last arrived (-1: the first timer starts the clock)
+  nanos longest_install_gap_ns_ = -1;  // joining: between two arrivals (-1: none yet)
   bool stepping_ = false, waiting_ = false, done_ = false;
   nanos wait_since_ = 0;
   nanos last_step_ns_ = 0;

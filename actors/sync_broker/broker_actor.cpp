@@ -4,6 +4,7 @@
 
 #include "storage/snapshot_writer.hpp"
 #include "sync_broker/broker_seat.hpp"
+#include "sync_broker/etcd_lease.hpp"
 #include "transport/actor_bridge.hpp"
 #include "transport/wire_metrics.hpp"
 
@@ -81,6 +82,7 @@ struct broker_state {
   broker_actor_args args;
   std::unique_ptr<transport::node_transport> wire;
   std::unique_ptr<writer_broker_store> store;
+  std::unique_ptr<etcd_lease> lease;  // mesh.etcd; declared before the seat, which uses it
   std::unique_ptr<broker_seat> seat;
   nanos cpu_ns = 0;  // the broker actor's own CPU time (its transport's I/O thread not included)
   nanos last_report_ns = 0;
@@ -118,8 +120,27 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, broker_actor
     if (a.writer) (void)a.writer->drain(std::chrono::seconds(5));
     return read_start(a);
   };
+  if (!setup.cfg.mesh.etcd.empty()) {
+    auto endpoints = parse_etcd_endpoints(setup.cfg.mesh.etcd);
+    if (!endpoints) {  // the knob's check ran before: a programmer error
+      std::fprintf(stderr, "archipelago broker/%u: mesh.etcd: %s\n", st.args.index, endpoints.err().message.c_str());
+      return {};
+    }
+    // The mesh's keys under its agreement hash: meshes sharing one etcd never meet.
+    char prefix[64];
+    std::snprintf(prefix, sizeof prefix, "archipelago/%016llx",
+                  static_cast<unsigned long long>(mesh_agreement_hash(setup.cfg)));
+    const nanos liveness_ns = setup.cfg.wire.heartbeat_interval_ms * 1'000'000 * setup.cfg.wire.liveness;
+    etcd_lease_config lc;
+    lc.endpoints = std::move(*endpoints);
+    lc.prefix = prefix;
+    lc.broker_index = st.args.index;
+    lc.ttl_s = std::max<std::int64_t>(2, (liveness_ns + 999'999'999) / 1'000'000'000);  // etcd counts whole seconds
+    lc.retry_ns = setup.cfg.wire.heartbeat_interval_ms * 1'000'000;
+    st.lease = std::make_unique<etcd_lease>(std::move(lc), *st.args.clock);
+  }
   st.seat = std::make_unique<broker_seat>(setup, broker_settings(setup), st.args.inc, st.args.index, *st.wire,
-                                          st.store.get(), read_back, st.now());
+                                          st.store.get(), read_back, st.now(), st.lease.get());
   self->send(self, tick_atom::value);
   return {
       [self](tick_atom) {

@@ -40,6 +40,12 @@ void broker_election::on_leader_heard(nanos now) {
 }
 
 std::optional<std::uint64_t> broker_election::take_over(nanos now) {
+  const auto epoch = candidate(now);
+  if (epoch) lead_in(*epoch);
+  return epoch;
+}
+
+std::optional<std::uint64_t> broker_election::candidate(nanos now) const {
   if (leading_) return std::nullopt;
   const nanos stagger = cfg_.self > 0 ? (cfg_.self - 1) * cfg_.heartbeat_ns : 0;
   bool go = false;
@@ -59,11 +65,14 @@ std::optional<std::uint64_t> broker_election::take_over(nanos now) {
   }
   if (!go) return std::nullopt;
   // Above every epoch heard of; its own incarnation when that is higher still.
-  epoch_ = broker_epoch_of(std::max(incarnation_, (epoch_ >> 8) + 1), cfg_.self);
+  return broker_epoch_of(std::max(incarnation_, (epoch_ >> 8) + 1), cfg_.self);
+}
+
+void broker_election::lead_in(std::uint64_t epoch) {
+  epoch_ = std::max(epoch_, epoch);
   leading_ = true;
   dead_at_.reset();
   ++takeovers_;
-  return epoch_;
 }
 
 void broker_election::step_down(nanos now) {

@@ -51,6 +51,11 @@ class broker_election {
   void on_leader_heard(nanos now);
   /// A follower that should lead now: the epoch it leads in from now on.
   std::optional<std::uint64_t> take_over(nanos now);
+  /// With a lease (broker_lease) taking over is two steps: the epoch this follower
+  /// would lead in when it should lead now (campaign for the lease with it), then
+  /// lead_in() the epoch the lease service granted.
+  std::optional<std::uint64_t> candidate(nanos now) const;
+  void lead_in(std::uint64_t epoch);
   /// The broker stopped leading (deposed, or it could not start).
   void step_down(nanos now);
 

@@ -17,19 +17,20 @@ election_config election_settings(const mesh_setup& setup, std::uint32_t index) 
 
 broker_seat::broker_seat(const mesh_setup& setup, broker_config settings, incarnation inc, std::uint32_t index,
                          transport::message_port& port, broker_store* store, std::function<broker_start()> read_start,
-                         nanos now)
+                         nanos now, broker_lease* lease)
     : setup_(setup), settings_(std::move(settings)), inc_(inc), index_(index), port_(port), store_(store),
-      read_start_(std::move(read_start)), election_(election_settings(setup, index), inc.value, now) {
+      read_start_(std::move(read_start)), lease_(lease), election_(election_settings(setup, index), inc.value, now) {
   std::vector<node_address> others;
   for (std::uint32_t b = 0; b < setup.brokers(); ++b)  // heartbeats both ways: the others' liveness and epochs
     if (b != index) {
       others.push_back(broker_at(b));
       (void)port_.add_peer(others.back(), setup.broker_endpoint_of(b));
     }
-  if (auto epoch = election_.take_over(now)) {  // without standbys: at once
-    lead(*epoch, now);
-    return;
-  }
+  if (!lease_)
+    if (auto epoch = election_.take_over(now)) {  // without standbys: at once
+      lead(*epoch, now);
+      return;
+    }
   // Ask who leads: a leader answers a broker's Join with a Welcome (its epoch in the
   // header) and, having found it alive, with its state at once (broker_wire::on_peer).
   auto b = port_.make_envelope();
@@ -57,12 +58,46 @@ void broker_seat::follow(nanos now) {
                static_cast<unsigned long long>(wire_->epoch()));
   wire_.reset();
   election_.step_down(now);
+  if (lease_) {
+    lease_->release();
+    campaigning_ = false;
+  }
+}
+
+/// Lost the lease (it expired unrenewed, or etcd gave it to another): stop leading at once.
+void broker_seat::follow_lease(nanos now) {
+  const lease_state ls = lease_->state();
+  std::fprintf(stderr, "archipelago broker/%u: the lease of epoch %llu is no longer held%s%s: stepping down\n", index_,
+               static_cast<unsigned long long>(wire_->epoch()), ls.error.empty() ? "" : " (etcd: ",
+               ls.error.empty() ? "" : (ls.error + ")").c_str());
+  wire_.reset();
+  election_.step_down(now);
+  lease_->release();
+  campaigning_ = false;
 }
 
 void broker_seat::tick(nanos now) {
   if (election_.on_epoch(port_.broker_epoch(), now) && wire_) follow(now);  // heard in a heartbeat
-  if (!wire_)
+  if (lease_) {
+    const lease_state ls = lease_->state();
+    if (election_.on_epoch(ls.leader_epoch, now) && wire_) follow(now);  // etcd knows a newer leader
+    if (wire_ && (ls.held_epoch != wire_->epoch() || now >= ls.valid_until)) follow_lease(now);
+    if (!wire_) {
+      if (ls.held_epoch != 0 && campaigning_ && now < ls.valid_until) {
+        campaigning_ = false;
+        election_.lead_in(ls.held_epoch);
+        lead(ls.held_epoch, now);
+      } else if (auto epoch = election_.candidate(now)) {
+        lease_->campaign(*epoch);  // again each tick: a no-op while it campaigns for as much
+        campaigning_ = true;
+      } else if (campaigning_ || ls.held_epoch != 0) {  // a leader was heard of meanwhile: follow it
+        lease_->release();
+        campaigning_ = false;
+      }
+    }
+  } else if (!wire_) {
     if (auto epoch = election_.take_over(now)) lead(*epoch, now);
+  }
   if (wire_) wire_->tick(now);
 }
 
@@ -111,6 +146,7 @@ std::string broker_seat::status_json(nanos now) const {
   j.add("broker", static_cast<std::uint64_t>(index_)).add("incarnation", inc_.value).add("leading", false)
       .add("epoch", election_.epoch());
   if (auto leader = election_.leader()) j.add("leader", static_cast<std::uint64_t>(*leader));
+  if (lease_) j.add("lease_error", lease_->state().error);
   return j.str();
 }
 

@@ -15,6 +15,7 @@
 #include "core/ids.hpp"
 #include "core/mesh_setup.hpp"
 #include "sync_broker/broker_election.hpp"
+#include "sync_broker/broker_lease.hpp"
 #include "sync_broker/broker_store.hpp"
 #include "sync_broker/broker_wire.hpp"
 #include "transport/codec.hpp"
@@ -26,9 +27,12 @@ class broker_seat {
  public:
   /// `index`: 0 the primary, from 1 a standby. `read_start`: where this broker starts
   /// when it begins to lead — its store read back (with a standby's copy in it) and
-  /// the first round of a resumed run. `setup`, `port` and `store` outlive the seat.
+  /// the first round of a resumed run. `lease` (may be null: none): this broker leads
+  /// only while it holds it, in the epoch it grants. `setup`, `port`, `store` and
+  /// `lease` outlive the seat.
   broker_seat(const mesh_setup& setup, broker_config settings, incarnation inc, std::uint32_t index,
-              transport::message_port& port, broker_store* store, std::function<broker_start()> read_start, nanos now);
+              transport::message_port& port, broker_store* store, std::function<broker_start()> read_start, nanos now,
+              broker_lease* lease = nullptr);
 
   void on_message(const transport::decoded_envelope& env, nanos now);
   void on_peer(node_address peer, bool alive, nanos now);
@@ -45,6 +49,7 @@ class broker_seat {
  private:
   void lead(std::uint64_t epoch, nanos now);
   void follow(nanos now);
+  void follow_lease(nanos now);
   void keep(const transport::decoded_envelope& env);
 
   const mesh_setup& setup_;
@@ -54,8 +59,10 @@ class broker_seat {
   transport::message_port& port_;
   broker_store* store_;
   std::function<broker_start()> read_start_;
+  broker_lease* lease_;
   broker_election election_;
   std::unique_ptr<broker_wire> wire_;
+  bool campaigning_ = false;
 };
 
 }  // namespace archipelago

@@ -1,11 +1,15 @@
 #include "transport/transport.hpp"
 
+#include <linux/tcp.h>  // tcp_info with tcpi_min_rtt (glibc's netinet/tcp.h stops before it)
+#include <netinet/in.h>  // IPPROTO_TCP
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -17,6 +21,7 @@
 
 #include "core/prng.hpp"
 #include "transport/bulk_pacer.hpp"
+#include "transport/bulk_window.hpp"
 
 namespace archipelago::transport {
 
@@ -118,6 +123,21 @@ struct node_transport::impl {
   struct lane {
     std::unique_ptr<zmq::socket_t> dealer;
     std::deque<std::vector<zmq::message_t>> waiting;
+    // The bulk lane over tcp://: ZeroMQ's monitor tells its connection's descriptor,
+    // whose send buffer follows the queue it builds (bulk_window).
+    std::unique_ptr<zmq::socket_t> monitor;
+    int fd = -1;
+    std::optional<bulk_window> window;
+
+    /// Monitoring stops before its reader goes: libzmq's I/O thread sends monitor
+    /// events blocking, and with no reader left it would hang every socket.
+    void close() {
+      if (monitor && dealer) (void)zmq_socket_monitor(dealer->handle(), nullptr, 0);
+      monitor.reset();
+      dealer.reset();
+      fd = -1;
+    }
+    ~lane() { close(); }
   };
   struct peer {
     node_address address;
@@ -139,7 +159,7 @@ struct node_transport::impl {
     bool connected() const { return control.dealer != nullptr; }
     void disconnect() {
       for (lane* l : {&control, &bulk}) {
-        l->dealer.reset();
+        l->close();
         l->waiting.clear();
       }
       pacer.clear();
@@ -152,6 +172,9 @@ struct node_transport::impl {
   std::priority_queue<scheduled_send, std::vector<scheduled_send>, std::greater<>> schedule;
   std::uint64_t schedule_order = 0;
   std::uint64_t pacer_ids = 0;
+  std::uint64_t monitors = 0;
+  static constexpr nanos window_sample_ns = 20'000'000;
+  nanos next_window_sample = 0;
   peer_liveness liveness;
   dedup_window dedup, bulk_dedup;  // per lane: a bulk message may arrive long after later control ones
   std::set<node_address> dead_reported;
@@ -200,7 +223,69 @@ struct node_transport::impl {
 
   void connect(peer& p) {
     p.control.dealer = make_dealer(p.endpoint, p.server_key, false);
+    p.bulk.close();
     p.bulk.dealer = make_dealer(p.endpoint, p.server_key, true);
+    if (cfg.bulk_sndbuf_bytes == 0 && cfg.bulk_queue_target_ns > 0 && p.endpoint.starts_with("tcp://")) {
+      // Watch the bulk connection (before it connects: the event is not missed).
+      const std::string name = "inproc://archipelago-bulk-" + std::to_string(reinterpret_cast<std::uintptr_t>(this)) +
+                               "-" + std::to_string(++monitors);
+      if (zmq_socket_monitor(p.bulk.dealer->handle(), name.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0) {
+        p.bulk.monitor = std::make_unique<zmq::socket_t>(context, zmq::socket_type::pair);
+        p.bulk.monitor->set(zmq::sockopt::linger, 0);
+        p.bulk.monitor->connect(name);
+      }
+      if (!p.bulk.window) {
+        bulk_window::config wc;
+        wc.target_delay_ns = cfg.bulk_queue_target_ns;
+        p.bulk.window.emplace(wc);
+      }
+    }
+  }
+
+  /// The bulk connection's monitor: its descriptor when it connects, forgotten when it drops.
+  void monitor_event(peer& p) {
+    zmq::message_t event, address;
+    while (p.bulk.monitor->recv(event, zmq::recv_flags::dontwait)) {
+      if (event.more()) (void)p.bulk.monitor->recv(address, zmq::recv_flags::dontwait);
+      if (event.size() < 6) continue;
+      std::uint16_t id = 0;
+      std::uint32_t value = 0;
+      std::memcpy(&id, event.data(), 2);
+      std::memcpy(&value, static_cast<const char*>(event.data()) + 2, 4);
+      if (id == ZMQ_EVENT_CONNECTED) {
+        p.bulk.fd = static_cast<int>(value);
+        const int bytes = static_cast<int>(p.bulk.window->bytes());
+        (void)::setsockopt(p.bulk.fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+      } else if (id == ZMQ_EVENT_DISCONNECTED) {
+        p.bulk.fd = -1;
+      }
+    }
+  }
+
+  /// Every bulk connection's window from its TCP_INFO (bulk_window).
+  void adapt_bulk_windows(nanos now) {
+    if (now < next_window_sample) return;
+    next_window_sample = now + window_sample_ns;
+    for (auto& [addr, p] : peers) {
+      lane& l = p.bulk;
+      if (l.fd < 0 || !l.window) continue;
+      tcp_info info{};
+      socklen_t size = sizeof info;
+      if (::getsockopt(l.fd, IPPROTO_TCP, TCP_INFO, &info, &size) != 0 || size < sizeof info) continue;
+      const auto changed = l.window->on_sample(now, static_cast<nanos>(info.tcpi_rtt) * 1000,
+                                               static_cast<nanos>(info.tcpi_min_rtt) * 1000,
+                                               static_cast<std::size_t>(info.tcpi_unacked) * info.tcpi_snd_mss);
+      if (changed) {
+        const int bytes = static_cast<int>(*changed);
+        (void)::setsockopt(l.fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+      }
+      count([&](auto& c) {
+        link_counters& link = c.links[p.address];
+        link.bulk_window_bytes = l.window->bytes();
+        link.bulk_queue_delay_ns = l.window->queue_delay_ns();
+        link.bulk_queue_delay_max_ns = std::max(link.bulk_queue_delay_max_ns, l.window->queue_delay_ns());
+      });
+    }
   }
 
   // -- outbound -------------------------------------------------------------
@@ -551,9 +636,11 @@ struct node_transport::impl {
       release_due(now);
       send_heartbeats(now);
       check_liveness(now);
+      adapt_bulk_windows(now);
 
       nanos wait = liveness.next_heartbeat_due(now) - now;
       wait = std::min(wait, cfg.heartbeat.interval_ns / 4);  // liveness checks
+      if (cfg.bulk_queue_target_ns > 0) wait = std::min(wait, std::max<nanos>(next_window_sample - now, 0));
       if (!schedule.empty()) wait = std::min(wait, schedule.top().at - now);
       for (auto& [addr, p] : peers) {
         if (p.reconnect_at >= 0) wait = std::min(wait, p.reconnect_at - now);
@@ -582,6 +669,13 @@ struct node_transport::impl {
           items.push_back({l->dealer->handle(), 0, static_cast<short>(ZMQ_POLLIN | (l->waiting.empty() ? 0 : ZMQ_POLLOUT)), 0});
           polled.push_back({&p, l});
         }
+      const std::size_t first_monitor = items.size();
+      std::vector<peer*> monitored;
+      for (auto& [addr, p] : peers)
+        if (p.bulk.monitor) {
+          items.push_back({p.bulk.monitor->handle(), 0, ZMQ_POLLIN, 0});
+          monitored.push_back(&p);
+        }
       zmq::poll(items.data(), items.size(), timeout);
       if (items[2].revents & ZMQ_POLLIN) {
         std::uint64_t expirations = 0;
@@ -598,6 +692,8 @@ struct node_transport::impl {
         if (items[first_peer + i].revents & ZMQ_POLLIN) receive_all(*l->dealer, false, now);
         if (l->dealer && (items[first_peer + i].revents & ZMQ_POLLOUT)) flush(*p, *l);
       }
+      for (std::size_t i = 0; i < monitored.size(); ++i)
+        if ((items[first_monitor + i].revents & ZMQ_POLLIN) && monitored[i]->bulk.monitor) monitor_event(*monitored[i]);
     }
   }
 };
@@ -683,6 +779,7 @@ expected<transport_config> transport_config_from(const config& cfg, node_address
   t.socket_hwm = w.socket_hwm;
   t.bulk_piece_bytes = static_cast<std::size_t>(w.bulk_piece_bytes);
   t.bulk_sndbuf_bytes = static_cast<int>(w.bulk_sndbuf_bytes);
+  t.bulk_queue_target_ns = static_cast<nanos>(w.bulk_queue_target_ms * 1e6);
   t.outbox_capacity = static_cast<std::size_t>(w.outbox_capacity);
   t.peer_queue_capacity = static_cast<std::size_t>(w.peer_queue_capacity);
   t.limits.max_tensor_bytes = static_cast<std::size_t>(w.max_tensor_bytes);

@@ -15,7 +15,10 @@
 //   - every directed link passes through a link_shaper (bandwidth, latency,
 //     jitter, loss, duplication, reordering, corruption), changeable at run
 //     time; bulk messages enter it in pieces (bulk_pacer), so control messages
-//     wait behind one piece, not a whole fragment;
+//     wait behind one piece, not a whole fragment; on a real network each bulk
+//     connection's kernel send buffer — its bytes in flight — follows the queue
+//     it builds (bulk_window), so tensors queue only ~50 ms before heartbeats in
+//     a shared bottleneck;
 //   - heartbeats both ways on the control lane, each echoing the peer's last
 //     one (the control lane's round trip, per link); liveness of `liveness`
 //     intervals judged on the control lane only; reconnect of a dead peer's
@@ -72,7 +75,10 @@ struct transport_config {
   std::size_t peer_queue_capacity = 256;  // messages waiting for one peer's socket (HWM reached)
   int socket_hwm = 64;                 // ZeroMQ high-water mark per socket, in messages
   std::size_t bulk_piece_bytes = 64 * 1024;  // interleaving unit of a shaped link (bulk_pacer)
-  int bulk_sndbuf_bytes = 0;           // SO_SNDBUF of the bulk lane's sockets; 0: the OS's autotuning
+  int bulk_sndbuf_bytes = 0;           // SO_SNDBUF of the bulk lane's sockets, fixed; 0: see the next
+  /// Over tcp://, each bulk connection's send buffer follows the queue it builds
+  /// (bulk_window), queueing about this much delay; 0: the OS's autotuning.
+  nanos bulk_queue_target_ns = 50'000'000;
   link_profile default_link;           // applied to every new peer link
   std::uint64_t seed = 1;              // shaping and backoff jitter
   curve_config curve;
@@ -93,6 +99,9 @@ struct link_counters {
   // The control lane's round trip (heartbeat echoes), on this node's clock.
   std::uint64_t rtt_samples = 0;
   nanos rtt_last_ns = 0, rtt_max_ns = 0, rtt_sum_ns = 0;
+  // The bulk connection's window (bulk_window) and the queueing delay it saw.
+  std::size_t bulk_window_bytes = 0;
+  nanos bulk_queue_delay_ns = 0, bulk_queue_delay_max_ns = 0;
 };
 
 struct transport_counters {

@@ -36,6 +36,14 @@ void add_node_metrics(prometheus_text& page, node_address self, incarnation inc,
       page.gauge("archipelago_wire_control_rtt_max_seconds", "The control lane's longest round trip to a peer so far.",
                  static_cast<double>(link.rtt_max_ns) * 1e-9, l);
     }
+    if (link.bulk_window_bytes > 0) {
+      page.gauge("archipelago_wire_bulk_window_bytes",
+                 "The bulk (tensor) connection's send buffer to a peer, as it follows its queueing delay.",
+                 static_cast<double>(link.bulk_window_bytes), l);
+      page.gauge("archipelago_wire_bulk_queue_delay_max_seconds",
+                 "The longest queueing delay (smoothed RTT above the minimum) the bulk connection to a peer saw.",
+                 static_cast<double>(link.bulk_queue_delay_max_ns) * 1e-9, l);
+    }
   }
   page.counter("archipelago_wire_rejected_total", "Inbound messages refused as malformed, oversized or foreign.",
                static_cast<double>(wire.rejected_total()), me);

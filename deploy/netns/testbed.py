@@ -44,6 +44,7 @@ LEARNER_PORT = 7100
 PROBE_PORT = 7999
 HOST_IF = "wan"         # the host's end of its access link (and the hub's TUN device)
 TUN_TXQUEUE = 10000     # packets the kernel may queue for the relay
+TCP_COUNTERS = ("TcpRetransSegs", "TcpExtTCPTimeouts")
 
 
 class TestbedError(Exception):
@@ -227,8 +228,9 @@ class Testbed:
             link = json.loads(sh("ip", "-j", "-s", "-n", h.ns, "link", "show", "dev", HOST_IF))[0]["stats64"]
             up = json.loads(sh("tc", "-j", "-s", "-n", h.ns, "qdisc", "show", "dev", HOST_IF))[0]
             down = json.loads(sh("tc", "-j", "-s", "-n", self.hub, "qdisc", "show", "dev", h.hub_if))[0]
+            tcp = json.loads(sh("ip", "netns", "exec", h.ns, "nstat", "-asz", "--json", *TCP_COUNTERS))["kernel"]
             out[h.name] = {"sent": link["tx"]["bytes"], "received": link["rx"]["bytes"],
-                           "drops": up.get("drops", 0) + down.get("drops", 0)}
+                           "drops": up.get("drops", 0) + down.get("drops", 0), "tcp": tcp}
         return out
 
     def down(self):
@@ -388,7 +390,11 @@ def run_mesh(bed, args, log_dir):
         traffic[h.name] = {"sent_bytes": sent, "received_bytes": received,
                            "sent_mbit_s": round(sent * 8 / train_s / 1e6, 2),
                            "received_mbit_s": round(received * 8 / train_s / 1e6, 2),
-                           "tbf_drops": after[h.name]["drops"] - before[h.name]["drops"]}
+                           "tbf_drops": after[h.name]["drops"] - before[h.name]["drops"],
+                           # The host's TCP senders: segments resent, and resends after a retransmission
+                           # timeout (a connection stalled at least one RTO: what starves a control lane).
+                           "tcp_retransmitted": after[h.name]["tcp"]["TcpRetransSegs"] - before[h.name]["tcp"]["TcpRetransSegs"],
+                           "tcp_timeouts": after[h.name]["tcp"]["TcpExtTCPTimeouts"] - before[h.name]["tcp"]["TcpExtTCPTimeouts"]}
     return failure, reports, traffic, train_s
 
 
@@ -488,7 +494,8 @@ def print_mesh_report(s):
           f"{s['control_rtt_max_ms']:.1f} ms")
     for name, t in s["traffic"].items():
         print(f"  {name:>6}: sent {t['sent_bytes'] / 1e6:8.1f} MB ({t['sent_mbit_s']:7.2f} Mbit/s), received "
-              f"{t['received_bytes'] / 1e6:8.1f} MB ({t['received_mbit_s']:7.2f} Mbit/s), tbf drops {t['tbf_drops']}")
+              f"{t['received_bytes'] / 1e6:8.1f} MB ({t['received_mbit_s']:7.2f} Mbit/s), tbf drops {t['tbf_drops']}, "
+              f"TCP resent {t['tcp_retransmitted']} ({t['tcp_timeouts']} timeouts)")
     print(f"relay: {relay.get('packets', 0)} packets, {relay.get('bytes', 0) / 1e6:.1f} MB, "
           f"{relay.get('dropped', 0)} dropped, at most {relay.get('max_queued_bytes', 0) / 1e6:.2f} MB held")
     if loss:

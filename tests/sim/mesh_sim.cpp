@@ -675,7 +675,7 @@ void mesh::learner_do(std::uint32_t i, incarnation inc, std::function<void(learn
 void mesh::arm_join_retry(std::uint32_t i, incarnation inc) {
   at(now_ + cfg_.fetch_retry_ns, [this, i, inc] {
     learner_do(i, inc, [this, i, inc](learner& l) {
-      if (l.wire->on_join_timer()) arm_join_retry(i, inc);
+      if (l.wire->on_join_timer(now_)) arm_join_retry(i, inc);
     });
   });
 }
