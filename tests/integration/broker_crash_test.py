@@ -63,7 +63,7 @@ def shard_head(binary, db):
 
 def shard_heads(binary, db):
     """The shard store's newest manifest: its mesh version and each fragment's version."""
-    for attempt in range(5):
+    for attempt in range(20):  # a loaded machine is slow to open a store: the shard may move on each time
         rows = replay(binary, db, "list")["rows"]
         if not rows:
             return 0, {}
@@ -71,7 +71,7 @@ def shard_heads(binary, db):
         try:
             shown = replay(binary, db, "show", str(head))
         except Failure:
-            if attempt == 4:
+            if attempt == 19:
                 raise
             continue  # retention removed it meanwhile: the shard moved on
         return head, {e["fragment"]: e["version"] for e in shown["entries"]}
