@@ -133,7 +133,8 @@ void etcd_lease::try_to_lead(std::uint64_t min_epoch) {
   if (!granted) return;
   const std::uint64_t epoch = std::max(min_epoch, broker_epoch_of((seen->epoch >> 8) + 1, cfg_.broker_index));
   auto result = post("/v3/kv/txn", etcd_requests::campaign(cfg_.prefix, *granted, epoch, seen->epoch_mod_revision));
-  if (!result || !etcd_requests::read_campaign(*result).has_value() || !*etcd_requests::read_campaign(*result)) {
+  const auto won = result ? etcd_requests::read_campaign(*result) : expected<bool>(false);
+  if (!won.has_value() || !*won) {
     (void)post("/v3/lease/revoke", etcd_requests::lease_id(*granted));  // another broker was quicker
     return;
   }
