@@ -18,7 +18,7 @@ chaos_core::chaos_core(std::vector<planned_fault> timeline, nanos safety_ns)
 
 bool chaos_core::is_process_fault(fault_kind k) {
   return k == fault_kind::crash || k == fault_kind::pause || k == fault_kind::shard_crash ||
-         k == fault_kind::broker_crash;
+         k == fault_kind::broker_crash || k == fault_kind::broker_host_lost;
 }
 
 bool chaos_core::target_down(const fault_target& t) const {
@@ -54,7 +54,8 @@ std::vector<chaos_action> chaos_core::tick(nanos now) {
         a.action = chaos_action::what::skip;
       } else {
         a.action = chaos_action::what::inject;
-        repair_at_[i] = std::min(f.at_ns + f.for_ns, std::max(safety_ns_, f.at_ns));
+        // A lost host is never repaired: there is nothing to restart it on (a standby took over).
+        if (f.kind != fault_kind::broker_host_lost) repair_at_[i] = std::min(f.at_ns + f.for_ns, std::max(safety_ns_, f.at_ns));
         ++injected_;
       }
     }

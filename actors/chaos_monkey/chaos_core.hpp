@@ -3,7 +3,7 @@
 // (expand_fault_plan) and says, for a time since the drill's start, which faults
 // to inject and which to repair now. Every fault is repaired after its `for`,
 // and at the latest when the safety phase ends (the heal before the liveness
-// phase). A process fault on a target whose process is already down is skipped
+// phase) — but a lost host (broker_host_lost), which is never repaired. A process fault on a target whose process is already down is skipped
 // (and recorded): a crashed learner cannot be paused. The record of what was
 // done is the drill report's timeline.
 

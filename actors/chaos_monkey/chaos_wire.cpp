@@ -6,12 +6,13 @@
 namespace archipelago {
 namespace {
 
-node_address address_of(const fault_target& t) { return {t.kind, t.kind == role::sync_broker ? 0 : t.index}; }
+node_address address_of(const fault_target& t) { return {t.kind, t.index}; }
 
-/// Every node of the mesh but `self`; a learner talks to the broker and the shards only.
+/// Every node of the mesh but `self`; a learner talks to the brokers and the shards only.
 std::vector<node_address> peers_of(const mesh_setup& setup, node_address self) {
   std::vector<node_address> out;
-  if (self != broker_address) out.push_back(broker_address);
+  for (std::uint32_t b = 0; b < setup.brokers(); ++b)
+    if (self != broker_at(b)) out.push_back(broker_at(b));
   for (std::uint32_t s = 0; s < setup.shard_endpoints.size(); ++s)
     if (self != node_address{role::parameter_shard, s}) out.push_back({role::parameter_shard, s});
   if (self.kind != role::learner)
@@ -55,7 +56,7 @@ chaos_wire::chaos_wire(const mesh_setup& setup, std::vector<planned_fault> timel
       log_(log), active_(core_.timeline().size(), false) {}
 
 void chaos_wire::start() {
-  reconnect(broker_address);
+  for (std::uint32_t b = 0; b < setup_.brokers(); ++b) reconnect(broker_at(b));
   for (std::uint32_t s = 0; s < setup_.shard_endpoints.size(); ++s) reconnect({role::parameter_shard, s});
   for (std::uint32_t l = 0; l < setup_.learner_endpoints.size(); ++l) reconnect({role::learner, l});
 }
@@ -130,6 +131,11 @@ void chaos_wire::carry_out(const chaos_action& a, nanos since_start) {
           reapply(t);
         }
       }
+      break;
+    case fault_kind::broker_host_lost:  // nothing to repair: a standby leads from here on
+      active_[a.fault] = false;
+      if (inject)
+        for (const auto& t : f.targets) control_.lose_host(t);
       break;
     case fault_kind::pause:  // the launcher resumes it itself
       if (inject)

@@ -3,8 +3,8 @@
 // carries each injection and repair out. Faults a node carries out itself —
 // link shaping and partitions, slow-downs, storage errors — go as ChaosCommand
 // envelopes through the message port; process faults (crash, pause, shard and
-// broker crashes) go to the launcher that owns the processes, which also
-// restarts them. Pure: no CAF, no sockets, no clock reads. The actor shell
+// broker crashes, a broker's host lost) go to the launcher that owns the
+// processes, which also restarts them (a lost host: never). Pure: no CAF, no sockets, no clock reads. The actor shell
 // (chaos_actor) and the simulation (tests/sim) both run it.
 
 #include <atomic>
@@ -32,6 +32,8 @@ class process_control {
   virtual void restart(const fault_target& target) = 0;  // a new incarnation of it
   /// SIGSTOP now and SIGCONT after `duration` (the launcher resumes it itself).
   virtual void pause(const fault_target& target, nanos duration) = 0;
+  /// Its host is lost: SIGKILL, and its store removed. Never restarted.
+  virtual void lose_host(const fault_target& target) = 0;
 };
 
 /// One line of the drill's timeline.

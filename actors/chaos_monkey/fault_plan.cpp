@@ -20,6 +20,7 @@ constexpr kind_name kind_names[] = {
     {"slow", fault_kind::slow},           {"partition", fault_kind::partition},
     {"link", fault_kind::link},           {"shard_crash", fault_kind::shard_crash},
     {"broker_crash", fault_kind::broker_crash}, {"storage_errors", fault_kind::storage_errors},
+    {"broker_host_lost", fault_kind::broker_host_lost},
 };
 
 std::string known_kinds() {
@@ -31,7 +32,7 @@ std::string known_kinds() {
 /// Errors while reading the plan, prefixed with "origin:line: ".
 struct reader {
   const std::string& origin;
-  int learners, shards;
+  int learners, shards, standbys;
 
   error at(const toml::node& node, const std::string& what) const {
     return make_error(errc::invalid_input, origin + ":" + std::to_string(node.source().begin.line) + ": " + what);
@@ -54,6 +55,18 @@ struct reader {
       out.every_learner = true;
     } else if (t == "broker") {
       out.kind = role::sync_broker;
+    } else if (t.starts_with("broker/")) {
+      std::uint32_t index = 0;
+      const auto [end, ec] = std::from_chars(t.data() + 7, t.data() + t.size(), index);
+      if (ec != std::errc() || end != t.data() + t.size())
+        return at(node, "unknown target '" + t + "' (learner/N, shard/N, storage/N, broker, broker/N or learners)");
+      if (static_cast<int>(index) > standbys)
+        return at(node, "unknown target '" + t + "': the plan has " +
+                            (standbys == 0 ? std::string("no standby broker (standbys = 0)")
+                                           : std::to_string(standbys) + " standby broker" + (standbys > 1 ? "s" : "") +
+                                                 " (broker/1" + (standbys > 1 ? " to broker/" + std::to_string(standbys) : "") + ")"));
+      out.kind = role::sync_broker;
+      out.index = index;
     } else {
       const auto slash = t.find('/');
       const std::string what = t.substr(0, slash);
@@ -62,7 +75,7 @@ struct reader {
       const auto [end, ec] = std::from_chars(first, t.data() + t.size(), index);
       if (slash == std::string::npos || ec != std::errc() || end != t.data() + t.size() ||
           (what != "learner" && what != "shard" && what != "storage"))
-        return at(node, "unknown target '" + t + "' (learner/N, shard/N, storage/N, broker or learners)");
+        return at(node, "unknown target '" + t + "' (learner/N, shard/N, storage/N, broker, broker/N or learners)");
       out.kind = what == "learner" ? role::learner : role::parameter_shard;
       out.index = index;
       const int bound = what == "learner" ? learners : shards;
@@ -76,7 +89,9 @@ struct reader {
                     (learner_kind && (out.kind == role::learner || out.every_learner)) ||
                     (kind == fault_kind::shard_crash && out.kind == role::parameter_shard) ||
                     (kind == fault_kind::storage_errors && out.kind == role::parameter_shard) ||
-                    (kind == fault_kind::broker_crash && out.kind == role::sync_broker);
+                    // A broker crash restarts the primary; a standby's process faults are not drilled (yet).
+                    ((kind == fault_kind::broker_crash || kind == fault_kind::broker_host_lost) &&
+                     out.kind == role::sync_broker && out.index == 0);
     if (!ok) return at(node, std::string("a ") + to_string(kind) + " fault cannot target '" + t + "'");
     return out;
   }
@@ -105,15 +120,21 @@ struct reader {
     auto when = duration(*at_node, "at");
     if (!when) return when.err();
     f.at_ns = *when;
-    if (const toml::node* d = t.get("for")) {
+    if (const toml::node* d = t.get("for"); d && f.kind == fault_kind::broker_host_lost) {
+      return at(*d, "a broker_host_lost fault has no for: its host is gone and the primary is never restarted "
+                    "(a standby takes over)");
+    } else if (d) {
       auto length = duration(*d, "for");
       if (!length) return length.err();
       f.for_ns = *length;
-    } else if (f.kind != fault_kind::broker_crash && f.kind != fault_kind::shard_crash) {
+    } else if (f.kind != fault_kind::broker_crash && f.kind != fault_kind::shard_crash &&
+               f.kind != fault_kind::broker_host_lost) {
       return at(t, std::string("a ") + to_string(f.kind) + " fault needs for = \"...\" (when it is repaired)");
     }
 
-    if (const toml::node* e = t.get("every")) {
+    if (const toml::node* e = t.get("every"); e && f.kind == fault_kind::broker_host_lost) {
+      return at(*e, "a broker_host_lost fault cannot repeat (every): a host is lost once");
+    } else if (e) {
       auto period = duration(*e, "every");
       if (!period) return period.err();
       if (*period < f.for_ns || *period <= 0)
@@ -176,7 +197,7 @@ const char* to_string(fault_kind k) {
 
 std::string fault_target::to_string() const {
   if (every_learner) return "learners";
-  if (kind == role::sync_broker) return "broker";
+  if (kind == role::sync_broker) return index == 0 ? "broker" : "broker/" + std::to_string(index);
   return std::string(kind == role::learner ? "learner/" : "shard/") + std::to_string(index);
 }
 
@@ -206,10 +227,20 @@ expected<fault_plan_spec> parse_fault_plan(std::string_view toml_text, const std
     return make_error(errc::invalid_input,
                       origin + ":" + std::to_string(e.source().begin.line) + ": " + std::string(e.description()));
   }
-  const reader r{origin, learners, shards};
   fault_plan_spec plan;
+  // First: the faults' targets name the standbys (broker/N), and a table's keys come in name order.
+  if (const toml::node* n = root.get("standbys")) {
+    const auto v = n->value_exact<std::int64_t>();
+    if (!v || *v < 0 || *v > max_plan_standbys)
+      return make_error(errc::invalid_input, origin + ":" + std::to_string(n->source().begin.line) +
+                                                 ": standbys must be an integer in [0, " +
+                                                 std::to_string(max_plan_standbys) + "]");
+    plan.standbys = static_cast<int>(*v);
+  }
+  const reader r{origin, learners, shards, plan.standbys};
   for (auto&& [key, value] : root) {
     const std::string k(key.str());
+    if (k == "standbys") continue;
     if (k == "seed") {
       const auto v = value.value_exact<std::int64_t>();
       if (!v || *v < 0) return r.at(value, "seed must be a non-negative integer");
@@ -260,14 +291,28 @@ expected<fault_plan_spec> parse_fault_plan(std::string_view toml_text, const std
         return r.at(value, "repair_max must not be below repair_min");
       if (plan.rates.learner_mtbf_ns > 0 && plan.rates.kinds.empty()) plan.rates.kinds = {fault_kind::crash};
     } else {
-      return r.at(value, "unknown plan key '" + k + "' (seed, duration, liveness, [[fault]], [rates])");
+      return r.at(value, "unknown plan key '" + k + "' (seed, duration, liveness, standbys, [[fault]], [rates])");
     }
   }
   if (plan.duration_ns <= 0) return make_error(errc::invalid_input, origin + ": the plan needs duration = \"...\" > 0");
+  auto at_line = [&](int line, const std::string& what) {
+    return make_error(errc::invalid_input, origin + ":" + std::to_string(line) + ": " + what);
+  };
   for (const auto& f : plan.schedule)
-    if (f.at_ns > plan.duration_ns)
-      return make_error(errc::invalid_input, origin + ":" + std::to_string(f.line) +
-                                                 ": the fault starts after the plan's duration");
+    if (f.at_ns > plan.duration_ns) return at_line(f.line, "the fault starts after the plan's duration");
+  for (const auto& lost : plan.schedule) {
+    if (lost.kind != fault_kind::broker_host_lost) continue;
+    if (plan.standbys == 0)
+      return at_line(lost.line, "a broker_host_lost fault needs a standby to take over: set standbys = 1 (or more) "
+                                "at the top of the plan");
+    // The primary is gone for good: nothing can crash or lose it again.
+    for (const auto& f : plan.schedule)
+      if (&f != &lost && (f.kind == fault_kind::broker_crash || f.kind == fault_kind::broker_host_lost) &&
+          (f.every_ns > 0 || f.at_ns + f.for_ns >= lost.at_ns))
+        return at_line(f.line, std::string("a ") + to_string(f.kind) + " of the primary " +
+                                   (f.every_ns > 0 ? "repeating" : "at or after its host is lost") + " (line " +
+                                   std::to_string(lost.line) + "): it is never restarted");
+  }
   return plan;
 }
 

@@ -7,17 +7,24 @@
 //   seed = 7
 //   duration = "120s"          # the safety phase: faults happen in it
 //   liveness = "30s"           # then everything is healed and the mesh must converge
+//   standbys = 1               # standby brokers beside the primary (broker/1, ...); default 0, at most 7
 //
 //   [[fault]]                  # a scheduled fault
 //   at = "10s"                 # from the start: "500ms", "10s", "1.5m"
 //   kind = "crash"             # see fault_kind
-//   target = "learner/1"       # learner/N, shard/N, broker, learners (each one), storage/N
+//   target = "learner/1"       # learner/N, shard/N, broker (the primary), broker/N (a standby),
+//                              # learners (each one), storage/N
 //   for = "5s"                 # until it is repaired (the process restarted, the link healed)
 //   every = "60s"              # optional: again every 60 s until the safety phase ends
 //   factor = 2.0               # slow: step time × factor
 //   loss = 0.1                 # link: loss, duplicate, reorder, corrupt (probabilities),
 //                              #       delay_ms, bandwidth_mbit
 //   groups = [["learner/0", "learner/1"], ["learner/2", "shard/0"]]   # partition
+//
+//   [[fault]]                  # the primary broker's host is lost: its process killed,
+//   at = "20s"                 # its store removed, never restarted; a standby takes over
+//   kind = "broker_host_lost"  # (needs standbys >= 1; no for, no every; no broker_crash
+//   target = "broker"          #  or broker_host_lost of the primary after it)
 //
 //   [rates]                    # faults drawn at random instead of (or besides) a schedule
 //   kinds = ["crash", "pause"]
@@ -45,12 +52,15 @@ enum class fault_kind : std::uint8_t {
   shard_crash,     // SIGKILL of a parameter shard, restarted from its snapshots
   broker_crash,    // SIGKILL of the sync broker, restarted
   storage_errors,  // the target shard's snapshot store fails its writes
+  // SIGKILL of the primary broker's process and its store removed — its host is
+  // gone. Never restarted (no `for`): a standby takes over. Needs standbys >= 1.
+  broker_host_lost,
 };
 const char* to_string(fault_kind k);
 
 struct fault_target {
   role kind = role::learner;
-  std::uint32_t index = 0;
+  std::uint32_t index = 0;  // a broker's: 0 the primary ("broker"), 1, 2, ... a standby ("broker/N")
   bool every_learner = false;  // "learners": one fault per learner
   std::string to_string() const;
 };
@@ -78,10 +88,14 @@ struct fault_rates {
   nanos repair_min_ns = 0, repair_max_ns = 0;
 };
 
+/// The most standby brokers a plan may ask for.
+inline constexpr int max_plan_standbys = 7;
+
 struct fault_plan_spec {
   std::uint64_t seed = 1;
   nanos duration_ns = 0;
   nanos liveness_ns = 0;
+  int standbys = 0;  // standby brokers the drill's mesh runs beside the primary (broker/1, ...)
   std::vector<planned_fault> schedule;
   fault_rates rates;
 };

@@ -89,7 +89,7 @@ broker_report report_of(const json& j) {
 // The counters, one name each: written and read by the same table.
 #define ARCHIPELAGO_NODE_COUNTERS(X)                                                                        \
   X(steps) X(tokens) X(contributions) X(budget_overruns) X(refetches) X(wait_ns) X(published) X(rejected) \
-  X(snapshot_errors) X(rounds_closed) X(members) X(committed) X(bytes_sent) X(peers_lost)
+  X(snapshot_errors) X(rounds_closed) X(members) X(committed) X(bytes_sent) X(peers_lost) X(step_downs)
 
 }  // namespace
 
@@ -122,7 +122,8 @@ std::string to_json(const node_status& s) {
             {"refusal", s.refusal},
             {"schedule_step", s.schedule_step},
             {"published_versions", s.published_versions},
-            {"committed_versions", s.committed_versions}};
+            {"committed_versions", s.committed_versions},
+            {"broker_epoch", s.broker_epoch}};
   if (s.report) j["report"] = report_json(*s.report);
   return j.dump();
 }
@@ -152,6 +153,7 @@ expected<node_status> node_status_from_json(std::string_view text) {
     s.schedule_step = j.at("schedule_step").get<std::int64_t>();
     s.published_versions = j.at("published_versions").get<std::vector<std::uint64_t>>();
     s.committed_versions = j.at("committed_versions").get<std::vector<std::uint64_t>>();
+    s.broker_epoch = j.at("broker_epoch").get<std::uint64_t>();
     if (j.contains("report")) s.report = report_of(j.at("report"));
     return s;
   } catch (const json::exception& e) {
@@ -188,6 +190,17 @@ node_counters status_board::total(role kind) const {
   for (const auto& [node, e] : entries_)
     if (node.kind == kind) sum += e.total();
   return sum;
+}
+
+std::optional<status_board::entry> status_board::leading_broker() const {
+  std::lock_guard lock(mutex_);
+  const entry* best = nullptr;
+  for (const auto& [node, e] : entries_)
+    if (node.kind == role::sync_broker && e.now.report && (!best || e.now.broker_epoch > best->now.broker_epoch))
+      best = &e;
+  if (best) return *best;
+  if (auto it = entries_.find({role::sync_broker, 0}); it != entries_.end()) return it->second;
+  return std::nullopt;
 }
 
 int status_board::learners_left() const {

@@ -64,6 +64,7 @@ struct node_counters {
   // sync broker
   std::uint64_t rounds_closed = 0, members = 0;  // members summed over closed rounds
   std::uint64_t committed = 0;                   // fragment versions the shards reported durable
+  std::uint64_t step_downs = 0;                  // it led, and stepped down for a newer epoch (standbys)
   // every node: contributions and fragment broadcasts, at their encoded size
   std::uint64_t bytes_sent = 0;
   // every node's transport: peers it declared dead; the control lane's longest round trip
@@ -83,8 +84,10 @@ struct node_status {
   std::int64_t schedule_step = 0;  // where it is in the learning-rate schedule
   // parameter shard: per fragment of the mesh (0 for fragments it does not own)
   std::vector<std::uint64_t> published_versions, committed_versions;
-  // sync broker
+  // sync broker: its report while it leads (a standby that follows has none), and
+  // the newest broker epoch it knows (its own while it leads; 0: none yet)
   std::optional<broker_report> report;
+  std::uint64_t broker_epoch = 0;
 };
 
 /// One line of JSON (GET /node); node_status_from_json reads it back exactly.
@@ -117,6 +120,10 @@ class status_board {
   node_counters total(role kind) const;
   /// Learners whose current incarnation left.
   int learners_left() const;
+  /// The broker that leads: of those with a report (leading, as they see it), the
+  /// one of the newest epoch — a deposed broker not yet told still has its older
+  /// one. Without any, the primary's entry (nullopt: none known).
+  std::optional<entry> leading_broker() const;
 
  private:
   mutable std::mutex mutex_;

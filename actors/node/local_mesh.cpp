@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <thread>
 
 #include "chaos_monkey/chaos_actor.hpp"
@@ -125,13 +126,21 @@ expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_s
   return out;
 }
 
+/// A broker's own store (mesh_snapshots::broker_dbs) and the writer it goes through.
+struct broker_store_slot {
+  std::string dir;
+  std::unique_ptr<storage::snapshot_writer> writer;
+};
+
 /// The launcher of a one-process mesh: its "processes" are the actors.
 class local_processes final : public process_control {
  public:
-  local_processes(const process_roles& roles, mesh_drill& drill, std::vector<caf::actor>& learners,
-                  std::vector<caf::actor>& shards, caf::actor& broker)
-      : roles_(roles), drill_(drill), learners_(learners), shards_(shards), broker_(broker),
-        learner_inc_(learners.size(), 1), shard_inc_(shards.size(), 1) {}
+  local_processes(process_roles& roles, mesh_drill& drill, std::vector<caf::actor>& learners,
+                  std::vector<caf::actor>& shards, std::vector<caf::actor>& brokers,
+                  std::vector<broker_store_slot>& broker_stores)
+      : roles_(roles), drill_(drill), learners_(learners), shards_(shards), brokers_(brokers),
+        broker_stores_(broker_stores), learner_inc_(learners.size(), 1), shard_inc_(shards.size(), 1),
+        broker_inc_(brokers.size(), 1) {}
 
   void crash(const fault_target& t) override {
     std::lock_guard lock(mutex);
@@ -174,8 +183,8 @@ class local_processes final : public process_control {
     } else {
       // Like `node --role broker --db` restarted: the ledger and the learners' endpoints its
       // predecessor wrote to the run's store are restored (it greets the learners at once).
-      r.incarnation = ++broker_inc_;
-      a = roles_.broker(incarnation{r.incarnation}, std::nullopt, true);
+      r.incarnation = ++broker_inc_.at(t.index);
+      a = roles_.broker(incarnation{r.incarnation}, std::nullopt, true, t.index);
     }
     std::lock_guard record(drill_.mutex);
     r.at_ns = drill_.log.since_start(roles_.clock.now());
@@ -187,13 +196,27 @@ class local_processes final : public process_control {
     if (caf::actor& a = slot(t)) caf::anon_send(a, pause_atom::value, duration);
   }
 
+  /// The broker killed and its own store gone with its host: the writer stops (what
+  /// it had queued lands first), the store closes, its directory is removed.
+  void lose_host(const fault_target& t) override {
+    crash(t);
+    std::lock_guard lock(mutex);
+    if (t.kind != role::sync_broker || t.index >= broker_stores_.size()) return;
+    broker_store_slot& lost = broker_stores_[t.index];
+    roles_.broker_writers.at(t.index) = nullptr;
+    lost.writer.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(lost.dir, ec);
+    if (ec) std::fprintf(stderr, "archipelago drill: cannot remove %s: %s\n", lost.dir.c_str(), ec.message().c_str());
+  }
+
   std::mutex mutex;  // guards the actor handles: the chaos monkey's thread changes them
 
  private:
   caf::actor& slot(const fault_target& t) {
     if (t.kind == role::learner) return learners_.at(t.index);
     if (t.kind == role::parameter_shard) return shards_.at(t.index);
-    return broker_;
+    return brokers_.at(t.index);
   }
 
   /// Committed versions of the shard's fragments newer than the manifest it restarts from.
@@ -210,13 +233,13 @@ class local_processes final : public process_control {
     return lost;
   }
 
-  const process_roles& roles_;
+  process_roles& roles_;
   mesh_drill& drill_;
   std::vector<caf::actor>& learners_;
   std::vector<caf::actor>& shards_;
-  caf::actor& broker_;
-  std::vector<std::uint64_t> learner_inc_, shard_inc_;
-  std::uint64_t broker_inc_ = 1;
+  std::vector<caf::actor>& brokers_;
+  std::vector<broker_store_slot>& broker_stores_;
+  std::vector<std::uint64_t> learner_inc_, shard_inc_, broker_inc_;
 };
 
 /// What the mesh's status board says right now, for the progress line and the run's timeline.
@@ -230,7 +253,7 @@ struct mesh_figures {
     f.learners = board.total(role::learner);
     f.shards = board.total(role::parameter_shard);
     f.broker = board.total(role::sync_broker);
-    if (auto b = board.find(broker_address); b && b->now.report) f.report = *b->now.report;
+    if (auto b = board.leading_broker(); b && b->now.report) f.report = *b->now.report;
     f.learner_steps.assign(static_cast<std::size_t>(m), 0);
     for (const auto& e : board.entries())
       if (e.now.node.kind == role::learner && e.now.node.index < f.learner_steps.size())
@@ -273,7 +296,7 @@ class local_run {
   steady_clock_source clock_;
   mesh_summary out_;
   std::vector<caf::actor> shards_, learners_;
-  caf::actor broker_;
+  std::vector<caf::actor> brokers_;  // the primary, then the standbys
   double last_loss_ = std::nan("");
 };
 
@@ -282,6 +305,11 @@ status local_run::prepare() {
   if (!policy) return policy.err();
   setup_ = make_mesh_setup(base_, *policy);
   setup_.broker_endpoint = "inproc://broker";
+  if (snapshots_.broker_dbs.size() > max_brokers)
+    return make_error(errc::invalid_input, std::to_string(snapshots_.broker_dbs.size()) + " brokers; at most " +
+                                               std::to_string(max_brokers));
+  for (std::size_t b = 1; b < snapshots_.broker_dbs.size(); ++b)
+    setup_.standby_endpoints.push_back("inproc://broker-" + std::to_string(b));
   for (int i = 0; i < policy->shards; ++i) setup_.shard_endpoints.push_back("inproc://shard-" + std::to_string(i));
   for (int i = 0; i < m_; ++i) setup_.learner_endpoints.push_back("inproc://learner-" + std::to_string(i));
   auto data = load_dataset(base_.data, m_, setup_.shape.context, base_.train.seed);
@@ -369,6 +397,15 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   roles.tokens = [this, first = origin_.from ? origin_.from->ledger.processed : 0] {
     return first + board_.total(role::learner).tokens;
   };
+  // Brokers with stores of their own (a mesh with standbys): each as `node --role broker --db` would.
+  std::vector<broker_store_slot> broker_stores;
+  for (const std::string& dir : snapshots_.broker_dbs) {
+    auto opened = open_mesh_store(dir, setup_);
+    if (!opened) return opened.err();
+    broker_stores.push_back({dir, std::make_unique<storage::snapshot_writer>(
+                                      opened->store, storage::writer_options{static_cast<std::size_t>(base_.storage.queue_mb) << 20})});
+    roles.broker_writers.push_back(broker_stores.back().writer.get());
+  }
   // No set_storage_failing: the shards share this one store, so a storage fault
   // fails only its shard's commits (the shard actor's own flag), not the others'.
   // Bound before the roles start, so a port in use stops nothing. A drill's
@@ -382,19 +419,20 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
     metrics_http = std::move(*started);
   }
   for (int i = 0; i < setup_.policy.shards; ++i) shards_.push_back(roles.shard(static_cast<std::uint32_t>(i), incarnation{1}, origin_.from));
-  broker_ = roles.broker(incarnation{1}, origin_.from, false);
+  for (std::uint32_t b = 0; b < setup_.brokers(); ++b)  // on a store of its own, a broker recovers from it as a node does
+    brokers_.push_back(roles.broker(incarnation{1}, origin_.from, !broker_stores.empty(), b));
   for (int i = 0; i < m_; ++i) learners_.push_back(roles.learner(static_cast<std::uint32_t>(i)));
   if (metrics_http) {
     std::vector<caf::actor> all = shards_;
-    all.push_back(broker_);
+    all.insert(all.end(), brokers_.begin(), brokers_.end());
     all.insert(all.end(), learners_.begin(), learners_.end());
-    served.set(std::move(all), broker_);
+    served.set(std::move(all), brokers_.front());
   }
   caf::scoped_actor self{sys};
   std::unique_ptr<local_processes> processes;
   caf::actor chaos;
   if (drill_) {
-    processes = std::make_unique<local_processes>(roles, *drill_, learners_, shards_, broker_);
+    processes = std::make_unique<local_processes>(roles, *drill_, learners_, shards_, brokers_, broker_stores);
     chaos = spawn_chaos_monkey(sys, {&setup_, roles.io, &clock_, "inproc://chaos", drill_->timeline, drill_->safety_ns,
                                      processes.get(), &drill_->log});
   }
@@ -422,6 +460,12 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   all_done = board_.learners_left() == m_;
   if (chaos) end_actors(self, {chaos});  // no fault and no restart from here on
   stop_roles(self, writer.get());
+  for (broker_store_slot& b : broker_stores)  // their tapes on disk for whoever reads them next
+    if (b.writer) {
+      if (auto ok = b.writer->drain(std::chrono::seconds(60)); !ok)
+        std::fprintf(stderr, "archipelago run: %s: %s\n", b.dir.c_str(), ok.err().message.c_str());
+      b.writer.reset();
+    }
   if (writer) {
     if (auto ok = writer->drain(std::chrono::seconds(60)); !ok)
       std::fprintf(stderr, "archipelago run: %s\n", ok.err().message.c_str());
@@ -442,21 +486,22 @@ void local_run::stop_roles(caf::scoped_actor& self, storage::snapshot_writer* wr
   // A drill stopped early (a signal) may leave actors down: only the running ones are stopped.
   std::erase_if(learners_, [](const caf::actor& a) { return !a; });
   std::erase_if(shards_, [](const caf::actor& a) { return !a; });
+  std::erase_if(brokers_, [](const caf::actor& a) { return !a; });
   stop_learners(self, learners_, board_);
   end_actors(self, learners_);
   if (writer) {
     (void)writer->drain(std::chrono::seconds(30));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  if (broker_)
-    self->request(broker_, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
+  for (const caf::actor& b : brokers_)  // each one's final status; the leader's has its report
+    self->request(b, std::chrono::seconds(10), report_atom::value).receive([](bool) {}, [](caf::error&) {});
   const std::vector<float> theta = gather_global(self, shards_, setup_);
   std::vector<caf::actor> rest = shards_;
-  if (broker_) rest.push_back(broker_);
+  rest.insert(rest.end(), brokers_.begin(), brokers_.end());
   end_actors(self, rest, std::chrono::seconds(10));
   learners_.clear();
   shards_.clear();
-  broker_ = caf::actor{};
+  brokers_.clear();
   const eval_result r = evaluate(theta);
   const std::uint64_t tokens = board_.total(role::learner).tokens;
   if (writer)
@@ -502,6 +547,12 @@ void fill_mesh_counts(const status_board& board, int learners, mesh_summary& out
   out.committed = f.broker.committed;
   out.budget_overruns = f.learners.budget_overruns;
   out.mean_members = out.rounds ? static_cast<double>(f.broker.members) / static_cast<double>(out.rounds) : 0;
+  out.broker_step_downs.clear();
+  for (const auto& e : board.entries())
+    if (e.now.node.kind == role::sync_broker) {
+      if (out.broker_step_downs.size() <= e.now.node.index) out.broker_step_downs.resize(e.now.node.index + 1, 0);
+      out.broker_step_downs[e.now.node.index] = e.total().step_downs;
+    }
 }
 
 expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& progress,

@@ -1,6 +1,6 @@
 #pragma once
 // A whole mesh in one process over inproc:// — M learners, S shards, one
-// broker — as `archipelago run` starts it.
+// broker (a drill's: and its standbys) — as `archipelago run` starts it.
 
 #include <functional>
 #include <mutex>
@@ -35,7 +35,8 @@ struct mesh_summary {
   double mean_members = 0;
   double wall_s = 0;
   double eval_loss = 0, eval_bpb = 0, entropy_floor_bpb = 0;
-  broker_report broker;     // ledger, uptime, timing figures
+  broker_report broker;     // ledger, uptime, timing figures: the leading broker's (the last to lead)
+  std::vector<std::uint64_t> broker_step_downs;  // per broker (the primary, then standbys): times it stepped down
   double goodput = 0;       // merged learner step time / (M × the learners' span)
   double wait_share = 0;    // learner time spent waiting for fragments / (M × span)
   bool ledger_exact = false;  // buckets sum to the tokens processed, which equal the learners' count
@@ -60,6 +61,10 @@ struct mesh_snapshots {
   bool record_contributions = false;  // also record what every merge merged (replay verify)
   std::string resume_db;            // start from a snapshot of this store (may equal db)
   std::optional<std::uint64_t> resume_version;  // that mesh version; nullopt: the newest valid one
+  /// Brokers with a store of their own, the primary's first, as `node --role broker
+  /// --db` each; every one after the first is a standby (broker 1, 2, ...) that takes
+  /// over when the primary is lost. Empty: one broker, writing to `db`. At most max_brokers.
+  std::vector<std::string> broker_dbs;
 };
 
 /// Called about twice a second with a one-line status.
@@ -68,7 +73,8 @@ using mesh_progress = std::function<void(const std::string&)>;
 /// A fault drill on the one-process mesh: the chaos monkey walks the timeline;
 /// a crash kills the actor (the transport closes, nothing more is sent) and a
 /// restart starts a new incarnation of it — a shard from its snapshots, a
-/// learner at the mesh's schedule step; a pause freezes a learner and its wire.
+/// learner at the mesh's schedule step; a pause freezes a learner and its wire;
+/// a broker's lost host kills it and removes its store (mesh_snapshots::broker_dbs).
 /// Needs snapshots (mesh_snapshots::db): its disk can be made to fail.
 struct mesh_drill {
   std::vector<planned_fault> timeline;

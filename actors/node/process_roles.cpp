@@ -46,7 +46,7 @@ caf::actor process_roles::broker(incarnation inc, std::optional<storage::manifes
   a.io = io;
   a.clock = &clock;
   a.inc = inc;
-  a.writer = writer;
+  a.writer = index < broker_writers.size() ? broker_writers[index] : writer;
   a.resume_from = std::move(resume_from);
   a.recovery = recovery;
   a.board = &board;

@@ -96,7 +96,8 @@ struct broker_state {
     node_status s;
     s.node = self_address();
     s.incarnation = args.inc.value;
-    if (auto* leader = seat->leading()) s.counts = leader->counters();
+    s.counts = seat->counters();  // every term it led, and its step-downs
+    s.broker_epoch = seat->election().epoch();
     if (wire) count_wire(s.counts, wire->counters());
     if (auto* leader = seat->leading()) {
       s.report = leader->report(now(), final);

@@ -20,6 +20,7 @@ broker_seat::broker_seat(const mesh_setup& setup, broker_config settings, incarn
                          nanos now, broker_lease* lease)
     : setup_(setup), settings_(std::move(settings)), inc_(inc), index_(index), port_(port), store_(store),
       read_start_(std::move(read_start)), lease_(lease), election_(election_settings(setup, index), inc.value, now) {
+  chaos_.accept = setup.cfg.wire.accept_chaos;
   std::vector<node_address> others;
   for (std::uint32_t b = 0; b < setup.brokers(); ++b)  // heartbeats both ways: the others' liveness and epochs
     if (b != index) {
@@ -56,12 +57,7 @@ void broker_seat::follow(nanos now) {
   std::fprintf(stderr, "archipelago broker/%u: broker/%u leads in a newer epoch (%llu > %llu): stepping down\n", index_,
                election_.leader().value_or(0), static_cast<unsigned long long>(election_.epoch()),
                static_cast<unsigned long long>(wire_->epoch()));
-  wire_.reset();
-  election_.step_down(now);
-  if (lease_) {
-    lease_->release();
-    campaigning_ = false;
-  }
+  stop_leading(now);
 }
 
 /// Lost the lease (it expired unrenewed, or etcd gave it to another): stop leading at once.
@@ -70,10 +66,24 @@ void broker_seat::follow_lease(nanos now) {
   std::fprintf(stderr, "archipelago broker/%u: the lease of epoch %llu is no longer held%s%s: stepping down\n", index_,
                static_cast<unsigned long long>(wire_->epoch()), ls.error.empty() ? "" : " (etcd: ",
                ls.error.empty() ? "" : (ls.error + ")").c_str());
+  stop_leading(now);
+}
+
+void broker_seat::stop_leading(nanos now) {
+  earlier_terms_ += wire_->counters();
+  ++earlier_terms_.step_downs;
   wire_.reset();
   election_.step_down(now);
-  lease_->release();
-  campaigning_ = false;
+  if (lease_) {
+    lease_->release();
+    campaigning_ = false;
+  }
+}
+
+node_counters broker_seat::counters() const {
+  node_counters out = earlier_terms_;
+  if (wire_) out += wire_->counters();
+  return out;
 }
 
 void broker_seat::tick(nanos now) {
@@ -107,6 +117,10 @@ void broker_seat::on_peer(node_address peer, bool alive, nanos now) {
 }
 
 void broker_seat::on_message(const transport::decoded_envelope& env, nanos now) {
+  if (env.body() == wire::Envelope::Body::CHAOS_COMMAND) {
+    (void)chaos_.on_command(env, port_, now);
+    return;
+  }
   if (election_.on_epoch(env.header().getBrokerEpoch(), now) && wire_) follow(now);
   if (wire_) return wire_->on_message(env, now);
   // Following: only the leader's copy of its state matters (it is alive, too).

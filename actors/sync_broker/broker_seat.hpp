@@ -3,8 +3,10 @@
 // that does (broker_election decides which), keeping the leader's copy of its
 // store (BrokerState) in its own store, so that it can take over from there as
 // a restarted broker would. A mesh without standbys has one seat, which leads
-// from its start. Pure like broker_wire: the actor shell and the simulation
-// drive it; every input carries its time.
+// from its start. The chaos monkey's commands (a drill's partitions, link
+// faults) are the seat's to obey, leading or following: the links it shapes
+// outlive a change of role. Pure like broker_wire: the actor shell and the
+// simulation drive it; every input carries its time.
 
 #include <cstdint>
 #include <functional>
@@ -18,6 +20,7 @@
 #include "sync_broker/broker_lease.hpp"
 #include "sync_broker/broker_store.hpp"
 #include "sync_broker/broker_wire.hpp"
+#include "transport/chaos_command.hpp"
 #include "transport/codec.hpp"
 #include "transport/message_port.hpp"
 
@@ -43,6 +46,10 @@ class broker_seat {
   broker_wire* leading() { return wire_.get(); }
   const broker_wire* leading() const { return wire_.get(); }
   const broker_election& election() const { return election_; }
+  /// The counts of every term this broker led (rounds closed, members, committed
+  /// versions: the leader's wire's, summed over its terms) and how often it was
+  /// deposed (node_counters::step_downs).
+  node_counters counters() const;
   /// GET /status: the leader's view, or who this standby follows.
   std::string status_json(nanos now) const;
 
@@ -50,6 +57,7 @@ class broker_seat {
   void lead(std::uint64_t epoch, nanos now);
   void follow(nanos now);
   void follow_lease(nanos now);
+  void stop_leading(nanos now);
   void keep(const transport::decoded_envelope& env);
 
   const mesh_setup& setup_;
@@ -63,6 +71,8 @@ class broker_seat {
   broker_election election_;
   std::unique_ptr<broker_wire> wire_;
   bool campaigning_ = false;
+  node_counters earlier_terms_;  // what the wires of its earlier terms counted, and its step-downs
+  chaos_receiver chaos_;
 };
 
 }  // namespace archipelago

@@ -85,7 +85,6 @@ broker_wire::broker_wire(const mesh_setup& setup, broker_config settings, incarn
   settings.first_round = start.first_round;
   if (start.recovery) settings.first_round = recover(start);
   core_ = std::make_unique<broker_core>(settings);
-  chaos_.accept = setup.cfg.wire.accept_chaos;
   port_.raise_broker_epoch(epoch_);
   for (std::uint32_t b = 0; b < setup.brokers(); ++b)
     if (b != leader_of_epoch(epoch_)) standbys_.push_back(broker_at(b));
@@ -343,10 +342,7 @@ void broker_wire::shard_seen(node_address from, std::uint64_t inc, nanos now) {
 
 void broker_wire::on_message(const transport::decoded_envelope& env, nanos now) {
   const node_address from = env.sender();
-  if (env.body() == wire::Envelope::Body::CHAOS_COMMAND) {
-    (void)chaos_.on_command(env, port_, now);
-    return;
-  }
+  if (env.body() == wire::Envelope::Body::CHAOS_COMMAND) return;  // the seat obeys them, leading or not (broker_seat)
   const learner_ref who{{from.index}, incarnation{env.header().getIncarnation()}};
   if (from.kind == role::parameter_shard && from.index < shard_incarnations_.size())
     shard_seen(from, env.header().getIncarnation(), now);

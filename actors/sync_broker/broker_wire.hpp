@@ -21,7 +21,6 @@
 #include "sync_broker/broker_core.hpp"
 #include "sync_broker/broker_store.hpp"
 #include "sync_broker/token_ledger.hpp"
-#include "transport/chaos_command.hpp"
 #include "transport/codec.hpp"
 #include "transport/message_port.hpp"
 
@@ -94,7 +93,6 @@ class broker_wire {
   std::unique_ptr<broker_core> core_;
   token_ledger ledger_;
   node_counters counts_;
-  chaos_receiver chaos_;
   std::vector<nanos> published_at_;
   std::vector<std::vector<nanos>> fragment_published_at_;  // per fragment
   nanos first_join_ns_ = -1, last_leave_ns_ = -1, first_open_ns_ = -1, last_grace_ns_ = 0;

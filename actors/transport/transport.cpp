@@ -425,9 +425,10 @@ struct node_transport::impl {
         connect(p);
         p.reconnect_at = now + p.backoff.next_delay();  // again later unless it answers
         count([](auto& c) { ++c.reconnects; });
-        // A heartbeat straight away, so a live peer answers within one interval.
-        p.control.waiting.push_back(make_frames(heartbeat_for(p, now), std::nullopt));
-        flush(p, p.control);
+        // A heartbeat straight away, so a live peer answers within one interval. Through
+        // the link's shaper like every message: a partition (loss 1) must stop it too, or
+        // a broker cut off from everyone would hear its successor's epoch through it.
+        enqueue(addr, heartbeat_for(p, now), now);
       }
     }
   }

@@ -5,10 +5,16 @@
                             at DRILL_TIME_SCALE (default 0.2) and checks the report:
                             faults injected, no global downtime while >= K learners
                             live, no committed version lost, the ledger exact, every
-                            fault repaired, restarted nodes back at work.
+                            fault repaired (a lost host: never), restarted nodes back
+                            at work; with standbys (the plan's `standbys`), every
+                            leader taken away followed by a standby within the
+                            takeover bound, the epochs on the brokers' tapes in
+                            order with no merge by a deposed broker, and a
+                            partitioned leader stepping down after the heal.
   drill_test.py --bad-plans plans with an unknown fault, an unknown target, a negative
-                            duration or a malformed time exit 2 naming the line, and
-                            nothing is started (no report written).
+                            duration or a malformed time, a lost broker host without a
+                            standby, a standby the plan lacks, exit 2 naming the line,
+                            and nothing is started (no report written).
 """
 
 import json
@@ -63,7 +69,7 @@ def run_plan(name):
     restarts = [f for f in report["faults"] if f["what"].startswith(("crash", "shard_crash", "broker_crash"))
                 and not f["skipped"]]
     for f in report["faults"]:
-        if not f["skipped"] and f["repaired_s"] is None:
+        if not f["skipped"] and f["repaired_s"] is None and not f["what"].startswith("broker_host_lost"):
             fail(f"fault never repaired: {f}", log)
     faulted = [f for f in report["faults"] if not f["skipped"]]
     for f in restarts:
@@ -80,9 +86,49 @@ def run_plan(name):
     after = [x for x in samples if x["t_s"] >= healed_at]
     if len(after) < 2 or after[-1]["published"] <= after[0]["published"]:
         fail("no new version in the liveness phase", log)
+    takeovers = check_brokers(s, report, log)
     if p.returncode != 0:
         fail(f"drill exited {p.returncode}", log)
-    print(f"ok: {name}: {s['faults_injected']} faults, goodput {s['goodput']:.3f}, rounds {s['rounds']}")
+    print(f"ok: {name}: {s['faults_injected']} faults, goodput {s['goodput']:.3f}, rounds {s['rounds']}{takeovers}")
+
+
+def check_brokers(s, report, log):
+    """With standbys: who led in which epoch, the takeovers, no merge by a deposed broker."""
+    if s["deposed_merges"] != 0 or s["epochs_interleaved"] != 0:
+        fail(f"a deposed broker merged: {s['deposed_merges']} out of epoch order, {s['epochs_interleaved']} interleaved", log)
+    if s["standbys"] == 0:
+        return ""
+    epochs = s["epochs"]
+    if [e["epoch"] for e in epochs] != sorted(e["epoch"] for e in epochs) or len(epochs) < 2:
+        fail(f"expected the rounds of two epochs or more, in order: {epochs}", log)
+    for e in epochs:  # an epoch names its leader: its low byte
+        if e["broker"] != e["epoch"] & 0xFF:
+            fail(f"epoch {e['epoch']} closed by broker/{e['broker']}", log)
+    for earlier, later in zip(epochs, epochs[1:]):  # one leader at a time
+        if later["first_closed_s"] < earlier["last_closed_s"]:
+            fail(f"epoch {later['epoch']} began closing rounds before epoch {earlier['epoch']} ended: {epochs}", log)
+    if not s["takeovers"]:
+        fail("a plan with standbys took no leader away (no takeover to judge)", log)
+    text = []
+    for t in s["takeovers"]:
+        what = report["faults"][t["fault"]]["what"]
+        if t["broker"] is None or t["broker"] < 0 or t["broker"] == t["deposed"]:
+            fail(f"no standby took over after {what}: {t}", log)
+        if t["back_s"] is None or t["back_s"] > s["takeover_bound_s"]:
+            fail(f"after {what} the first version under the standby came {t['back_s']} s later, over the bound "
+                 f"{s['takeover_bound_s']} s", log)
+        if not any(e["epoch"] == t["epoch"] and e["broker"] == t["broker"] for e in epochs):
+            fail(f"the new leader's epoch {t['epoch']} is not on the tapes: {epochs}", log)
+        if what.startswith("partition"):
+            if t["stepped_down_s"] is None or s["step_downs"][t["deposed"]] < 1:
+                fail(f"the partitioned broker/{t['deposed']} never stepped down after the heal: {t}", log)
+        if what.startswith("broker_host_lost") and any(e["broker"] == t["deposed"] and e["epoch"] > t["epoch"] for e in epochs):
+            fail(f"broker/{t['deposed']}, whose host was lost, led again: {epochs}", log)
+        text.append(f"{what}: broker/{t['broker']} leads, a new version {t['back_s']:.2f} s after the fault "
+                    f"(first merged round {t['first_round_s']:.2f} s; bound {s['takeover_bound_s']:.1f} s)" +
+                    (f", broker/{t['deposed']} stepped down {t['stepped_down_s']:.2f} s after the heal"
+                     if t["stepped_down_s"] is not None else ""))
+    return "; " + "; ".join(text)
 
 
 BAD_PLANS = {
@@ -94,6 +140,12 @@ BAD_PLANS = {
                           'for = "-2s"\n', "plan.toml:8", "-2s"),
     "malformed time": ('seed = 1\nduration = "10s"\n\n[[fault]]\nat = "soon"\nkind = "crash"\ntarget = "learner/0"\nfor = "1s"\n',
                        "plan.toml:5", "soon"),
+    "lost broker host without a standby": ('seed = 1\nduration = "10s"\n\n[[fault]]\nat = "1s"\nkind = "broker_host_lost"\n'
+                                           'target = "broker"\n', "plan.toml:4", "needs a standby"),
+    "a standby the plan lacks": ('seed = 1\nduration = "10s"\nstandbys = 1\n\n[[fault]]\nat = "1s"\nkind = "partition"\n'
+                                 'for = "1s"\ngroups = [["broker"], ["broker/2"]]\n', "plan.toml:9", "broker/2"),
+    "a lost host restarted": ('seed = 1\nduration = "10s"\nstandbys = 1\n\n[[fault]]\nat = "1s"\nkind = "broker_host_lost"\n'
+                              'target = "broker"\nfor = "2s"\n', "plan.toml:9", "never restarted"),
 }
 
 

@@ -166,6 +166,38 @@ TEST_CASE("transport: a dead peer that calls before our reconnect timer can be s
   CHECK(at_b2.messages[0]->envelope->sender() == broker);
 }
 
+TEST_CASE("transport: a partition (loss 1 both ways) stops the reconnects' heartbeats too, healed, both are alive") {
+  // Regression: a dead peer's reconnect sent its first heartbeat around the link's
+  // shaper, so a broker a drill had cut off from everyone still heard its successor's
+  // epoch (and stepped down) every reconnect, and the others heard it alive.
+  steady_clock_source clock;
+  inbox at_a, at_b;
+  auto [a, b] = connected_pair(fast_config(broker, "tcp://127.0.0.1:0"), fast_config(learner, "tcp://127.0.0.1:0"),
+                               clock, at_a, at_b);
+  std::this_thread::sleep_for(150ms);
+  link_profile cut = a->default_link();
+  cut.loss = 1;
+  REQUIRE(a->set_link(learner, cut));
+  REQUIRE(b->set_link(broker, cut));
+  REQUIRE(declared_dead(at_a, learner));
+  REQUIRE(declared_dead(at_b, broker));
+  std::this_thread::sleep_for(100ms);  // what was on the wire before the cut has landed
+  const auto heard_a = a->counters().heartbeats_received, heard_b = b->counters().heartbeats_received;
+  const auto reconnects = a->counters().reconnects;
+  std::this_thread::sleep_for(1000ms);  // several reconnects (backoff 20-200 ms)
+  CHECK(a->counters().reconnects > reconnects);
+  CHECK(a->counters().heartbeats_received == heard_a);
+  CHECK(b->counters().heartbeats_received == heard_b);
+  {
+    std::lock_guard lock(at_a.mutex);
+    CHECK(at_a.events.back() == std::make_pair(learner, false));  // never heard alive through the cut
+  }
+  REQUIRE(a->set_link(learner, a->default_link()));
+  REQUIRE(b->set_link(broker, b->default_link()));
+  REQUIRE(alive_again(at_a, learner));
+  REQUIRE(alive_again(at_b, broker));
+}
+
 TEST_CASE("transport: shaping delays a link, duplicates are suppressed, corruption is caught") {
   steady_clock_source clock;
   inbox at_a, at_b;

@@ -33,9 +33,10 @@ constexpr nanos ms = 1'000'000, sec = 1'000 * ms;
 
 // Every plan in deploy/drills has a test case below; a guard test keeps this list complete.
 // (Its subfolders hold plans for live drills of other sizes: 30 minutes, 8 learners.)
-constexpr const char* drill_plans[] = {"broker_crash.toml", "corruption.toml", "crash_storm.toml", "mixed.toml",
-                                       "partition.toml",    "shard_crash.toml", "shard_down.toml",  "stragglers.toml",
-                                       "wan.toml"};
+constexpr const char* drill_plans[] = {"broker_crash.toml",     "broker_host_lost.toml", "broker_partition.toml",
+                                       "corruption.toml",       "crash_storm.toml",      "mixed.toml",
+                                       "partition.toml",        "shard_crash.toml",      "shard_down.toml",
+                                       "stragglers.toml",       "wan.toml"};
 
 std::filesystem::path drills_dir() { return std::filesystem::path(ARCHIPELAGO_SOURCE_DIR) / "deploy" / "drills"; }
 
@@ -76,6 +77,7 @@ sim_config drill_config(const fault_plan_spec& plan, std::uint64_t seed) {
   c.safety_ns = plan.duration_ns;
   c.drain_ns = 1 * sec;
   c.commit_delay_ns = 2 * ms;
+  c.standbys = plan.standbys;
   return c;
 }
 
@@ -232,8 +234,10 @@ void check_ledger(const sim_result& r, const sim_config& c) {
   CHECK(r.ledger.merged > 0);
   CHECK(r.ledger.rejected == 0);  // corrupted messages never reach a core
   constexpr nanos step_ns = 10 * ms;  // the learners' fastest step
+  // A standby that took over continues from its copy of the ledger, at most one copy old, as a restart would.
+  const std::uint64_t takeovers = r.leaders.empty() ? 0 : r.leaders.size() - 1;
   const std::uint64_t unwritten_steps =
-      r.broker_restarts *
+      (r.broker_restarts + takeovers) *
       static_cast<std::uint64_t>((c.broker_ledger_write_ns + c.restart_ns + c.broker_silence_ns) / step_ns);
   std::uint64_t own = 0;
   for (const auto& [who, steps] : r.steps_by_incarnation) {
@@ -245,7 +249,7 @@ void check_ledger(const sim_result& r, const sim_config& c) {
     const bool alive_at_end = r.learner_incarnations[who.learner.value] == who.inc.value;
     CHECK(delivered <= steps);
     if (alive_at_end) CHECK(delivered == steps);
-    if (alive_at_end || r.broker_restarts == 0) {
+    if (alive_at_end || r.broker_restarts + takeovers == 0) {
       CHECK(booked == delivered * c.tokens_per_step);
     } else {
       CHECK(booked <= delivered * c.tokens_per_step);
@@ -271,18 +275,20 @@ void check_rejoined(const sim_result& r, const sim_config& c) {
   }
 }
 
-void check_chaos(const sim_result& r, std::size_t timeline_size) {
+void check_chaos(const sim_result& r, const std::vector<planned_fault>& timeline) {
   CHECK(r.faults_injected > 0);
   CHECK(r.chaos_healed);
   CHECK(r.faults_in_place == 0);  // the sim undid every fault it applied
-  std::size_t injected = 0, repaired = 0, skipped = 0;
+  const std::size_t timeline_size = timeline.size();
+  std::size_t injected = 0, repaired = 0, skipped = 0, never_repaired = 0;
   for (const chaos_action& a : r.chaos_record) {
     injected += a.action == chaos_action::what::inject;
     repaired += a.action == chaos_action::what::repair;
     skipped += a.action == chaos_action::what::skip;
+    never_repaired += a.action == chaos_action::what::inject && timeline[a.fault].kind == fault_kind::broker_host_lost;
   }
   CHECK(injected == r.faults_injected);
-  CHECK(repaired == injected);
+  CHECK(repaired + never_repaired == injected);  // a lost host is never back
   CHECK(injected + skipped == timeline_size);
 }
 
@@ -314,8 +320,9 @@ void check_faults_took_effect(const sim_result& r, const std::vector<planned_fau
   for (const chaos_action& a : r.chaos_record) {
     if (a.action != chaos_action::what::inject) continue;
     const planned_fault& f = timeline[a.fault];
-    const nanos until = repaired_at.at(a.fault);
-    INFO("fault " << a.fault << ": " << to_string(f.kind) << " at " << static_cast<double>(f.at_ns) / 1e9
+    const auto repaired = repaired_at.find(a.fault);  // a lost host: never
+    const nanos until = repaired == repaired_at.end() ? c.duration_ns : repaired->second;
+    INFO("fault " << a.fault << ": " << std::string(to_string(f.kind)) << " at " << static_cast<double>(f.at_ns) / 1e9
                   << " s (plan line " << f.line << ")");
     switch (f.kind) {
       case fault_kind::crash:
@@ -344,6 +351,7 @@ void check_faults_took_effect(const sim_result& r, const std::vector<planned_fau
         CHECK(versions_between(version_event::what::published, f.targets[0].index, false, f.at_ns + c.commit_delay_ns,
                                until) == 0);
         break;
+      case fault_kind::broker_host_lost: break;  // check_takeovers
       case fault_kind::broker_crash:  // the closes it sent before still publish at once (default link: no delay)
         ++broker_crashes;
         CHECK(versions_between(version_event::what::published, 0, true, f.at_ns + 10 * ms, f.at_ns + c.restart_ns) == 0);
@@ -370,6 +378,76 @@ void check_faults_took_effect(const sim_result& r, const std::vector<planned_fau
     const double mean_step_ns = totals.step_time_s * 1e9 / static_cast<double>(totals.steps);
     if (slowed.count(learner)) CHECK(mean_step_ns > 1.1 * step_ns);
     else CHECK(mean_step_ns == doctest::Approx(step_ns));
+  }
+}
+
+/// The broker leading at `t` as the sim recorded it: the newest epoch begun by then (none: -1).
+int leader_at(const sim_result& r, nanos t) {
+  int out = -1;
+  std::uint64_t newest = 0;
+  for (const auto& [at, b, epoch] : r.leaders)
+    if (at <= t && epoch > newest) newest = epoch, out = static_cast<int>(b);
+  return out;
+}
+
+/// A mesh with standbys: every fault that took the leading broker away — its host
+/// lost, or a partition that left it without a shard — is followed by a standby
+/// leading in a newer epoch on the liveness verdict (one heartbeat of slack: the
+/// tick), nothing published meanwhile, and a new version within the verdict and a
+/// publication gap after that; a partitioned leader steps down once the cut heals
+/// (the first message it gets carries the newer epoch); and no round a deposed
+/// broker closed was merged (fencing).
+void check_takeovers(const sim_result& r, const sim_config& c) {
+  CHECK(r.closes_merged_by_deposed == 0);
+  std::map<std::size_t, nanos> repaired_at;
+  for (const chaos_action& a : r.chaos_record)
+    if (a.action == chaos_action::what::repair) repaired_at[a.fault] = a.at_ns;
+  for (const chaos_action& a : r.chaos_record) {
+    if (a.action != chaos_action::what::inject) continue;
+    const planned_fault& f = c.timeline[a.fault];
+    const int deposed = std::max(0, leader_at(r, a.at_ns));
+    bool cut_off = false;  // a partition leaving the leader without any shard
+    for (const auto& group : f.groups)
+      if (std::any_of(group.begin(), group.end(), [&](const fault_target& t) {
+            return t.kind == role::sync_broker && static_cast<int>(t.index) == deposed;
+          }))
+        cut_off = std::none_of(group.begin(), group.end(), [](const fault_target& t) { return t.kind == role::parameter_shard; });
+    if (f.kind != fault_kind::broker_host_lost && !(f.kind == fault_kind::partition && cut_off)) continue;
+    INFO("fault " << a.fault << ": " << std::string(to_string(f.kind)) << " at " << static_cast<double>(a.at_ns) / 1e9 << " s (plan line "
+                  << f.line << "), broker/" << deposed << " leading");
+    REQUIRE(c.standbys > 0);
+    const auto next = std::find_if(r.leaders.begin(), r.leaders.end(), [&](const auto& l) {
+      return std::get<0>(l) > a.at_ns && static_cast<int>(std::get<1>(l)) != deposed;
+    });
+    REQUIRE(next != r.leaders.end());
+    const nanos led_ns = std::get<0>(*next);
+    CHECK(led_ns - a.at_ns <= c.broker_silence_ns + c.broker_silence_ns / 3 + c.tick_ns);
+    nanos published_ns = -1;
+    std::size_t meanwhile = 0;
+    for (const version_event& v : r.versions) {
+      if (v.kind != version_event::what::published || v.at_ns <= a.at_ns + 10 * ms) continue;
+      if (v.at_ns < led_ns) ++meanwhile;
+      else if (published_ns < 0) published_ns = v.at_ns;
+    }
+    CHECK(meanwhile == 0);  // nobody led: nothing merged (a close sent before the fault may land in its first 10 ms)
+    REQUIRE(published_ns >= 0);
+    CHECK(published_ns - a.at_ns <= c.broker_silence_ns + c.broker_silence_ns / 3 + c.tick_ns + max_publication_gap_ns);
+    std::ostringstream report;
+    report << to_string(f.kind) << " at " << static_cast<double>(a.at_ns) / 1e9 << " s: broker/" << std::get<1>(*next)
+           << " leading (epoch " << std::get<2>(*next) << ") " << static_cast<double>(led_ns - a.at_ns) / 1e6
+           << " ms later, a new version " << static_cast<double>(published_ns - a.at_ns) / 1e6 << " ms after the fault";
+    if (f.kind == fault_kind::partition) {
+      const nanos heal_ns = repaired_at.at(a.fault);
+      const auto down = std::find_if(r.step_downs.begin(), r.step_downs.end(), [&](const auto& d) {
+        return d.first > a.at_ns && static_cast<int>(d.second) == deposed;
+      });
+      REQUIRE(down != r.step_downs.end());
+      CHECK(down->first >= heal_ns);  // cut off, it heard of nobody
+      CHECK(down->first - heal_ns < 2 * c.broker_silence_ns);
+      report << "; broker/" << deposed << " stepped down " << static_cast<double>(down->first - heal_ns) / 1e6
+             << " ms after the heal (" << r.fenced_at_shards << " of its messages fenced by the shards)";
+    }
+    MESSAGE(report.str());
   }
 }
 
@@ -445,8 +523,9 @@ void run_drill(const std::string& name) {
                << static_cast<double>(r.ledger.merged) / static_cast<double>(r.ledger.processed) << ", overwritten "
                << static_cast<double>(r.ledger.overwritten) / static_cast<double>(r.ledger.processed));
 
-  check_chaos(r, c.timeline.size());
+  check_chaos(r, c.timeline);
   check_faults_took_effect(r, c.timeline, c);
+  check_takeovers(r, c);
   check_shard_outages(r, clean, c);
   check_versions(r);
   check_ledger(r, c);
@@ -458,6 +537,8 @@ void run_drill(const std::string& name) {
 }  // namespace
 
 TEST_CASE("sim: fault drill broker_crash.toml") { run_drill("broker_crash.toml"); }
+TEST_CASE("sim: fault drill broker_host_lost.toml") { run_drill("broker_host_lost.toml"); }
+TEST_CASE("sim: fault drill broker_partition.toml") { run_drill("broker_partition.toml"); }
 TEST_CASE("sim: fault drill corruption.toml") { run_drill("corruption.toml"); }
 TEST_CASE("sim: fault drill crash_storm.toml") { run_drill("crash_storm.toml"); }
 TEST_CASE("sim: fault drill mixed.toml") { run_drill("mixed.toml"); }
@@ -539,7 +620,7 @@ void check_recovered(const inline_drill& d) {
 // merges wait for a durable version) while the other shard's go on at their
 // pace. Its crash then takes nothing back: it restores exactly the version the
 // learners last saw, and they keep their work (re-anchored, not overwritten).
-TEST_CASE("sim: a shard whose disk fails pauses its fragments; its crash then takes back nothing learners installed") {
+TEST_CASE("sim: a shard whose disk fails pauses its fragments, its crash then takes back nothing learners installed") {
   const inline_drill d = run_inline(R"(seed = 19
 duration = "14s"
 liveness = "4s"

@@ -173,6 +173,7 @@ class mesh {
     std::unique_ptr<broker_seat> seat;
     sim_broker_store store;
     bool up = true;
+    bool host_lost = false;  // broker_host_lost: down for good, its store gone
     const broker_wire* led = nullptr;  // the wire it led through when last looked at
   };
 
@@ -256,6 +257,7 @@ class mesh {
   void crash_target(const fault_target& t);
   void restart_target(const fault_target& t);
   void pause_target(const fault_target& t, nanos duration);
+  void lose_host_target(const fault_target& t);
   void resume(std::uint32_t i);
   void storage_order(std::uint32_t s, const chaos_order& order);
   void fresh_transport(int node);
@@ -307,6 +309,7 @@ class mesh::sim_processes final : public process_control {
   void crash(const fault_target& t) override { world_.crash_target(t); }
   void restart(const fault_target& t) override { world_.restart_target(t); }
   void pause(const fault_target& t, nanos duration) override { world_.pause_target(t, duration); }
+  void lose_host(const fault_target& t) override { world_.lose_host_target(t); }
 
  private:
   mesh& world_;
@@ -902,6 +905,8 @@ void mesh::restart_shard(std::uint32_t s) {
 //                  committed outer state under a higher incarnation and Joins.
 //   broker_crash   crash_broker(), then start_broker() with its store at least
 //                  restart_ns later (see broker_crash_fault for what either does).
+//   broker_host_lost  crash_broker() with its store lost, never restarted: a
+//                  standby (sim_config::standbys) takes over.
 
 void mesh::chaos_tick() {
   if (const nanos next = chaos_->tick(now_); next >= 0) at(next, [this] { chaos_tick(); });
@@ -925,6 +930,12 @@ void mesh::restart_target(const fault_target& t) {
     else start_broker(0, true);
     chaos_->reapply(t);
   });
+}
+
+void mesh::lose_host_target(const fault_target& t) {
+  crashed_at_[node_of({t.kind, t.index})] = now_;
+  crash_broker(true);
+  brokers_[0].host_lost = true;
 }
 
 void mesh::pause_target(const fault_target& t, nanos duration) {
@@ -976,7 +987,7 @@ int mesh::healthy_learners() const {
 }
 
 int mesh::faults_in_place() const {
-  int n = !brokers_[0].up;
+  int n = !brokers_[0].up && !brokers_[0].host_lost;  // a lost host is never back: not a fault left undone
   for (const learner& l : learners_) n += !l.alive + l.paused + (l.alive && std::abs(l.wire->slowdown() - 1) > 1e-9);
   for (const auto& [ends, profile] : shaped_) n += !(profile == cfg_.link);
   for (const shard_process& proc : shards_) n += !proc.up + (now_ < proc.storage_failing_until);

@@ -381,7 +381,7 @@ TEST_CASE("sim: a restarted shard's Join is answered by the broker, its old roun
 // when the primary's host is lost — its process dead, its store gone — from the
 // copy the primary sent it: within the liveness bound, no version goes back, no
 // learner restarts, and the ledger stays exact across the takeover.
-TEST_CASE("sim: the primary's host is lost; a standby takes over, nothing committed is lost, the ledger stays exact") {
+TEST_CASE("sim: the primary's host is lost, a standby takes over, nothing committed is lost, the ledger stays exact") {
   constexpr nanos crash_ns = 3'000'000'000;
   for (const std::uint64_t seed : {81u, 82u}) {
     CAPTURE(seed);

@@ -165,7 +165,7 @@ TEST_CASE("first round opens on the first tick with K eligible learners") {
   CHECK(h.core.xi_step_ns() == 10 * ms);  // fastest learner before any quorum
 }
 
-TEST_CASE("K=1 without grace closes on the first arrival; later arrivals are late") {
+TEST_CASE("K=1 without grace closes on the first arrival, later arrivals are late") {
   auto cfg = make_config();
   cfg.adaptive_grace = false;
   auto h = two_learners(cfg);
@@ -286,7 +286,7 @@ TEST_CASE("wait_for_all waits for the slow learner") {
   CHECK(c0[0].quorum_ns == 2 * ms);
 }
 
-TEST_CASE("tau bounds the rounds in flight per shard; a full shard's or an undurable fragment's turn passes") {
+TEST_CASE("tau bounds the rounds in flight per shard, a full shard's or an undurable fragment's turn passes") {
   auto cfg = make_config(3, 2, 1);  // fragments 0 and 2 on shard 0, fragment 1 on shard 1
   cfg.adaptive_grace = false;
   harness h(cfg);
@@ -327,7 +327,7 @@ TEST_CASE("tau bounds the rounds in flight per shard; a full shard's or an undur
   CHECK(h.core.counters().rounds_skipped == 4);
 }
 
-TEST_CASE("one shard's turns wait for its slot; a silent shard's fragments pause while the others keep their pace") {
+TEST_CASE("one shard's turns wait for its slot, a silent shard's fragments pause while the others keep their pace") {
   // One shard: a full τ holds its next turn (it holds nobody else back).
   auto one = make_config(2, 1, 1);
   one.adaptive_grace = false;
@@ -436,7 +436,7 @@ TEST_CASE("a dead learner is no longer waited for and the round closes") {
   CHECK(h.core.counters().learners_dead == 1);
 }
 
-TEST_CASE("rejoin with a higher incarnation resets counters; stale incarnations are ignored") {
+TEST_CASE("rejoin with a higher incarnation resets counters, stale incarnations are ignored") {
   auto cfg = make_config(3, 2, 1);
   cfg.wait_for_all = true;
   auto h = two_learners(cfg);
@@ -475,7 +475,7 @@ TEST_CASE("rejoin with a higher incarnation resets counters; stale incarnations 
   CHECK(opens[2].eligible[1].inc == I(2));
 }
 
-TEST_CASE("a departed learner is not waited for; its incarnation stays closed") {
+TEST_CASE("a departed learner is not waited for, its incarnation stays closed") {
   auto cfg = make_config(3, 2, 1);
   cfg.wait_for_all = true;
   auto h = two_learners(cfg);
@@ -514,7 +514,7 @@ TEST_CASE("timeout closes a round without quorum") {
   CHECK(h.core.find_record(R(0))->reason == close_reason::timeout);
 }
 
-TEST_CASE("weights are tokens squared over steps; duplicates and bad input ignored") {
+TEST_CASE("weights are tokens squared over steps, duplicates and bad input ignored") {
   auto cfg = make_config(3, 2, 1);
   cfg.wait_for_all = true;
   harness h(cfg);
@@ -692,7 +692,7 @@ TEST_CASE("the transport's liveness: a silent learner is dead at once, a heartbe
   CHECK_FALSE(h.core.is_live(L(7)));
 }
 
-TEST_CASE("a restarted shard's open rounds close without a merge; rounds go on; a resumed broker numbers on") {
+TEST_CASE("a restarted shard's open rounds close without a merge, rounds go on, a resumed broker numbers on") {
   // Three fragments on two shards: rounds 0 and 1 are open (τ = 2), fragment 0 on shard 0, 1 on shard 1.
   harness h = two_learners(make_config(3, 2, 1));
   h.tick(20 * ms);

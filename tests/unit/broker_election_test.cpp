@@ -25,7 +25,7 @@ TEST_CASE("election: a mesh without standbys leads at once, in its incarnation's
   CHECK_FALSE(e.take_over(1 * s));  // once
 }
 
-TEST_CASE("election: the primary listens a liveness window before it leads; hearing a leader, it follows") {
+TEST_CASE("election: the primary listens a liveness window before it leads, hearing a leader, it follows") {
   broker_election fresh(brokers(0, 2), 100, 0);
   CHECK_FALSE(fresh.take_over(2900 * ms));
   CHECK(fresh.take_over(3 * s) == broker_epoch_of(100, 0));
@@ -57,7 +57,7 @@ TEST_CASE("election: a standby takes over on the leader's death verdict, above e
   CHECK(standby.leading());
 }
 
-TEST_CASE("election: a leader heard from is taken over only on a death verdict; one only heard of, after a long silence") {
+TEST_CASE("election: a leader heard from is taken over only on a death verdict, one only heard of, after a long silence") {
   broker_election standby(brokers(1, 2), 50, 0);
   standby.on_epoch(broker_epoch_of(40, 0), 0);
   standby.on_leader_heard(100 * ms);  // its BrokerState

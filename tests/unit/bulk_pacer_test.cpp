@@ -60,7 +60,7 @@ TEST_CASE("bulk_pacer: a control message waits behind one piece, not behind a wh
   CHECK(fifo.submit(hb_at, 64)[0].at_ns - hb_at > 15 * s);
 }
 
-TEST_CASE("bulk_pacer: fragments keep the link's bandwidth and their order; each arrives once") {
+TEST_CASE("bulk_pacer: fragments keep the link's bandwidth and their order, each arrives once") {
   link_shaper link({.bandwidth_bytes_per_s = mbit3, .latency_ns = 20 * ms}, 11);
   bulk_pacer pacer(piece, 16);
   for (std::uint64_t id = 1; id <= 3; ++id) REQUIRE(pacer.queue(id, fragment));
@@ -76,7 +76,7 @@ TEST_CASE("bulk_pacer: fragments keep the link's bandwidth and their order; each
   CHECK(pacer.next_pump_ns(60 * s, link) == -1);
 }
 
-TEST_CASE("bulk_pacer: an unlimited link takes whole messages at once; the queue is bounded") {
+TEST_CASE("bulk_pacer: an unlimited link takes whole messages at once, the queue is bounded") {
   link_shaper link({}, 3);
   bulk_pacer pacer(piece, 2);
   CHECK(pacer.queue(1, fragment));

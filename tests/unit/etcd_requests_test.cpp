@@ -40,7 +40,7 @@ TEST_CASE("etcd: a range answer gives the leader's epoch, the newest epoch and i
   CHECK(refused.err().message.find("request timed out") != std::string::npos);
 }
 
-TEST_CASE("etcd: a campaign is one transaction on both keys; its answer says whether it won") {
+TEST_CASE("etcd: a campaign is one transaction on both keys, its answer says whether it won") {
   const std::string body = campaign("m", 42, 1281, 7);
   CHECK(body.find(R"("create_revision":"0")") != std::string::npos);  // the leader key is absent
   CHECK(body.find(R"("mod_revision":"7")") != std::string::npos);     // the epoch is as read

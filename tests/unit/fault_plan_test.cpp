@@ -134,11 +134,11 @@ TEST_CASE("fault plan: an unknown fault, target, negative duration or malformed 
   const std::string head = "duration = \"60s\"\n[[fault]]\n";  // the fault's keys start on line 3
   CHECK(error_of(head + "at = \"1s\"\nkind = \"explode\"\ntarget = \"learner/0\"\nfor = \"1s\"\n") ==
         "plan.toml:4: unknown fault kind 'explode' (crash, pause, slow, partition, link, shard_crash, broker_crash, "
-        "storage_errors)");
+        "storage_errors, broker_host_lost)");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"learner/9\"\nfor = \"1s\"\n") ==
         "plan.toml:5: unknown target 'learner/9': the mesh has 4 learners");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"robot/1\"\nfor = \"1s\"\n") ==
-        "plan.toml:5: unknown target 'robot/1' (learner/N, shard/N, storage/N, broker or learners)");
+        "plan.toml:5: unknown target 'robot/1' (learner/N, shard/N, storage/N, broker, broker/N or learners)");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"shard/0\"\nfor = \"1s\"\n") ==
         "plan.toml:5: a crash fault cannot target 'shard/0'");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"learner/0\"\nfor = \"-3s\"\n") ==
@@ -156,10 +156,59 @@ TEST_CASE("fault plan: an unknown fault, target, negative duration or malformed 
   CHECK(error_of("duration = \"60s\"\n[rates]\nkinds = [\"partition\"]\n") ==
         "plan.toml:3: unknown or unsupported random fault kind 'partition' (rates draw crash, pause or slow)");
   CHECK(error_of("duration = \"60s\"\nspeed = 3\n") ==
-        "plan.toml:2: unknown plan key 'speed' (seed, duration, liveness, [[fault]], [rates])");
+        "plan.toml:2: unknown plan key 'speed' (seed, duration, liveness, standbys, [[fault]], [rates])");
   CHECK(error_of("[[fault]]\nat = \"1s\"\nkind = \"crash\"\ntarget = \"learner/0\"\nfor = \"1s\"\n") ==
         "plan.toml: the plan needs duration = \"...\" > 0");
   CHECK(error_of("duration = \"60s\"\n[[fault]\n").rfind("plan.toml:2: ", 0) == 0);  // TOML syntax
+}
+
+TEST_CASE("fault plan: standby brokers, a lost host and a partitioned primary") {
+  const std::string lost = "[[fault]]\nat = \"20s\"\nkind = \"broker_host_lost\"\ntarget = \"broker\"\n";  // line 4 on
+  auto plan = parse_fault_plan("duration = \"60s\"\nstandbys = 1\n\n" + lost +
+                                   "[[fault]]\nat = \"30s\"\nkind = \"partition\"\nfor = \"5s\"\n"
+                                   "groups = [[\"broker/1\"], [\"shard/0\", \"shard/1\", \"learners\"]]\n",
+                               "plan.toml", 4, 2);
+  REQUIRE_MESSAGE(plan, plan.err().message);
+  CHECK(plan->standbys == 1);
+  REQUIRE(plan->schedule.size() == 2);
+  CHECK(plan->schedule[0].kind == fault_kind::broker_host_lost);
+  CHECK(plan->schedule[0].for_ns == 0);
+  CHECK(plan->schedule[1].groups[0][0].kind == role::sync_broker);
+  CHECK(plan->schedule[1].groups[0][0].index == 1);
+  CHECK(plan->schedule[1].groups[0][0].to_string() == "broker/1");
+
+  // Refused, each with its line: no standby to take over; a lost host restarted, repeated or
+  // crashed again; a standby the plan does not have; a standby's process faults; a bad count.
+  CHECK(error_of("duration = \"60s\"\n" + lost) ==
+        "plan.toml:2: a broker_host_lost fault needs a standby to take over: set standbys = 1 (or more) at the top of "
+        "the plan");
+  CHECK(error_of("duration = \"60s\"\nstandbys = 1\n" + lost + "for = \"5s\"\n") ==
+        "plan.toml:7: a broker_host_lost fault has no for: its host is gone and the primary is never restarted (a "
+        "standby takes over)");
+  CHECK(error_of("duration = \"60s\"\nstandbys = 1\n" + lost + "every = \"30s\"\n") ==
+        "plan.toml:7: a broker_host_lost fault cannot repeat (every): a host is lost once");
+  CHECK(error_of("duration = \"60s\"\nstandbys = 1\n" + lost + "[[fault]]\nat = \"40s\"\nkind = \"broker_crash\"\n"
+                 "target = \"broker\"\n") ==
+        "plan.toml:7: a broker_crash of the primary at or after its host is lost (line 3): it is never restarted");
+  CHECK(error_of("duration = \"60s\"\nstandbys = 1\n[[fault]]\nat = \"1s\"\nkind = \"partition\"\nfor = \"1s\"\n"
+                 "groups = [[\"broker/2\"], [\"broker\"]]\n") ==
+        "plan.toml:7: unknown target 'broker/2': the plan has 1 standby broker (broker/1)");
+  CHECK(error_of("duration = \"60s\"\n[[fault]]\nat = \"1s\"\nkind = \"link\"\nfor = \"1s\"\ntarget = \"broker/1\"\n") ==
+        "plan.toml:6: unknown target 'broker/1': the plan has no standby broker (standbys = 0)");
+  CHECK(error_of("duration = \"60s\"\nstandbys = 1\n[[fault]]\nat = \"1s\"\nkind = \"broker_crash\"\n"
+                 "target = \"broker/1\"\n") == "plan.toml:6: a broker_crash fault cannot target 'broker/1'");
+  CHECK(error_of("duration = \"60s\"\nstandbys = 9\n") == "plan.toml:2: standbys must be an integer in [0, 7]");
+
+  // The chaos core injects the lost host and never repairs it; the plan still heals.
+  chaos_core core(expand_fault_plan(*plan, 4), plan->duration_ns);
+  auto a = core.tick(25 * s);
+  REQUIRE(a.size() == 1);
+  CHECK(a[0].action == chaos_action::what::inject);
+  CHECK(core.active() == 0);
+  a = core.tick(60 * s);
+  REQUIRE(a.size() == 2);  // the partition, injected and repaired
+  CHECK(core.healed(60 * s));
+  CHECK(core.injected() == 2);
 }
 
 TEST_CASE("fault plan: durations") {

@@ -116,7 +116,7 @@ TEST_CASE("link_shaper: token bucket bursts after idle, then paces") {
   }
 }
 
-TEST_CASE("link_shaper: latency is exact without jitter; unlimited and zero latency delivers at now") {
+TEST_CASE("link_shaper: latency is exact without jitter, unlimited and zero latency delivers at now") {
   const std::uint64_t seed = 5;
   CAPTURE(seed);
   prng times(99);

@@ -188,7 +188,7 @@ TEST_CASE("a zero contribution adds no direction but keeps its weight") {
   CHECK(out.delta == alone.delta);
 }
 
-TEST_CASE("embedding and RDA tensors coexist in one fragment; padding gets zero") {
+TEST_CASE("embedding and RDA tensors coexist in one fragment, padding gets zero") {
   // [emb 0..3] [pad 4..7] [matrix 8..11] [pad 12]
   const std::vector<fragment_tensor> tensors{{8, 4, false, "h0.attn.wo"}, {0, 4, true, "wpe"}};
   std::vector<learner_input> inputs;

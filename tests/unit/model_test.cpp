@@ -114,7 +114,7 @@ TEST_CASE("forward_scored scores exactly the requested positions") {
   CHECK(full_sum / full_n == doctest::Approx(mean).epsilon(1e-6));
 }
 
-TEST_CASE("AdamW matches its update rule; clipping bounds the step") {
+TEST_CASE("AdamW matches its update rule, clipping bounds the step") {
   model_shape s{256, 4, 4, 1, 1, true};
   const param_layout layout = make_layout(s);
   optimizer_config opt;

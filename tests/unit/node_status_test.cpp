@@ -33,6 +33,8 @@ TEST_CASE("node status: the JSON of a broker's status reads back to the same sta
   s.counts.rounds_closed = 812;
   s.counts.members = 2412;
   s.counts.committed = 800;
+  s.counts.step_downs = 2;
+  s.broker_epoch = 1'764'000'000'123ull << 8 | 1;
   broker_report r;
   r.started_ns = 42;
   r.broker_cpu_s = 0.25;
@@ -52,6 +54,8 @@ TEST_CASE("node status: the JSON of a broker's status reads back to the same sta
   CHECK(back->incarnation == s.incarnation);
   CHECK(back->counts.rounds_closed == 812);
   CHECK(back->counts.members == 2412);
+  CHECK(back->counts.step_downs == 2);
+  CHECK(back->broker_epoch == s.broker_epoch);
   REQUIRE(back->report.has_value());
   CHECK(back->report->ledger.merged == 3072);
   CHECK(back->report->ledger.balanced());
@@ -67,7 +71,7 @@ TEST_CASE("node status: the JSON of a broker's status reads back to the same sta
   CHECK(to_json(*back) == to_json(s));
 }
 
-TEST_CASE("node status: a learner's and a shard's status round-trip; malformed ones are refused by name") {
+TEST_CASE("node status: a learner's and a shard's status round-trip, malformed ones are refused by name") {
   node_status l;
   l.node = {role::learner, 3};
   l.incarnation = 2;
@@ -98,7 +102,7 @@ TEST_CASE("node status: a learner's and a shard's status round-trip; malformed o
   CHECK(bad.err().message.find("published") != std::string::npos);
 }
 
-TEST_CASE("status board: a restart keeps the earlier incarnation's counts; an older incarnation's word is ignored") {
+TEST_CASE("status board: a restart keeps the earlier incarnation's counts, an older incarnation's word is ignored") {
   status_board board;
   board.update(shard_status(1, 40));
   board.update(shard_status(1, 55));  // the same incarnation, later: replaces
@@ -126,4 +130,28 @@ TEST_CASE("status board: a restart keeps the earlier incarnation's counts; an ol
   CHECK(board.learners_left() == 1);
   CHECK(board.entries().size() == 2);
   CHECK(board.entries().front().now.node.kind == role::learner);  // ordered by address
+}
+
+TEST_CASE("status board: the leading broker is the one of the newest epoch that says it leads") {
+  status_board board;
+  CHECK(!board.leading_broker());
+  auto broker = [](std::uint32_t index, std::uint64_t epoch, bool leads) {
+    node_status s;
+    s.node = {role::sync_broker, index};
+    s.incarnation = 1;
+    s.broker_epoch = epoch;
+    if (leads) s.report = broker_report{};
+    return s;
+  };
+  board.update(broker(0, 0, false));  // the primary, listening before it leads
+  board.update(broker(1, 0, false));  // a standby
+  REQUIRE(board.leading_broker());
+  CHECK(board.leading_broker()->now.node.index == 0);  // nobody leads yet: the primary's entry
+  board.update(broker(0, 256, true));
+  CHECK(board.leading_broker()->now.node.index == 0);
+  board.update(broker(1, 513, true));  // took over; the primary, cut off, still believes it leads
+  CHECK(board.leading_broker()->now.node.index == 1);
+  board.update(broker(0, 513, false));  // it stepped down
+  CHECK(board.leading_broker()->now.node.index == 1);
+  CHECK(board.leading_broker()->now.broker_epoch == 513);
 }

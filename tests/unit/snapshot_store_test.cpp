@@ -160,7 +160,7 @@ TEST_CASE("snapshot store: the broker's ledger with its step counts and the roun
   CHECK((*lease)->incarnation == 77);
 }
 
-TEST_CASE("snapshot store: retention keeps the newest, every k-th and the first; unnamed states go") {
+TEST_CASE("snapshot store: retention keeps the newest, every k-th and the first, unnamed states go") {
   auto kv = std::shared_ptr<kv_store>(make_memory_kv());
   auto s = *snapshot_store::create(kv, test_info(), {3, 5});
   REQUIRE(s->commit(job_of({state(0, 0, 1), state(1, 0, 2)})));
@@ -185,7 +185,7 @@ TEST_CASE("snapshot store: retention keeps the newest, every k-th and the first;
   check_consistent(*again);
 }
 
-TEST_CASE("snapshot store: a damaged record is never returned; recovery falls back to a valid manifest") {
+TEST_CASE("snapshot store: a damaged record is never returned, recovery falls back to a valid manifest") {
   auto kv = std::shared_ptr<kv_store>(make_memory_kv());
   auto s = *snapshot_store::create(kv, test_info());
   REQUIRE(s->commit(job_of({state(0, 0, 1), state(1, 0, 2)})));
@@ -305,7 +305,7 @@ class gated_kv final : public kv_store {
 
 }  // namespace
 
-TEST_CASE("snapshot writer: never blocks the caller; a full queue refuses; jobs queued together share a manifest") {
+TEST_CASE("snapshot writer: never blocks the caller, a full queue refuses, jobs queued together share a manifest") {
   auto inner = std::shared_ptr<kv_store>(make_memory_kv());
   REQUIRE(snapshot_store::create(inner, test_info()));
   auto gate = std::make_shared<gated_kv>(inner);

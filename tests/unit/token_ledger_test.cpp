@@ -95,7 +95,7 @@ TEST_CASE("token ledger: work installed over before it was contributed is overwr
   check_balanced(l);
 }
 
-TEST_CASE("token ledger: merged only once the merge is published; a round closed without a merge leaves its windows") {
+TEST_CASE("token ledger: merged only once the merge is published, a round closed without a merge leaves its windows") {
   token_ledger l = whole();
   for (std::uint64_t s = 1; s <= 4; ++s) l.on_progress(b, s, s * 50, 2'000'000);
   l.on_arrival(round_number{3}, f0, b, 2, 2);

@@ -40,6 +40,7 @@ void print_report(const drill_report& r) {
     std::printf("  %7.2f  %-58s", f.at_s, f.what.c_str());
     if (f.skipped) std::printf(" skipped (target down)");
     else if (f.repaired_s >= 0) std::printf(" repaired %7.2f", f.repaired_s);
+    else if (f.what.starts_with("broker_host_lost")) std::printf(" never restarted  ");
     if (f.rejoin_s >= 0) std::printf("  back at work %.2f s later", f.rejoin_s);
     std::printf("\n");
   }
@@ -53,6 +54,24 @@ void print_report(const drill_report& r) {
               static_cast<unsigned long long>(s.rounds), s.wall_s > 0 ? s.rounds / s.wall_s : 0.0,
               static_cast<unsigned long long>(s.published), 100 * r.uptime, r.downtime_s, r.downtime_gap_s,
               r.broker_outage_s);
+  if (r.standbys > 0 || r.epochs.size() > 1) {
+    std::printf("brokers: %d standby(s); epochs on the tapes:", r.standbys);
+    for (const drill_epoch& e : r.epochs)
+      std::printf(" %llu (broker/%u, %llu merged rounds, %.2f-%.2f s)", static_cast<unsigned long long>(e.epoch), e.broker,
+                  static_cast<unsigned long long>(e.rounds), e.first_closed_s, e.last_closed_s);
+    std::printf("; merges by a deposed broker %llu, epochs interleaved %llu; step-downs per broker:",
+                static_cast<unsigned long long>(r.deposed_merges), static_cast<unsigned long long>(r.epochs_interleaved));
+    for (auto n : r.step_downs) std::printf(" %llu", static_cast<unsigned long long>(n));
+    std::printf("\n");
+    for (const drill_takeover& t : r.takeovers) {
+      std::printf("takeover after fault %zu (%.2f s): broker/%u deposed; ", t.fault, t.at_s, t.deposed);
+      if (t.broker < 0) std::printf("NOBODY took over");
+      else std::printf("broker/%lld leads in epoch %llu, its first merged round %.2f s, a new version %.2f s after the fault",
+                       static_cast<long long>(t.broker), static_cast<unsigned long long>(t.epoch), t.first_round_s, t.back_s);
+      if (t.stepped_down_s >= 0) std::printf("; broker/%u stepped down %.2f s after the heal", t.deposed, t.stepped_down_s);
+      std::printf(" (bound %.1f s)\n", r.takeover_bound_s);
+    }
+  }
   std::printf("fragment availability %.1f %% (mean over fragments; each fragment advancing, no gap over %.1f s):",
               100 * r.availability, r.fragment_gap_s);
   for (double a : r.fragment_availability) std::printf(" %.0f", 100 * a);
@@ -82,6 +101,20 @@ std::vector<std::string> failed_checks(const drill_report& r, double max_eval_ga
   if (r.downtime_s > 0) out.push_back("global downtime " + std::to_string(r.downtime_s) + " s");
   if (r.committed_rounds_lost > 0) out.push_back(std::to_string(r.committed_rounds_lost) + " committed versions lost");
   if (!r.ledger_exact) out.push_back("the ledger is not exact");
+  if (r.deposed_merges > 0)
+    out.push_back(std::to_string(r.deposed_merges) + " merged rounds of a deposed broker (a fragment version after one "
+                  "of a newer epoch, or one version under two epochs)");
+  if (r.epochs_interleaved > 0)
+    out.push_back(std::to_string(r.epochs_interleaved) + " merged rounds of an epoch closed after a newer epoch's first");
+  for (const drill_takeover& t : r.takeovers) {
+    const std::string fault = "fault " + std::to_string(t.fault) + " took broker/" + std::to_string(t.deposed) + " away: ";
+    if (t.broker < 0 || t.back_s < 0) out.push_back(fault + "no standby took over and published");
+    else if (t.back_s > r.takeover_bound_s)
+      out.push_back(fault + "the first version under broker/" + std::to_string(t.broker) + " came " +
+                    std::to_string(t.back_s) + " s later, over the takeover bound of " + std::to_string(r.takeover_bound_s) + " s");
+    const bool partition = r.faults.at(t.fault).what.starts_with("partition");
+    if (partition && t.stepped_down_s < 0) out.push_back(fault + "it never stepped down after the heal");
+  }
   if (const double gap = eval_gap(r); std::isfinite(gap) && gap > max_eval_gap)
     out.push_back("eval loss " + std::to_string(100 * gap) + " % above the reference");
   return out;
@@ -143,7 +176,9 @@ int run_drills(const drill_flags& o) {
   for (const auto& r : done)
     for (const auto& f : failed_checks(r, o.max_eval_gap)) failures.push_back(r.mode + ": " + f);
   for (const auto& f : failures) std::printf("FAILED: %s\n", f.c_str());
-  if (failures.empty()) std::printf("drill passed: no global downtime, no committed round lost, ledger exact%s\n",
+  if (failures.empty()) std::printf("drill passed: no global downtime, no committed round lost, ledger exact%s%s\n",
+                                    done.empty() || done.front().takeovers.empty() ? ""
+                                        : ", every takeover within its bound, no merge by a deposed broker",
                                     o.no_reference ? "" : ", eval loss within the bound of the reference");
   if (o.json) {
     std::string runs = "[";

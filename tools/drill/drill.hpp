@@ -68,6 +68,35 @@ struct drill_sample {
   std::vector<std::uint64_t> fragment_versions;  // per fragment, the version its shard publishes
   int learners_down = 0, shards_down = 0;
   bool broker_down = false;
+  // The brokers (the primary, then the standbys): who leads, in which epoch, as their statuses say.
+  std::int32_t leader = -1;                   // the broker leading in the newest epoch; -1: none known
+  std::uint64_t epoch = 0;                    // that epoch
+  std::vector<std::uint64_t> broker_epochs;   // per broker: the newest epoch it knows (its own while it leads)
+  std::vector<int> broker_leading;            // per broker: 1 while it leads (as it sees it; a killed one: as it last said)
+};
+
+/// One broker epoch as the brokers' tapes show it (`replay tape`): who led in it
+/// and the merged rounds it closed.
+struct drill_epoch {
+  std::uint64_t epoch = 0;
+  std::uint32_t broker = 0;                       // leader_of_epoch(epoch)
+  std::uint64_t rounds = 0;                       // merged rounds (fragment versions) it closed
+  double first_closed_s = 0, last_closed_s = 0;   // on the drill's clock
+};
+
+/// A fault that took the leading broker away — its host lost, or a partition that
+/// left it no shard — and the standby that took over.
+struct drill_takeover {
+  std::size_t fault = 0;         // the fault's row
+  double at_s = 0;
+  std::uint32_t deposed = 0;     // the broker that led before
+  std::int64_t broker = -1;      // the broker leading next; -1: nobody took over
+  std::uint64_t epoch = 0;       // its epoch
+  double first_round_s = -1;     // the fault → the new epoch's first merged round closed (tapes); -1: none
+  double back_s = -1;            // the fault → the first new fragment version under the new leader (samples)
+  /// A partition: its heal → the first sample in which the deposed broker no longer
+  /// leads and knows the newer epoch (it stepped down); -1: never seen, or its host is lost.
+  double stepped_down_s = -1;
 };
 
 /// What the launcher of a many-process drill did to a node's process: start,
@@ -83,6 +112,7 @@ struct drill_report {
   bool processes = false;  // the mesh ran as separate `archipelago node` processes
   std::vector<drill_process_event> process_events;
   std::string plan, mode;
+  int standbys = 0;  // standby brokers beside the primary (the plan's `standbys`)
   std::uint64_t seed = 0;
   int learners = 0, shards = 0, quorum = 1;
   double safety_s = 0, liveness_s = 0;
@@ -94,7 +124,26 @@ struct drill_report {
   std::vector<drill_sample> samples;
   std::size_t faults_injected = 0, faults_skipped = 0;
   double downtime_s = 0;          // no new version of any fragment for > downtime_gap_s while >= K learners were live, broker up
-  double broker_outage_s = 0;     // the broker down, until its first round after a restart
+  /// The broker down, until its first round after a restart; a leader taken away
+  /// (drill_takeover), until the first version under its successor — for at most
+  /// takeover_bound_s: a stall beyond the bound is global downtime.
+  double broker_outage_s = 0;
+  /// The liveness verdict (wire.heartbeat_interval_ms × wire.liveness), the last
+  /// standby's stagger ((standbys − 1) heartbeats), and twice downtime_gap_s — what
+  /// any stall may last — for the successor's first round and its publication:
+  /// 7 s by default with one standby.
+  double takeover_bound_s = 0;
+  std::vector<drill_takeover> takeovers;
+  /// Every epoch on the brokers' tapes (a lost host's store is gone; the standby kept
+  /// a copy of its tape), in order; a merged round is counted once however many tapes hold it.
+  std::vector<drill_epoch> epochs;
+  /// Must be 0: merged rounds whose fragment version follows one of a newer epoch (a
+  /// deposed broker merged after its successor), or closed under two epochs.
+  std::uint64_t deposed_merges = 0;
+  /// Must be 0: merged rounds of an epoch closed after a newer epoch's first one (two
+  /// brokers leading at once).
+  std::uint64_t epochs_interleaved = 0;
+  std::vector<std::uint64_t> step_downs;  // per broker: times it stepped down for a newer epoch
   double downtime_gap_s = 2;
   /// Merged compute / (M × the run's wall time), the same for the reference; and
   /// the share of the run without a stall longer than the gap, whatever its cause.
@@ -178,9 +227,11 @@ expected<prepared_drill> prepare_drill(const config& base, const drill_options& 
 mesh_progress phase_progress(const mesh_progress& progress, const char* name);
 
 /// The figures of a drill once its run (r.run, r.samples) is in: the timeline's
-/// rows and rejoin times, tokens killed learners never reported, downtime,
-/// goodput and the ledger's exactness. Shared by the one-process and the
-/// many-process drill.
-void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, const mesh_setup& layout);
+/// rows and rejoin times, tokens killed learners never reported, the brokers'
+/// epochs from their tapes (`broker_dbs`: the brokers' stores after the run, one
+/// missing if its host was lost) and the takeovers, downtime, goodput and the
+/// ledger's exactness. Shared by the one-process and the many-process drill.
+void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, const mesh_setup& layout,
+                         const std::vector<std::string>& broker_dbs);
 
 }  // namespace archipelago

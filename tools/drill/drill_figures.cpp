@@ -2,9 +2,13 @@
 // the report says once the run is in.
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
 
 #include "chaos_monkey/chaos_wire.hpp"
 #include "drill/drill.hpp"
+#include "node/mesh_snapshots.hpp"
 
 namespace archipelago {
 
@@ -14,7 +18,7 @@ drill_sample sample_of(const status_board& board, const chaos_log& log, const me
   s.rounds = board.total(role::sync_broker).rounds_closed;
   s.published = board.total(role::parameter_shard).published;
   s.tokens = board.total(role::learner).tokens;
-  if (const auto b = board.find(broker_address); b && b->now.report)
+  if (const auto b = board.leading_broker(); b && b->now.report)
     s.merged_step_time_s = b->now.report->ledger.merged_step_time_s;
   s.learner_steps.assign(static_cast<std::size_t>(setup.cfg.mesh.learners), 0);
   s.shard_committed.assign(static_cast<std::size_t>(setup.policy.shards), 0);
@@ -26,6 +30,20 @@ drill_sample sample_of(const status_board& board, const chaos_log& log, const me
     for (std::uint64_t v : e.now.committed_versions) s.shard_committed[n.index] += v;
     for (std::size_t p = 0; p < s.fragment_versions.size() && p < e.now.published_versions.size(); ++p)
       s.fragment_versions[p] = std::max(s.fragment_versions[p], e.now.published_versions[p]);
+  }
+  std::uint32_t brokers = setup.brokers();
+  for (const auto& e : board.entries())
+    if (e.now.node.kind == role::sync_broker) brokers = std::max(brokers, e.now.node.index + 1);
+  s.broker_epochs.assign(brokers, 0);
+  s.broker_leading.assign(brokers, 0);
+  for (const auto& e : board.entries())
+    if (e.now.node.kind == role::sync_broker) {
+      s.broker_epochs[e.now.node.index] = e.now.broker_epoch;
+      s.broker_leading[e.now.node.index] = e.now.report.has_value();
+    }
+  if (const auto b = board.leading_broker(); b && b->now.report) {
+    s.leader = static_cast<std::int32_t>(b->now.node.index);
+    s.epoch = b->now.broker_epoch;
   }
   s.learners_down = log.learners_down.load();
   s.shards_down = log.shards_down.load();
@@ -92,6 +110,9 @@ void measure_downtime(drill_report& r, const std::vector<planned_fault>& timelin
   for (const auto& f : r.faults)
     if (!f.skipped && timeline[f.index].kind == fault_kind::broker_crash)
       outages.emplace_back(f.at_s, f.repaired_s < 0 || f.rejoin_s < 0 ? end_s : f.repaired_s + f.rejoin_s);
+  // A leader taken away: until the first version under its successor, at most the bound.
+  for (const auto& t : r.takeovers)
+    outages.emplace_back(t.at_s, t.at_s + (t.back_s >= 0 ? std::min(t.back_s, r.takeover_bound_s) : r.takeover_bound_s));
   auto in_outage = [&](double t) {
     return std::any_of(outages.begin(), outages.end(), [t](const auto& o) { return t >= o.first && t <= o.second; });
   };
@@ -106,8 +127,12 @@ void measure_downtime(drill_report& r, const std::vector<planned_fault>& timelin
   double sum = 0;
   for (double a : r.fragment_availability) sum += a;
   r.availability = r.fragment_availability.empty() ? r.uptime : sum / static_cast<double>(r.fragment_availability.size());
-  std::size_t last_change = 0;
-  for (std::size_t i = 1; i < s.size(); ++i) {
+  // Before its first version the mesh is starting, not down (with standbys, the
+  // primary listens a liveness window before it leads).
+  std::size_t first = 0;
+  while (first < s.size() && s[first].published == 0) ++first;
+  std::size_t last_change = first;
+  for (std::size_t i = first + 1; i < s.size(); ++i) {
     const double dt = s[i].t_s - s[i - 1].t_s;
     if (in_outage(s[i].t_s) || s[i].broker_down) {
       r.broker_outage_s += dt;
@@ -194,9 +219,125 @@ void fault_rows(drill_report& r, const mesh_drill& drill, nanos drill_zero_ns) {
   }
 }
 
+/// The brokers' tapes after the run: every merged round once (a standby's store
+/// holds copies of its leader's records), each epoch's rounds, and the two ways a
+/// deposed broker would show: a fragment version following one of a newer epoch
+/// (or one version closed under two epochs), and an epoch's rounds closed after a
+/// newer epoch's first.
+void read_tapes(drill_report& r, const std::vector<std::string>& broker_dbs) {
+  struct closed {
+    std::uint64_t epoch;
+    std::int64_t closed_ns;
+  };
+  std::map<std::pair<std::uint32_t, std::uint64_t>, closed> rounds;  // (fragment, version) → its close
+  for (const std::string& dir : broker_dbs) {
+    std::error_code ec;
+    if (!std::filesystem::exists(dir, ec)) continue;  // its host is lost
+    auto store = open_store_read_only(dir);
+    if (!store) {
+      std::fprintf(stderr, "archipelago drill: cannot read the tape of %s: %s\n", dir.c_str(), store.err().message.c_str());
+      continue;
+    }
+    (void)(*store)->for_each_tape([&](const storage::tape_record& t) {
+      if (t.broker_epoch == 0) return true;  // an older writer's: no epoch to judge
+      auto [it, fresh] = rounds.try_emplace({t.fragment, t.version}, closed{t.broker_epoch, t.closed_ns});
+      if (!fresh && it->second.epoch != t.broker_epoch) ++r.deposed_merges;  // one version closed by two leaders
+      return true;
+    });
+  }
+  std::map<std::uint32_t, std::uint64_t> newest;  // per fragment: the epoch of its latest version so far
+  std::map<std::uint64_t, drill_epoch> epochs;
+  for (const auto& [key, c] : rounds) {  // in (fragment, version) order
+    std::uint64_t& e = newest[key.first];
+    if (c.epoch < e) ++r.deposed_merges;
+    e = std::max(e, c.epoch);
+    const double t = static_cast<double>(c.closed_ns - r.clock_zero_ns) * 1e-9;
+    auto [it, fresh] = epochs.try_emplace(c.epoch, drill_epoch{c.epoch, leader_of_epoch(c.epoch), 0, t, t});
+    ++it->second.rounds;
+    it->second.first_closed_s = std::min(it->second.first_closed_s, t);
+    it->second.last_closed_s = std::max(it->second.last_closed_s, t);
+  }
+  r.epochs.clear();
+  for (const auto& [e, info] : epochs) r.epochs.push_back(info);
+  for (const auto& [key, c] : rounds) {
+    const double t = static_cast<double>(c.closed_ns - r.clock_zero_ns) * 1e-9;
+    for (const drill_epoch& later : r.epochs)
+      if (later.epoch > c.epoch && later.first_closed_s < t) {
+        ++r.epochs_interleaved;
+        break;
+      }
+  }
+}
+
+/// Whether fault `f` takes the broker `leader` away from the mesh: its host lost,
+/// or a partition that leaves it without any shard (it can merge nothing).
+bool takes_leader_away(const planned_fault& f, std::uint32_t leader) {
+  if (f.kind == fault_kind::broker_host_lost) return true;
+  if (f.kind != fault_kind::partition) return false;
+  for (const auto& group : f.groups) {
+    const bool has_leader = std::any_of(group.begin(), group.end(), [&](const fault_target& t) {
+      return t.kind == role::sync_broker && t.index == leader;
+    });
+    if (has_leader)
+      return std::none_of(group.begin(), group.end(), [](const fault_target& t) { return t.kind == role::parameter_shard; });
+  }
+  return false;
+}
+
+/// The takeovers: per fault that took the leader away (with standbys), who led
+/// next, how soon its first round merged (tapes) and the mesh published again
+/// (samples), and — a partition — when the deposed broker stepped down after the heal.
+void find_takeovers(drill_report& r, const std::vector<planned_fault>& timeline) {
+  r.takeovers.clear();
+  if (r.standbys == 0) return;
+  for (const drill_fault_row& row : r.faults) {
+    const planned_fault& f = timeline[row.index];
+    const drill_sample* before = sample_before(r.samples, row.at_s);
+    const std::uint32_t leader = before && before->leader >= 0 ? static_cast<std::uint32_t>(before->leader) : 0;
+    if (row.skipped || !takes_leader_away(f, leader)) continue;
+    drill_takeover t;
+    t.fault = row.index;
+    t.at_s = row.at_s;
+    t.deposed = leader;
+    const std::uint64_t epoch_before = before ? before->epoch : 0;
+    // The successor: the first epoch above the one before whose rounds began after the fault.
+    for (const drill_epoch& e : r.epochs)
+      if (e.epoch > epoch_before && e.broker != leader && e.first_closed_s >= row.at_s) {
+        t.broker = e.broker;
+        t.epoch = e.epoch;
+        t.first_round_s = e.first_closed_s - row.at_s;
+        break;
+      }
+    // Back: a version published after the successor was seen leading (not one the deposed
+    // broker's last rounds left in flight), at the first sample that shows it.
+    const auto successor = [&](const drill_sample& s) {
+      return s.epoch > epoch_before && s.leader != static_cast<std::int32_t>(leader);
+    };
+    const double led = first_after(r.samples, row.at_s, successor);
+    const drill_sample* at_lead = led >= 0 ? sample_before(r.samples, led) : nullptr;
+    const double back = at_lead ? first_after(r.samples, led, [&](const drill_sample& s) {
+      return successor(s) && s.published > at_lead->published;
+    }) : -1;
+    if (back >= 0) t.back_s = back - row.at_s;
+    if (t.broker < 0)  // no tape names one (a lost tape copy): the samples' leader
+      if (const drill_sample* s = back >= 0 ? sample_before(r.samples, back) : nullptr) {
+        t.broker = s->leader;
+        t.epoch = s->epoch;
+      }
+    if (f.kind == fault_kind::partition && row.repaired_s >= 0) {
+      const double down = first_after(r.samples, row.repaired_s, [&](const drill_sample& s) {
+        return leader < s.broker_leading.size() && !s.broker_leading[leader] && s.broker_epochs[leader] > epoch_before;
+      });
+      if (down >= 0) t.stepped_down_s = down - row.repaired_s;
+    }
+    r.takeovers.push_back(t);
+  }
+}
+
 }  // namespace
 
-void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, const mesh_setup& layout) {
+void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, const mesh_setup& layout,
+                         const std::vector<std::string>& broker_dbs) {
   nanos zero = 0;
   {
     std::lock_guard lock(drill.log.mutex);
@@ -217,6 +358,16 @@ void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, 
   }
   // A fragment's turn comes every P rounds, a round every steps_per_round steps: one missed turn is allowed.
   r.fragment_gap_s = std::max(r.downtime_gap_s, 2e-3 * layout.fragments() * layout.policy.steps_per_round * r.step_time_ms);
+  const double heartbeat_s = static_cast<double>(cfg.wire.heartbeat_interval_ms) * 1e-3;
+  // The verdict on the leader, the last standby's stagger, then two stretches of what
+  // any stall may last: the successor's greeting and first round, and its merge published.
+  r.takeover_bound_s = heartbeat_s * static_cast<double>(cfg.wire.liveness) +
+                       heartbeat_s * std::max(0, r.standbys - 1) + 2 * r.downtime_gap_s;
+  read_tapes(r, broker_dbs);
+  find_takeovers(r, drill.timeline);
+  for (const drill_takeover& t : r.takeovers)  // a lost host's row: back at work once its successor publishes
+    if (drill.timeline[t.fault].kind == fault_kind::broker_host_lost) r.faults[t.fault].rejoin_s = t.back_s;
+  r.step_downs = r.run.broker_step_downs;
   measure_downtime(r, drill.timeline);
   // Over the drill's own span: a restarted broker's report starts its span anew.
   auto goodput = [&](const mesh_summary& m) {

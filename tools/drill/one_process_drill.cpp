@@ -19,13 +19,25 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
   if (!db) return db.err();
   mesh_snapshots snaps;
   snaps.db = db->string();
+  // With standbys every broker keeps a store of its own, as across processes (a lost
+  // host takes its store along); without, the broker writes to the run's store.
+  std::vector<std::string> broker_dbs{snaps.db};
+  if (prepared->plan.standbys > 0) {
+    broker_dbs.clear();
+    for (int b = 0; b <= prepared->plan.standbys; ++b) {
+      auto dir = area.fresh("broker-" + std::to_string(b) + ".db");
+      if (!dir) return dir.err();
+      broker_dbs.push_back(dir->string());
+    }
+    snaps.broker_dbs = broker_dbs;
+  }
   mesh_drill drill;
   drill.timeline = expand_fault_plan(prepared->plan, cfg.mesh.learners);
   drill.safety_ns = prepared->plan.duration_ns;
   first_merges merges;
   drill.sample = [&](nanos since_start, const status_board& board) {
     r.samples.push_back(sample_of(board, drill.log, layout, static_cast<double>(since_start) * 1e-9));
-    if (const auto b = board.find(broker_address); b && b->now.report) {
+    if (const auto b = board.leading_broker(); b && b->now.report) {
       std::lock_guard lock(drill.log.mutex);  // the report's times are on the mesh's clock
       merges.observe(*b->now.report, drill.log.started_ns + since_start);
     }
@@ -51,7 +63,7 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
     r.reference = std::move(*ref);
     if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");
   }
-  finish_drill_report(r, drill, cfg, layout);
+  finish_drill_report(r, drill, cfg, layout, broker_dbs);
   return std::move(r);
 }
 

@@ -26,20 +26,22 @@ using json = nlohmann::json;
 /// The mesh's processes as the drill lays them out: endpoints, ports, keys, commands.
 struct process_mesh {
   mesh_setup setup;
-  std::vector<node_child> children;  // broker, shards, learners
-  std::vector<std::string> shard_dbs;
+  std::vector<node_child> children;  // brokers (the primary, then the standbys), shards, learners
+  std::vector<std::string> shard_dbs, broker_dbs;
 };
 
 /// With wire.curve, every node gets a keypair of its own (the learners share one, as
-/// learners that come and go would) and the chaos monkey one too; every node allows
-/// the public keys of the run's key directory and finds its peers' there by name.
-status make_keys(const fs::path& keys, int shards) {
+/// learners that come and go would; standby I is broker-I) and the chaos monkey one
+/// too; every node allows the public keys of the run's key directory and finds its
+/// peers' there by name.
+status make_keys(const fs::path& keys, int shards, int standbys) {
   std::error_code ec;
   fs::create_directories(keys, ec);
   if (ec) return make_error(errc::io_error, "cannot create " + keys.string() + ": " + ec.message());
   fs::permissions(keys, fs::perms::owner_all, ec);
   std::vector<std::string> names{"broker", "learner", "chaos"};
   for (int s = 0; s < shards; ++s) names.push_back("shard-" + std::to_string(s));
+  for (int b = 1; b <= standbys; ++b) names.push_back("broker-" + std::to_string(b));
   for (const auto& name : names) {
     auto pair = transport::generate_keypair();
     if (!pair) return pair.err();
@@ -48,30 +50,36 @@ status make_keys(const fs::path& keys, int shards) {
   return {};
 }
 
-expected<process_mesh> lay_out(const config& cfg, const sync_policy& policy, const fs::path& dir,
+expected<process_mesh> lay_out(const config& cfg, const sync_policy& policy, int standbys, const fs::path& dir,
                                const std::string& binary) {
-  const int m = cfg.mesh.learners, shards = policy.shards;
+  const int m = cfg.mesh.learners, shards = policy.shards, brokers = 1 + standbys;
   std::error_code ec;
   fs::create_directories(dir / "logs", ec);
   if (ec) return make_error(errc::io_error, "cannot create " + (dir / "logs").string() + ": " + ec.message());
   const std::string toml = (dir / "mesh.toml").string();
   std::ofstream(toml) << to_toml(cfg);
-  auto ports = free_loopback_ports(static_cast<std::size_t>(2 * (1 + shards + m)));
+  const int nodes = brokers + shards + m;  // a listening port and a metrics port each
+  auto ports = free_loopback_ports(static_cast<std::size_t>(2 * nodes));
   if (!ports) return ports.err();
   auto tcp = [](int port) { return "tcp://127.0.0.1:" + std::to_string(port); };
   process_mesh out;
   out.setup = make_mesh_setup(cfg, policy);
   mesh_setup& setup = out.setup;
   setup.broker_endpoint = tcp((*ports)[0]);
+  std::string broker_list = setup.broker_endpoint;  // the primary first, then the standbys: every node is given all
+  for (int b = 1; b < brokers; ++b) {
+    setup.standby_endpoints.push_back(tcp((*ports)[b]));
+    broker_list += "," + setup.standby_endpoints.back();
+  }
   std::string shard_list;
   for (int s = 0; s < shards; ++s) {
-    setup.shard_endpoints.push_back(tcp((*ports)[1 + s]));
+    setup.shard_endpoints.push_back(tcp((*ports)[brokers + s]));
     shard_list += (s ? "," : "") + setup.shard_endpoints.back();
   }
-  for (int l = 0; l < m; ++l) setup.learner_endpoints.push_back(tcp((*ports)[1 + shards + l]));
+  for (int l = 0; l < m; ++l) setup.learner_endpoints.push_back(tcp((*ports)[brokers + shards + l]));
   const fs::path keys = dir / "keys";
   if (cfg.wire.curve) {
-    if (auto ok = make_keys(keys, shards); !ok) return ok.err();
+    if (auto ok = make_keys(keys, shards, standbys); !ok) return ok.err();
     setup.cfg.wire.key_file = (keys / "chaos.key").string();
     setup.cfg.wire.allow = keys.string();
   }
@@ -79,10 +87,11 @@ expected<process_mesh> lay_out(const config& cfg, const sync_policy& policy, con
     node_child c;
     c.name = std::move(name);
     c.target = {kind, index};
-    c.metrics_port = (*ports)[1 + shards + m + slot];
+    c.metrics_port = (*ports)[nodes + slot];
     c.argv = {binary, "node", "--role", kind == role::sync_broker ? "broker" : kind == role::parameter_shard ? "shard" : "learner",
-              "--index", std::to_string(index), "--config", toml, "--broker", setup.broker_endpoint, "--shards",
+              "--index", std::to_string(index), "--config", toml, "--broker", broker_list, "--shards",
               shard_list, "--metrics-host", "127.0.0.1", "--metrics-port", std::to_string(c.metrics_port), "--json"};
+    if (kind == role::sync_broker && index > 0) c.argv.push_back("--standby");
     if (cfg.wire.curve)
       c.argv.insert(c.argv.end(), {"--set", "wire.key_file=" + (keys / ((kind == role::learner ? "learner" : c.name) + ".key")).string(),
                                    "--set", "wire.allow=" + keys.string()});
@@ -91,13 +100,16 @@ expected<process_mesh> lay_out(const config& cfg, const sync_policy& policy, con
     } else {
       c.db = (dir / (c.name + ".db")).string();
       c.argv.insert(c.argv.end(), {"--db", c.db});
-      if (kind == role::parameter_shard) out.shard_dbs.push_back(c.db);
+      (kind == role::parameter_shard ? out.shard_dbs : out.broker_dbs).push_back(c.db);
     }
     out.children.push_back(std::move(c));
   };
   add("broker", role::sync_broker, 0, 0);
-  for (int s = 0; s < shards; ++s) add("shard-" + std::to_string(s), role::parameter_shard, static_cast<std::uint32_t>(s), 1 + s);
-  for (int l = 0; l < m; ++l) add("learner-" + std::to_string(l), role::learner, static_cast<std::uint32_t>(l), 1 + shards + l);
+  for (int b = 1; b < brokers; ++b) add("broker-" + std::to_string(b), role::sync_broker, static_cast<std::uint32_t>(b), b);
+  for (int s = 0; s < shards; ++s)
+    add("shard-" + std::to_string(s), role::parameter_shard, static_cast<std::uint32_t>(s), brokers + s);
+  for (int l = 0; l < m; ++l)
+    add("learner-" + std::to_string(l), role::learner, static_cast<std::uint32_t>(l), brokers + shards + l);
   return out;
 }
 
@@ -177,6 +189,10 @@ class drill_processes final : public process_control {
 
   void pause(const fault_target& t, nanos duration) override {
     if (const std::size_t i = launcher_.find(t); i != process_launcher::npos) launcher_.pause(i, duration);
+  }
+
+  void lose_host(const fault_target& t) override {
+    if (const std::size_t i = launcher_.find(t); i != process_launcher::npos) launcher_.lose_host(i);
   }
 
   /// A restarted shard's first status: the versions it restored against what its store held durable.
@@ -289,6 +305,7 @@ struct process_run {
   mesh_summary summary;
   std::vector<drill_sample> samples;
   std::vector<drill_process_event> events;
+  std::vector<std::string> broker_dbs;  // the brokers' stores (their tapes), the primary's first
 };
 
 /// One run of the mesh as processes, with the chaos monkey walking drill.timeline
@@ -300,7 +317,8 @@ class process_run_of {
       : cfg_(cfg), drill_(drill), progress_(progress), stop_requested_(stop_requested) {}
 
   /// stop_tokens > 0: the run also ends once the learners processed that many tokens.
-  expected<process_run> run(const sync_policy& policy, const fs::path& dir, const std::string& binary,
+  /// `standbys`: standby brokers beside the primary.
+  expected<process_run> run(const sync_policy& policy, int standbys, const fs::path& dir, const std::string& binary,
                             std::uint64_t stop_tokens);
 
  private:
@@ -346,7 +364,7 @@ status process_run_of::observe() {
   if (auto ok = launcher_->reap_exited(); !ok) return ok.err();
   mirror(*launcher_, board_);
   control_->check_restored_shards();
-  if (const auto b = board_.find(broker_address); b && b->now.report) merges_.observe(*b->now.report, clock_.now());
+  if (const auto b = board_.leading_broker(); b && b->now.report) merges_.observe(*b->now.report, clock_.now());
   return {};
 }
 
@@ -360,11 +378,11 @@ void process_run_of::final_statuses() {
   }
 }
 
-expected<process_run> process_run_of::run(const sync_policy& policy, const fs::path& dir, const std::string& binary,
-                                          std::uint64_t stop_tokens) {
-  auto mesh = lay_out(cfg_, policy, dir, binary);
+expected<process_run> process_run_of::run(const sync_policy& policy, int standbys, const fs::path& dir,
+                                          const std::string& binary, std::uint64_t stop_tokens) {
+  auto mesh = lay_out(cfg_, policy, standbys, dir, binary);
   if (!mesh) return mesh.err();
-  const int m = cfg_.mesh.learners, shards = policy.shards;
+  const int m = cfg_.mesh.learners, servers = 1 + standbys + policy.shards;  // brokers and shards start first
   caf::actor_system_config sys_cfg;
   sys_cfg.set("scheduler.max-threads", 2);
   caf::actor_system sys{sys_cfg};
@@ -386,15 +404,17 @@ expected<process_run> process_run_of::run(const sync_policy& policy, const fs::p
     launcher_->stop_all(std::chrono::seconds(5));
     return e;
   };
-  for (std::size_t i = 0; i < 1 + static_cast<std::size_t>(shards); ++i)
+  for (std::size_t i = 0; i < static_cast<std::size_t>(servers); ++i)
     if (auto pid = launcher_->start(i); !pid) return fail(pid.err());
-  if (auto ok = wait_up(0, 1 + shards, 60, "broker and shards"); !ok) return fail(ok.err());
+  if (auto ok = wait_up(0, servers, 60, "brokers and shards"); !ok) return fail(ok.err());
   // The run's span, for goodput, starts with the learners (the ledger counts their work from there).
   const auto learners_started = std::chrono::steady_clock::now();
-  for (std::size_t i = 1 + shards; i < mesh->children.size(); ++i)
+  for (std::size_t i = static_cast<std::size_t>(servers); i < mesh->children.size(); ++i)
     if (auto pid = launcher_->start(i); !pid) return fail(pid.err());
-  if (auto ok = wait_up(1 + shards, m, 90, "learners"); !ok) return fail(ok.err());
-  if (progress_) progress_("mesh of processes up: broker, " + std::to_string(shards) + " shards, " + std::to_string(m) + " learners");
+  if (auto ok = wait_up(servers, m, 90, "learners"); !ok) return fail(ok.err());
+  if (progress_)
+    progress_("mesh of processes up: broker" + (standbys ? " and " + std::to_string(standbys) + " standby(s)" : std::string()) +
+              ", " + std::to_string(policy.shards) + " shards, " + std::to_string(m) + " learners");
 
   chaos = spawn_chaos_monkey(sys, {&mesh->setup, transport::make_io_context(), &clock_, "tcp://127.0.0.1:0",
                                    drill_.timeline, drill_.safety_ns, control_.get(), &drill_.log});
@@ -424,6 +444,7 @@ expected<process_run> process_run_of::run(const sync_policy& policy, const fs::p
   stop_chaos();  // no fault and no restart from here on
   launcher_->stop_all(std::chrono::seconds(60));
   out.events = launcher_->events();
+  out.broker_dbs = mesh->broker_dbs;
   final_statuses();
   if (auto ok = summarize(*mesh, wall_s, out); !ok) return ok.err();
   return out;
@@ -433,10 +454,12 @@ expected<process_run> process_run_of::run(const sync_policy& policy, const fs::p
 /// learners' tokens at least what the broker heard of each killed incarnation.
 status process_run_of::summarize(const process_mesh& mesh, double wall_s, process_run& out) {
   mesh_summary& sum = out.summary;
-  const auto b = board_.find(broker_address);
-  if (!b || !b->now.report)
-    return make_error(errc::io_error, "the broker printed no summary with its status; the end of its log " +
-                                          launcher_->children()[0].log + ":\n" + log_tail(launcher_->children()[0].log));
+  const auto b = board_.leading_broker();
+  if (!b || !b->now.report) {
+    const node_child& c = launcher_->children()[launcher_->find({role::sync_broker, b ? b->now.node.index : 0})];
+    return make_error(errc::io_error, "no broker printed a summary with its report (as the one that leads); the end "
+                                      "of " + c.name + "'s log " + c.log + ":\n" + log_tail(c.log));
+  }
   fill_mesh_counts(board_, cfg_.mesh.learners, sum);
   merges_.apply(sum.broker);
   control_->name_incarnations(sum.broker);
@@ -479,12 +502,12 @@ expected<drill_report> run_process_drill(const config& base, const drill_options
   const sync_policy& policy = prepared->policy;
   drill_work_area& area = *prepared->area;
   drill_report& r = prepared->report;
-  auto one_run = [&](const char* name, mesh_drill& drill, const char* phase,
+  auto one_run = [&](const char* name, mesh_drill& drill, const char* phase, int standbys,
                      std::uint64_t stop_tokens) -> expected<process_run> {
     auto d = area.fresh(name);
     if (!d) return d.err();
     auto run = process_run_of(cfg, drill, phase_progress(progress, phase), stop_requested)
-                   .run(policy, *d, o.binary, stop_tokens);
+                   .run(policy, standbys, *d, o.binary, stop_tokens);
     if (!run) {
       area.keep = true;
       return make_error(run.err().code, std::string(phase) + ": " + run.err().message + " (logs kept in " +
@@ -495,11 +518,12 @@ expected<drill_report> run_process_drill(const config& base, const drill_options
   mesh_drill drill;
   drill.timeline = expand_fault_plan(prepared->plan, cfg.mesh.learners);
   drill.safety_ns = prepared->plan.duration_ns;
-  auto run = one_run("drill", drill, "drill", 0);
+  auto run = one_run("drill", drill, "drill", prepared->plan.standbys, 0);
   if (!run) return run.err();
   r.run = std::move(run->summary);
   r.samples = std::move(run->samples);
   r.process_events = std::move(run->events);
+  const std::vector<std::string> broker_dbs = std::move(run->broker_dbs);
   r.chaos_commands = drill.log.commands_sent.load();
   r.chaos_commands_failed = drill.log.commands_failed.load();
   // The reference runs after the drill, fault-free, until it has processed the
@@ -507,12 +531,12 @@ expected<drill_report> run_process_drill(const config& base, const drill_options
   if (o.reference) {
     mesh_drill none;
     none.safety_ns = prepared->plan.duration_ns;
-    auto ref = one_run("reference", none, "reference (no faults)", r.run.tokens);
+    auto ref = one_run("reference", none, "reference (no faults)", 0, r.run.tokens);
     if (!ref) return ref.err();
     r.reference = std::move(ref->summary);
     if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");
   }
-  finish_drill_report(r, drill, cfg, prepared->layout);
+  finish_drill_report(r, drill, cfg, prepared->layout, broker_dbs);
   return std::move(r);
 }
 

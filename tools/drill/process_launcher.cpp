@@ -12,6 +12,7 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -66,6 +67,7 @@ expected<pid_t> process_launcher::start(std::size_t i) {
   {
     std::lock_guard lock(mutex_);
     if (children_[i].pid >= 0) return children_[i].pid;
+    if (children_[i].lost) return make_error(errc::invalid_input, children_[i].name + "'s host is lost: it is never started again");
     jobs_.push_back(std::move(task));
   }
   wake_.notify_all();
@@ -83,6 +85,25 @@ void process_launcher::kill(std::size_t i) {
   reap(c, std::chrono::seconds(10));
   event(c, "kill", pid, "SIGKILL; " + std::string(c.pid < 0 ? "reaped" : "NOT reaped"));
   c.paused = false;
+}
+
+void process_launcher::lose_host(std::size_t i) {
+  std::lock_guard lock(mutex_);
+  node_child& c = children_[i];
+  if (c.lost) return;
+  c.lost = true;
+  const pid_t pid = c.pid;
+  if (pid >= 0) {
+    ::kill(pid, SIGKILL);
+    reap(c, std::chrono::seconds(10));
+    c.paused = false;
+  }
+  std::error_code ec;
+  const bool had_store = !c.db.empty() && std::filesystem::exists(c.db, ec);
+  if (!c.db.empty()) std::filesystem::remove_all(c.db, ec);
+  event(c, "lost", pid,
+        std::string(pid < 0 ? "not running" : c.pid < 0 ? "SIGKILL; reaped" : "SIGKILL; NOT reaped") + "; store " +
+            (c.db.empty() ? "none" : c.db + (ec ? " NOT removed: " + ec.message() : had_store ? " removed" : " absent")));
 }
 
 void process_launcher::pause(std::size_t i, nanos duration) {
@@ -150,7 +171,7 @@ std::size_t process_launcher::find(const fault_target& t) const {
   std::lock_guard lock(mutex_);
   for (std::size_t i = 0; i < children_.size(); ++i) {
     const node_child& c = children_[i];
-    if (c.target.kind == t.kind && (t.kind == role::sync_broker || c.target.index == t.index)) return i;
+    if (c.target.kind == t.kind && c.target.index == t.index) return i;
   }
   return npos;
 }

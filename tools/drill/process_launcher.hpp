@@ -3,8 +3,8 @@
 // exec on a thread of the launcher's own that lives as long as it (so
 // PR_SET_PDEATHSIG kills them if the drill dies), killed with SIGKILL, paused
 // with SIGSTOP and resumed with SIGCONT by that thread, reaped, stopped in
-// order at the end. Every action is recorded with its pid and what /proc
-// showed. Also the few things a launcher needs to reach its children: free
+// order at the end; a lost host's store is removed with it. Every action is
+// recorded with its pid and what /proc showed. Also the few things a launcher needs to reach its children: free
 // loopback ports, an HTTP GET, their logs.
 
 #include <sys/types.h>
@@ -40,6 +40,7 @@ struct node_child {
   bool paused = false;
   std::chrono::steady_clock::time_point resume_at;
   bool exited = false;  // ended on its own (a learner done); its status below
+  bool lost = false;    // its host is lost (lose_host): never started again
   int status = 0;
   std::uint64_t spawned_ms = 0;  // wall-clock ms just before its fork: its incarnation is at or after it
 };
@@ -56,6 +57,9 @@ class process_launcher {
   expected<pid_t> start(std::size_t i);
   /// SIGKILL and reap.
   void kill(std::size_t i);
+  /// Its host is lost: SIGKILL, reap, its store directory (node_child::db) removed;
+  /// start() refuses it from then on.
+  void lose_host(std::size_t i);
   /// SIGSTOP now (seen in /proc), SIGCONT after `duration` by the launcher's thread.
   void pause(std::size_t i, nanos duration);
   /// Reaps children that ended on their own: a learner done (exit 0) is fine;

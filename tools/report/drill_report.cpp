@@ -19,6 +19,7 @@ const char* fault_color(const std::string& what) {
   if (what.starts_with("link")) return "#17becf";
   if (what.starts_with("shard_crash")) return "#8c564b";
   if (what.starts_with("broker_crash")) return "#000000";
+  if (what.starts_with("broker_host_lost")) return "#e377c2";
   return "#7f7f7f";
 }
 
@@ -43,6 +44,41 @@ template <class T>
 std::string list_json(const std::vector<T>& v) {
   std::string out = "[";
   for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
+double or_nan(double v) { return v >= 0 ? v : std::nan(""); }
+
+std::string takeovers_json(const drill_report& r) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < r.takeovers.size(); ++i) {
+    const drill_takeover& t = r.takeovers[i];
+    json_line j;
+    j.add("fault", static_cast<std::uint64_t>(t.fault))
+        .add("at_s", t.at_s)
+        .add("deposed", static_cast<std::uint64_t>(t.deposed))
+        .add("broker", t.broker)
+        .add("epoch", t.epoch)
+        .add("first_round_s", or_nan(t.first_round_s))
+        .add("back_s", or_nan(t.back_s))
+        .add("stepped_down_s", or_nan(t.stepped_down_s));
+    out += (i ? "," : "") + j.str();
+  }
+  return out + "]";
+}
+
+std::string epochs_json(const drill_report& r) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < r.epochs.size(); ++i) {
+    const drill_epoch& e = r.epochs[i];
+    json_line j;
+    j.add("epoch", e.epoch)
+        .add("broker", static_cast<std::uint64_t>(e.broker))
+        .add("rounds", e.rounds)
+        .add("first_closed_s", e.first_closed_s)
+        .add("last_closed_s", e.last_closed_s);
+    out += (i ? "," : "") + j.str();
+  }
   return out + "]";
 }
 
@@ -75,6 +111,13 @@ std::string drill_summary_json(const drill_report& r) {
       .add("downtime_s", r.downtime_s)
       .add("downtime_gap_s", r.downtime_gap_s)
       .add("broker_outage_s", r.broker_outage_s)
+      .add("standbys", r.standbys)
+      .add("takeover_bound_s", r.takeover_bound_s)
+      .add_raw("takeovers", takeovers_json(r))
+      .add_raw("epochs", epochs_json(r))
+      .add("deposed_merges", r.deposed_merges)
+      .add("epochs_interleaved", r.epochs_interleaved)
+      .add_raw("step_downs", list_json(r.step_downs))
       .add("availability", r.availability)
       .add("fragment_gap_s", r.fragment_gap_s)
       .add_raw("fragment_availability", list_json(r.fragment_availability))
@@ -122,7 +165,11 @@ std::string drill_report_json(const drill_report& r) {
         .add_raw("fragment_versions", list_json(s.fragment_versions))
         .add("learners_down", s.learners_down)
         .add("shards_down", s.shards_down)
-        .add("broker_down", s.broker_down);
+        .add("broker_down", s.broker_down)
+        .add("leader", static_cast<std::int64_t>(s.leader))
+        .add("epoch", s.epoch)
+        .add_raw("broker_epochs", list_json(s.broker_epochs))
+        .add_raw("broker_leading", list_json(s.broker_leading));
     out += (i ? "," : "") + j.str();
   }
   out += "],\"fragment_ledger\":[";
@@ -182,7 +229,11 @@ std::string drill_report_html(const std::vector<drill_report>& drills) {
     row("goodput", num(100 * r.goodput, "%.1f") + " %", ref ? num(100 * r.reference_goodput, "%.1f") + " %" : "-");
     row("uptime (no stall over " + num(r.downtime_gap_s) + " s, any cause)", num(100 * r.uptime, "%.1f") + " %", "-");
     row("global downtime while &ge; K learners live", num(r.downtime_s, "%.1f") + " s", "-", r.downtime_s > 0);
-    row("broker outage", num(r.broker_outage_s, "%.1f") + " s", "-");
+    row("broker outage (takeovers: at most " + num(r.takeover_bound_s, "%.1f") + " s each)",
+        num(r.broker_outage_s, "%.1f") + " s", "-");
+    if (!r.takeovers.empty() || r.standbys > 0)
+      row("merges by a deposed broker; epochs interleaved", std::to_string(r.deposed_merges) + "; " +
+          std::to_string(r.epochs_interleaved), "-", r.deposed_merges + r.epochs_interleaved > 0);
     row("fragment availability (mean; each fragment advancing, no gap over " + num(r.fragment_gap_s, "%.1f") + " s)",
         num(100 * r.availability, "%.1f") + " %", "-");
     row("committed rounds lost", std::to_string(r.committed_rounds_lost), "-", r.committed_rounds_lost > 0);
@@ -228,6 +279,28 @@ std::string drill_report_html(const std::vector<drill_report>& drills) {
       for (const auto& [tokens, loss] : ref->eval_curve) eval[1].points.emplace_back(static_cast<double>(tokens), loss);
     }
     out += "<h3>Eval loss of the global model</h3>" + chart("Eval loss against tokens processed", "tokens", "nats/byte", eval, {});
+    if (!r.epochs.empty()) {
+      out += "<h3>Brokers</h3><p>" + std::to_string(r.standbys) + " standby broker(s). Epochs on the brokers' tapes:</p>"
+             "<table><tr><th>epoch</th><th>broker</th><th>merged rounds</th><th>first closed</th><th>last closed</th></tr>";
+      for (const drill_epoch& e : r.epochs)
+        out += "<tr><td class=\"n\">" + std::to_string(e.epoch) + "</td><td>broker/" + std::to_string(e.broker) +
+               "</td><td class=\"n\">" + std::to_string(e.rounds) + "</td><td class=\"n\">" + num(e.first_closed_s, "%.2f") +
+               " s</td><td class=\"n\">" + num(e.last_closed_s, "%.2f") + " s</td></tr>";
+      out += "</table>";
+    }
+    if (!r.takeovers.empty()) {
+      out += "<p>Takeovers (bound " + num(r.takeover_bound_s, "%.1f") + " s):</p><table><tr><th>fault</th><th>at</th>"
+             "<th>deposed</th><th>new leader (epoch)</th><th>its first merged round after</th><th>new version after</th>"
+             "<th>deposed stepped down after the heal</th></tr>";
+      auto secs = [](double v) { return v >= 0 ? num(v, "%.2f") + " s" : std::string("-"); };
+      for (const drill_takeover& t : r.takeovers)
+        out += "<tr><td class=\"n\">" + std::to_string(t.fault) + "</td><td class=\"n\">" + num(t.at_s, "%.2f") +
+               " s</td><td>broker/" + std::to_string(t.deposed) + "</td><td>" +
+               (t.broker >= 0 ? "broker/" + std::to_string(t.broker) + " (" + std::to_string(t.epoch) + ")" : "<b>none</b>") +
+               "</td><td class=\"n\">" + secs(t.first_round_s) + "</td><td class=\"n\">" + secs(t.back_s) +
+               "</td><td class=\"n\">" + secs(t.stepped_down_s) + "</td></tr>";
+      out += "</table>";
+    }
     out += "<h3>Timeline</h3><table><tr><th>#</th><th>at</th><th>fault</th><th>repaired</th><th>back at work after</th></tr>";
     for (const auto& f : r.faults)
       out += "<tr><td class=\"n\">" + std::to_string(f.index) + "</td><td class=\"n\">" + num(f.at_s, "%.2f") + " s</td><td>" +
