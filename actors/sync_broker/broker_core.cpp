@@ -426,8 +426,12 @@ void broker_core::on_peer_alive(learner_index learner, nanos now) {
 }
 
 void broker_core::tick(nanos now) {
+  // The message timeout is a backstop behind the transport's verdict (peer_dead). A
+  // learner that has not stepped yet sends nothing while it downloads the model, which
+  // takes minutes over a slow link: only the transport judges it.
   for (auto& [index, st] : learners_) {
-    if (st.live && !st.departed && now - st.last_heard_ns >= cfg_.liveness_timeout_ns) mark_dead(index, st);
+    if (st.live && !st.departed && st.steps_done > 0 && now - st.last_heard_ns >= cfg_.liveness_timeout_ns)
+      mark_dead(index, st);
   }
   check_closes(now);
   open_due_rounds(now);

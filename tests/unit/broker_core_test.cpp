@@ -436,6 +436,24 @@ TEST_CASE("a dead learner is no longer waited for and the round closes") {
   CHECK(h.core.counters().learners_dead == 1);
 }
 
+TEST_CASE("a learner still fetching the model is left to the transport's verdict, not the message timeout") {
+  auto cfg = make_config(3, 2, 1);
+  harness h(cfg);
+  h.join(0);  // joined, downloading: no Progress for minutes over a slow link
+  h.join(1);
+  for (nanos t = 0; t <= 20 * cfg.liveness_timeout_ns; t += cfg.liveness_timeout_ns / 2) h.tick(t);
+  CHECK(h.all<learner_dead>().empty());
+  CHECK(h.core.is_live(L(0)));
+  h.core.on_peer_lost(L(1), h.now());  // the transport's verdict still counts
+  CHECK_FALSE(h.core.is_live(L(1)));
+  h.step(0, 1, 10 * ms);  // it stepped: from now on silence is judged by the timeout too
+  h.tick(21 * cfg.liveness_timeout_ns);
+  const auto dead = h.all<learner_dead>();
+  REQUIRE_FALSE(dead.empty());
+  CHECK(dead.back().learner == L(0));
+  CHECK_FALSE(h.core.is_live(L(0)));
+}
+
 TEST_CASE("rejoin with a higher incarnation resets counters, stale incarnations are ignored") {
   auto cfg = make_config(3, 2, 1);
   cfg.wait_for_all = true;
