@@ -27,7 +27,7 @@ packages=(
 )
 # What only the tests need: the one-node Slurm cluster, the network-namespace test bed.
 if [[ $ACTION == test ]]; then
-  packages+=(slurm-wlm munge iproute2 prometheus etcd-server)
+  packages+=(slurm-wlm munge iproute2 prometheus etcd-server etcd-client)
 fi
 if [[ ${WITH_TORCH:-0} == 1 ]]; then
   packages+=(python3-torch libopenblas0-pthread libopenblas0-openmp)

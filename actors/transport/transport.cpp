@@ -282,7 +282,6 @@ struct node_transport::impl {
       count([&](auto& c) {
         link_counters& link = c.links[p.address];
         link.bulk_window_bytes = l.window->bytes();
-        link.bulk_queue_delay_ns = l.window->queue_delay_ns();
         link.bulk_queue_delay_max_ns = std::max(link.bulk_queue_delay_max_ns, l.window->queue_delay_ns());
       });
     }

@@ -99,9 +99,9 @@ struct link_counters {
   // The control lane's round trip (heartbeat echoes), on this node's clock.
   std::uint64_t rtt_samples = 0;
   nanos rtt_last_ns = 0, rtt_max_ns = 0, rtt_sum_ns = 0;
-  // The bulk connection's window (bulk_window) and the queueing delay it saw.
+  // The bulk connection's window (bulk_window) and the longest queueing delay it saw.
   std::size_t bulk_window_bytes = 0;
-  nanos bulk_queue_delay_ns = 0, bulk_queue_delay_max_ns = 0;
+  nanos bulk_queue_delay_max_ns = 0;
 };
 
 struct transport_counters {

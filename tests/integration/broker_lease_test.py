@@ -30,10 +30,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from broker_crash_test import Failure, check_ledger, read, tape  # noqa: E402
-from broker_standby_test import LEARNERS, Mesh, wait_until  # noqa: E402
+from broker_crash_test import Failure, tape  # noqa: E402
+from broker_standby_test import Mesh, wait_until  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
-from launch import free_ports, last_json  # noqa: E402
+from launch import free_ports  # noqa: E402
 
 import broker_standby_test  # noqa: E402
 broker_standby_test.RUN_BOUND_S = 260.0
@@ -101,13 +101,7 @@ def main():
         etcd.start()  # bound before the mesh picks its free ports
         mesh = Mesh(binary, work, steps)
         mesh.common += ["--set", f"mesh.etcd={etcd.url}"]
-        mesh.start("primary", "broker", 0, "--db", mesh.db["primary"])
-        mesh.start("standby", "broker", 1, "--standby", "--db", mesh.db["standby"])
-        for s in range(2):
-            mesh.start(f"shard{s}", "shard", s, "--db", mesh.db[f"shard{s}"])
-        time.sleep(0.5)
-        for i in range(LEARNERS):
-            mesh.start(f"learner{i}", "learner", i)
+        mesh.start_all()
         both = lambda: mesh.alive("primary", "standby")  # noqa: E731
 
         # 1. The primary leads in etcd's epoch.
@@ -165,28 +159,7 @@ def main():
                             lambda: (leader_epoch(etcd) or 0) > epoch3 and leader_epoch(etcd), lambda: mesh.alive("primary"))
 
         # 5. The learners finish under it.
-        reports = []
-        for i in range(LEARNERS):
-            proc, path = mesh.procs[f"learner{i}"]
-            try:
-                proc.wait(timeout=max(1.0, broker_standby_test.RUN_BOUND_S - (time.time() - mesh.started)))
-            except subprocess.TimeoutExpired:
-                raise Failure(f"learner {i} did not finish its {steps} steps in time; log {path}")
-            r = last_json(path)
-            if proc.returncode != 0 or not r or r["steps"] != steps:
-                raise Failure(f"learner {i} exited {proc.returncode} with {r}; log {path}")
-            reports.append(r)
-        for name in ("shard0", "shard1", "primary"):
-            mesh.procs[name][0].send_signal(signal.SIGTERM)
-        for name in ("shard0", "shard1", "primary"):
-            proc, path = mesh.procs[name]
-            proc.wait(timeout=30)
-            if proc.returncode != 0:
-                raise Failure(f"{name} exited {proc.returncode}; log {path}")
-        final = last_json(mesh.procs["primary"][1])
-        if not final or not final.get("leading"):
-            raise Failure(f"the primary did not lead at its end: {final}; log {mesh.procs['primary'][1]}")
-        check_ledger(final, reports)
+        final = mesh.finish(["primary"])
         keys = etcd.keys()
         if keys["leader"] is not None or keys["epoch"] != epoch4:
             raise Failure(f"after a clean stop etcd should hold no leader and epoch {epoch4}: {keys}")

@@ -82,6 +82,44 @@ class Mesh:
     def log(self, name):
         return read(self.procs[name][1])
 
+    def start_all(self):
+        """The primary and the standby on their stores, two shards on theirs, then the learners."""
+        self.start("primary", "broker", 0, "--db", self.db["primary"])
+        self.start("standby", "broker", 1, "--standby", "--db", self.db["standby"])
+        for s in range(2):
+            self.start(f"shard{s}", "shard", s, "--db", self.db[f"shard{s}"])
+        time.sleep(0.5)
+        for i in range(LEARNERS):
+            self.start(f"learner{i}", "learner", i)
+
+    def finish(self, brokers):
+        """Every learner finishes its steps; the shards and `brokers` stop on SIGTERM. The primary
+        leads at its end, and its ledger balances and holds exactly the learners' own counts."""
+        reports = []
+        for i in range(LEARNERS):
+            proc, path = self.procs[f"learner{i}"]
+            try:
+                proc.wait(timeout=max(1.0, RUN_BOUND_S - (time.time() - self.started)))
+            except subprocess.TimeoutExpired:
+                raise Failure(f"learner {i} did not finish its {self.steps} steps in time; log {path}")
+            r = last_json(path)
+            if proc.returncode != 0 or not r or r["steps"] != self.steps:
+                raise Failure(f"learner {i} exited {proc.returncode} with {r}; log {path}")
+            reports.append(r)
+        names = ["shard0", "shard1", *brokers]
+        for name in names:
+            self.procs[name][0].send_signal(signal.SIGTERM)
+        for name in names:
+            proc, path = self.procs[name]
+            proc.wait(timeout=30)
+            if proc.returncode != 0:
+                raise Failure(f"{name} exited {proc.returncode}; log {path}")
+        final = last_json(self.procs["primary"][1])
+        if not final or not final.get("leading"):
+            raise Failure(f"the primary did not lead at its end: {final}; log {self.procs['primary'][1]}")
+        check_ledger(final, reports)
+        return final
+
     def stop_all(self):
         for proc, _ in self.procs.values():
             if proc.poll() is None:
@@ -100,13 +138,7 @@ def main():
     work = tempfile.mkdtemp(prefix="archipelago-standby-")
     mesh = Mesh(binary, work, steps)
     try:
-        mesh.start("primary", "broker", 0, "--db", mesh.db["primary"])
-        mesh.start("standby", "broker", 1, "--standby", "--db", mesh.db["standby"])
-        for s in range(2):
-            mesh.start(f"shard{s}", "shard", s, "--db", mesh.db[f"shard{s}"])
-        time.sleep(0.5)
-        for i in range(LEARNERS):
-            mesh.start(f"learner{i}", "learner", i)
+        mesh.start_all()
         both = lambda: mesh.alive("primary", "standby")  # noqa: E731
         wait_until("the primary's first committed round", 40, lambda: epoch_rounds(mesh, mesh.db["primary"], 0), both)
         # The standby holds the leader's copy: its tape fills with the primary's rounds.
@@ -151,28 +183,7 @@ def main():
                    lambda: mesh.alive("primary", "standby"))
 
         # 3. The learners finish under the new primary.
-        reports = []
-        for i in range(LEARNERS):
-            proc, path = mesh.procs[f"learner{i}"]
-            try:
-                proc.wait(timeout=max(1.0, RUN_BOUND_S - (time.time() - mesh.started)))
-            except subprocess.TimeoutExpired:
-                raise Failure(f"learner {i} did not finish its {steps} steps in time; log {path}")
-            r = last_json(path)
-            if proc.returncode != 0 or not r or r["steps"] != steps:
-                raise Failure(f"learner {i} exited {proc.returncode} with {r}; log {path}")
-            reports.append(r)
-        for name in ("shard0", "shard1", "standby", "primary"):
-            mesh.procs[name][0].send_signal(signal.SIGTERM)
-        for name in ("shard0", "shard1", "standby", "primary"):
-            proc, path = mesh.procs[name]
-            proc.wait(timeout=30)
-            if proc.returncode != 0:
-                raise Failure(f"{name} exited {proc.returncode}; log {path}")
-        final = last_json(mesh.procs["primary"][1])
-        if not final or not final.get("leading"):
-            raise Failure(f"the new primary did not lead at its end: {final}; log {mesh.procs['primary'][1]}")
-        check_ledger(final, reports)
+        final = mesh.finish(["standby", "primary"])
 
         # Fencing, on the tapes of both stores: per fragment, a newer version never comes from an older epoch.
         seen = {}

@@ -30,6 +30,9 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from node_children import alive, children_of  # noqa: E402
+
 BINARY = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="archipelago-drill-processes-")
 PLAN = """
@@ -79,37 +82,6 @@ def fail(message, drill_output=""):
 def check(condition, message, drill_output=""):
     if not condition:
         fail(message, drill_output)
-
-
-def children_of(pid):
-    """pid -> (node name, state letter) of every live process whose parent is `pid`."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[1]) != pid or "node" not in argv:
-            continue
-        role = argv[argv.index("--role") + 1]
-        index = argv[argv.index("--index") + 1]
-        port = int(argv[argv.index("--metrics-port") + 1])
-        out[int(entry)] = (role if role == "broker" else f"{role}-{index}", fields[0], port)
-    return out
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def broker_status(port):

@@ -31,6 +31,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from node_children import alive, children_of  # noqa: E402
 import drill_test  # noqa: E402
 
 BINARY = os.path.abspath(sys.argv[1])
@@ -47,36 +48,6 @@ def fail(message, output=""):
 def check(condition, message, output=""):
     if not condition:
         fail(message, output)
-
-
-def children_of(pid):
-    """pid -> (node name, state letter, metrics port) of every live `node` process whose parent is `pid`."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[1]) != pid or "node" not in argv:
-            continue
-        role, index = argv[argv.index("--role") + 1], argv[argv.index("--index") + 1]
-        name = ("broker" if index == "0" else f"broker-{index}") if role == "broker" else f"{role}-{index}"
-        out[int(entry)] = (name, fields[0], int(argv[argv.index("--metrics-port") + 1]))
-    return out
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def status(port):
