@@ -11,6 +11,7 @@ std::optional<std::size_t> bulk_window::on_sample(nanos now, nanos smoothed_rtt_
                                                   std::size_t unacked_bytes) {
   if (smoothed_rtt_ns <= 0 || min_rtt_ns <= 0) return std::nullopt;  // no RTT measured yet
   queue_delay_ns_ = std::max<nanos>(smoothed_rtt_ns - min_rtt_ns, 0);
+  queue_delay_max_ns_ = std::max(queue_delay_max_ns_, queue_delay_ns_);
   // One change per round trip: the next sample must show the effect of the last.
   if (last_change_ns_ >= 0 && now - last_change_ns_ < std::max<nanos>(smoothed_rtt_ns, 10'000'000)) return std::nullopt;
   const double target = static_cast<double>(cfg_.target_delay_ns), delay = static_cast<double>(queue_delay_ns_);

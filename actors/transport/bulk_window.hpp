@@ -36,11 +36,13 @@ class bulk_window {
   std::size_t bytes() const { return bytes_; }
   /// The last queueing delay seen (smoothed RTT − minimum RTT).
   nanos queue_delay_ns() const { return queue_delay_ns_; }
+  /// The longest queueing delay seen.
+  nanos queue_delay_max_ns() const { return queue_delay_max_ns_; }
 
  private:
   config cfg_;
   std::size_t bytes_;
-  nanos queue_delay_ns_ = 0;
+  nanos queue_delay_ns_ = 0, queue_delay_max_ns_ = 0;
   nanos last_change_ns_ = -1;
 };
 

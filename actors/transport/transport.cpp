@@ -128,6 +128,7 @@ struct node_transport::impl {
     std::unique_ptr<zmq::socket_t> monitor;
     int fd = -1;
     std::optional<bulk_window> window;
+    nanos reported_delay_max_ns = -1;  // what the counters hold (they are written only when it changes)
 
     /// Monitoring stops before its reader goes: libzmq's I/O thread sends monitor
     /// events blocking, and with no reader left it would hang every socket.
@@ -279,10 +280,12 @@ struct node_transport::impl {
         const int bytes = static_cast<int>(*changed);
         (void)::setsockopt(l.fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
       }
+      if (!changed && l.window->queue_delay_max_ns() == l.reported_delay_max_ns) continue;  // the mutex only on news
+      l.reported_delay_max_ns = l.window->queue_delay_max_ns();
       count([&](auto& c) {
         link_counters& link = c.links[p.address];
         link.bulk_window_bytes = l.window->bytes();
-        link.bulk_queue_delay_max_ns = std::max(link.bulk_queue_delay_max_ns, l.window->queue_delay_ns());
+        link.bulk_queue_delay_max_ns = l.window->queue_delay_max_ns();
       });
     }
   }

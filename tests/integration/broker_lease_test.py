@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from broker_crash_test import Failure, tape  # noqa: E402
-from broker_standby_test import Mesh, wait_until  # noqa: E402
+from broker_standby_test import Mesh, check_versions_grow_with_epoch, wait_until  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
 from launch import free_ports  # noqa: E402
 
@@ -170,12 +170,7 @@ def main():
         seen = {}
         for r in tape(binary, mesh.db["primary"]):
             seen[(r["fragment"], r["version"])] = r["epoch"]
-        newest = {}
-        for (fragment, version), epoch in sorted(seen.items()):
-            if epoch < newest.get(fragment, 0):
-                raise Failure(f"fragment {fragment} version {version} was closed in epoch {epoch} after one of "
-                              f"epoch {newest[fragment]}: two brokers led at once")
-            newest[fragment] = epoch
+        check_versions_grow_with_epoch(seen, "two brokers led at once")
         epochs = sorted(set(seen.values()))
         if not {epoch1, epoch3, epoch4} <= set(epochs):
             raise Failure(f"the primary's tape lacks an epoch of {epoch1, epoch3, epoch4}: {epochs}")

@@ -127,6 +127,17 @@ class Mesh:
                 proc.wait()
 
 
+def check_versions_grow_with_epoch(seen, meaning):
+    """`seen`: (fragment, version) -> the epoch that closed its round. Per fragment, a newer version
+    never comes from an older epoch; a violation is reported as `meaning`."""
+    newest = {}
+    for (fragment, version), epoch in sorted(seen.items()):
+        if epoch < newest.get(fragment, 0):
+            raise Failure(f"fragment {fragment} version {version} was closed in epoch {epoch}, after a version "
+                          f"of epoch {newest[fragment]}: {meaning}")
+        newest[fragment] = epoch
+
+
 def epoch_rounds(mesh, db, broker):
     """Tape records of `db` closed by broker index `broker`."""
     return [r for r in tape(mesh.binary, db) if r["broker"] == broker and r["epoch"] > 0]
@@ -195,12 +206,7 @@ def main():
         epochs = sorted({e for e in seen.values()})
         if len(epochs) < 3:
             raise Failure(f"expected the rounds of three epochs (primary, standby, new primary), saw {epochs}")
-        newest = {}
-        for (fragment, version), epoch in sorted(seen.items()):
-            if epoch < newest.get(fragment, 0):
-                raise Failure(f"fragment {fragment} version {version} was closed in epoch {epoch}, after a version "
-                              f"of epoch {newest[fragment]}: a deposed broker merged")
-            newest[fragment] = epoch
+        check_versions_grow_with_epoch(seen, "a deposed broker merged")
         refused = sum(read(mesh.procs[f"shard{s}"][1]).count("refused") for s in range(2))
         ledger = final["ledger"]
         print(f"ok: primary SIGKILLed and its store deleted → standby (epoch {standby_epoch}) committed its first "

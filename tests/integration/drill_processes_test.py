@@ -31,7 +31,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from node_children import alive, children_of  # noqa: E402
+from node_children import alive, children_of, node_status  # noqa: E402
 
 BINARY = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="archipelago-drill-processes-")
@@ -82,14 +82,6 @@ def fail(message, drill_output=""):
 def check(condition, message, drill_output=""):
     if not condition:
         fail(message, drill_output)
-
-
-def broker_status(port):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=1) as r:
-            return json.loads(r.read())
-    except (OSError, ValueError):
-        return None
 
 
 def metrics(port):
@@ -160,7 +152,7 @@ def run_drill(name, interrupt_after_s=None, bound_s=100):
                 if accepted is not None:
                     curve[node] = max(curve.get(node, 0), accepted)
             if node == "broker":
-                status = broker_status(port)
+                status = node_status(port)
                 for l in (status or {}).get("learners", []):
                     if l["state"] != "left":
                         key = l["learner"]

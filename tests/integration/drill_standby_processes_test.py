@@ -28,10 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from node_children import alive, children_of  # noqa: E402
+from node_children import alive, children_of, node_status  # noqa: E402
 import drill_test  # noqa: E402
 
 BINARY = os.path.abspath(sys.argv[1])
@@ -48,14 +47,6 @@ def fail(message, output=""):
 def check(condition, message, output=""):
     if not condition:
         fail(message, output)
-
-
-def status(port):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=1) as r:
-            return json.loads(r.read())
-    except (OSError, ValueError):
-        return None
 
 
 def run(plan):
@@ -81,7 +72,7 @@ def run(plan):
             if pid not in pids.setdefault(node, []):
                 pids[node].append(pid)
             if node.startswith("broker"):
-                s = status(port)
+                s = node_status(port)
                 if s is not None:
                     statuses.setdefault(node, []).append((time.time() - started, s))
         time.sleep(0.1)

@@ -1,6 +1,8 @@
-"""The `archipelago node` processes a drill started, as /proc shows them."""
+"""The `archipelago node` processes a drill started, as /proc shows them, and their /status."""
 
+import json
 import os
+import urllib.request
 
 
 def children_of(pid):
@@ -33,3 +35,12 @@ def alive(pid):
             return f.read().split(") ")[1][0] != "Z"
     except OSError:
         return False
+
+
+def node_status(port):
+    """A node's GET /status on its metrics port; None if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=1) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
