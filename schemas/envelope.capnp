@@ -232,7 +232,7 @@ struct Error {
 }
 
 struct Ack {
-  sequence @0 :UInt64;        # sequence being acknowledged
+  sequence @0 :UInt64;        # sequence being acknowledged (a standby to its leader: the tape log index it has up to)
 }
 
 struct BrokerState {
@@ -242,5 +242,7 @@ struct BrokerState {
   # write; each entry is the snapshot store's own record (storage/FORMAT.md).
   roundsLeased @0 :UInt64;       # every round the leader opened or will open is below this
   ledger @1 :List(Data);         # LearnerLedger records (framed), one per learner incarnation
-  tape @2 :List(Data);           # TapeRecord records (framed) written since the last BrokerState
+  tape @2 :List(Data);           # TapeRecord records (framed): the leader's tape log from index tapeFrom
+  tapeFrom @3 :UInt64;           # the log index of tape[0] (a standby acknowledges with Ack.sequence)
+  tapeOldest @4 :UInt64;         # the oldest index the leader still holds
 }

@@ -1,6 +1,7 @@
 #include "sync_broker/broker_actor.hpp"
 
 #include <ctime>
+#include <deque>
 
 #include "storage/snapshot_writer.hpp"
 #include "sync_broker/broker_seat.hpp"
@@ -65,6 +66,18 @@ broker_start read_start(const broker_actor_args& a) {
   start.first_round = any ? last + 1 : 0;
   if (!a.recovery || !a.writer) return start;
   storage::snapshot_store& store = a.writer->store();
+  if (a.setup->brokers() > 1) {  // a leader's copy for the standbys; a standby's rounds held
+    std::deque<storage::tape_record> tape;
+    auto read = store.for_each_tape([&](const storage::tape_record& t) {
+      tape.push_back(t);
+      if (tape.size() > tape_log::capacity) tape.pop_front();
+      return true;
+    });
+    if (!read)
+      std::fprintf(stderr, "archipelago broker: the stored tape is unreadable, a standby is not sent it (%s)\n",
+                   read.err().message.c_str());
+    start.tape.assign(std::make_move_iterator(tape.begin()), std::make_move_iterator(tape.end()));
+  }
   start.recovery = true;
   if (auto lease = store.read_round_lease(); !lease)
     std::fprintf(stderr, "archipelago broker: the round lease is unreadable (%s)\n", lease.err().message.c_str());

@@ -13,13 +13,22 @@ election_config election_settings(const mesh_setup& setup, std::uint32_t index) 
   return {index, setup.brokers(), heartbeat_ns, heartbeat_ns * setup.cfg.wire.liveness};
 }
 
+/// The rounds on a standby's stored tape: it does not store them again when a leader sends them.
+std::vector<std::uint64_t> rounds_held(const mesh_setup& setup, const std::function<broker_start()>& read_start) {
+  std::vector<std::uint64_t> rounds;
+  if (setup.brokers() > 1)
+    for (const storage::tape_record& t : read_start().tape) rounds.push_back(t.round);
+  return rounds;
+}
+
 }  // namespace
 
 broker_seat::broker_seat(const mesh_setup& setup, broker_config settings, incarnation inc, std::uint32_t index,
                          transport::message_port& port, broker_store* store, std::function<broker_start()> read_start,
                          nanos now, broker_lease* lease)
     : setup_(setup), settings_(std::move(settings)), inc_(inc), index_(index), port_(port), store_(store),
-      read_start_(std::move(read_start)), lease_(lease), election_(election_settings(setup, index), inc.value, now) {
+      read_start_(std::move(read_start)), lease_(lease), election_(election_settings(setup, index), inc.value, now),
+      tape_(rounds_held(setup, read_start_)) {
   chaos_.accept = setup.cfg.wire.accept_chaos;
   std::vector<node_address> others;
   for (std::uint32_t b = 0; b < setup.brokers(); ++b)  // heartbeats both ways: the others' liveness and epochs
@@ -72,6 +81,7 @@ void broker_seat::follow_lease(nanos now) {
 void broker_seat::stop_leading(nanos now) {
   earlier_terms_ += wire_->counters();
   ++earlier_terms_.step_downs;
+  tape_.held(wire_->tape_rounds());  // in its own store: a successor's copy of them is not stored again
   wire_.reset();
   election_.step_down(now);
   if (lease_) {
@@ -130,10 +140,17 @@ void broker_seat::on_message(const transport::decoded_envelope& env, nanos now) 
   keep(env);
 }
 
-/// The leader's copy of its store (BrokerState) into this broker's own store.
+/// The leader's copy of its store (BrokerState) into this broker's own store; the
+/// tape in the leader's log order, each round once (tape_intake), acknowledged.
 void broker_seat::keep(const transport::decoded_envelope& env) {
-  if (!store_) return;
   auto state = env.root().getBody().getBrokerState();
+  auto tape = state.getTape();
+  const tape_intake::accepted take =
+      tape_.on_state(env.header().getBrokerEpoch(), state.getTapeFrom(), state.getTapeOldest(), tape.size());
+  auto ack = port_.make_envelope();
+  ack.body().initAck().setSequence(take.ack);
+  (void)port_.send(env.sender(), ack.finish());
+  if (!store_) return;
   std::vector<storage::learner_ledger> ledgers;
   std::size_t bad = 0;
   for (auto record : state.getLedger()) {
@@ -142,10 +159,10 @@ void broker_seat::keep(const transport::decoded_envelope& env) {
     else ++bad;
   }
   if (!ledgers.empty()) store_->write_ledger(std::move(ledgers));
-  for (auto record : state.getTape()) {
-    auto t = storage::decode_tape_record({reinterpret_cast<const char*>(record.begin()), record.size()});
-    if (t) store_->append_tape(std::move(*t));
-    else ++bad;
+  for (std::size_t i = take.first; i < tape.size(); ++i) {
+    auto t = storage::decode_tape_record({reinterpret_cast<const char*>(tape[i].begin()), tape[i].size()});
+    if (!t) ++bad;
+    else if (tape_.first_time(t->round)) store_->append_tape(std::move(*t));
   }
   if (const std::uint64_t leased = state.getRoundsLeased(); leased > 0)
     (void)store_->lease_rounds(leased, incarnation{env.header().getIncarnation()});

@@ -20,6 +20,7 @@
 #include "sync_broker/broker_lease.hpp"
 #include "sync_broker/broker_store.hpp"
 #include "sync_broker/broker_wire.hpp"
+#include "sync_broker/tape_replication.hpp"
 #include "transport/chaos_command.hpp"
 #include "transport/codec.hpp"
 #include "transport/message_port.hpp"
@@ -70,6 +71,7 @@ class broker_seat {
   broker_lease* lease_;
   broker_election election_;
   std::unique_ptr<broker_wire> wire_;
+  tape_intake tape_;  // following: which of the leader's tape records to store, and the acknowledgement
   bool campaigning_ = false;
   node_counters earlier_terms_;  // what the wires of its earlier terms counted, and its step-downs
   chaos_receiver chaos_;

@@ -39,6 +39,9 @@ struct broker_start {
   bool recovery = false;
   std::uint64_t rounds_leased = 0;               // recovery: the stored lease covers rounds below this
   std::vector<storage::learner_ledger> ledgers;  // recovery: the stored ledger
+  /// With standbys: the stored tape (its newest tape_log::capacity records), which the
+  /// leader copies to a standby that misses some, and a standby's rounds held already.
+  std::vector<storage::tape_record> tape;
   /// The ledger goes to the store this often (a few records; what a restarted broker restores),
   /// and to the standbys (BrokerState) with the tape written since.
   nanos ledger_write_interval_ns = 1'000'000'000;

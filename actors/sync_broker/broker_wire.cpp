@@ -77,7 +77,8 @@ broker_wire::broker_wire(const mesh_setup& setup, broker_config settings, incarn
                          transport::message_port& port, broker_store* store, const broker_start& start, nanos now)
     : setup_(setup), inc_(inc), epoch_(start.epoch != 0 ? start.epoch : broker_epoch_of(inc.value, 0)), port_(port),
       store_(store), lease_(start.recovery && store),
-      ledger_write_interval_ns_(start.ledger_write_interval_ns), ledger_(fragment_floats(setup)), started_ns_(now) {
+      ledger_write_interval_ns_(start.ledger_write_interval_ns), ledger_(fragment_floats(setup)), started_ns_(now),
+      tape_(3 * start.ledger_write_interval_ns) {
   shard_incarnations_.assign(setup.shard_endpoints.size(), 0);
   shard_last_heard_.assign(setup.shard_endpoints.size(), -1);
   fragment_versions_.assign(setup.fragments(), 0);
@@ -88,6 +89,8 @@ broker_wire::broker_wire(const mesh_setup& setup, broker_config settings, incarn
   port_.raise_broker_epoch(epoch_);
   for (std::uint32_t b = 0; b < setup.brokers(); ++b)
     if (b != leader_of_epoch(epoch_)) standbys_.push_back(broker_at(b));
+  if (!standbys_.empty())  // the tape its store holds, for a standby that misses some of it
+    for (const storage::tape_record& t : start.tape) tape_.append(t.round, storage::encode_record(t));
 }
 
 /// A restarted node broker picks up where its predecessor stopped: rounds
@@ -153,13 +156,13 @@ void broker_wire::start(nanos now) {
 
 /// Before round `round` is announced: the store's round lease must cover it, so a
 /// restarted broker numbers after it. Written synchronously, once per block.
-void broker_wire::lease_round(std::uint64_t round) {
+void broker_wire::lease_round(std::uint64_t round, nanos now) {
   if (!lease_ || round < rounds_leased_) return;
   rounds_leased_ = round + round_lease_block;
   if (auto ok = store_->lease_rounds(rounds_leased_, inc_); !ok)
     std::fprintf(stderr, "archipelago broker: round lease not written (%s): a restarted broker may reuse round "
                          "numbers\n", ok.err().message.c_str());
-  replicate({}, false);  // the standbys hear of the lease before its rounds are announced
+  replicate({}, false, now);  // the standbys hear of the lease before its rounds are announced
 }
 
 /// Tells `to` this broker's incarnation (the header) and where its rounds stand.
@@ -193,14 +196,14 @@ void broker_wire::tick(nanos now) {
 
 /// The standbys' copy of what a restarted broker reads back from its store (BrokerState):
 /// the round lease, the ledger records changed since the last copy (every one when
-/// `whole`, and every 30th copy, which makes good a lost message), and the tape since
-/// the last copy, in messages of at most ~256 KiB (the envelope limit is 1 MiB). Sent
-/// on the control lane: only what changed, so that a long run's hundreds of finished
-/// incarnations do not crowd the heartbeats on a slow link. A lost tape record is
-/// lost for the standby.
-void broker_wire::replicate(const std::vector<storage::learner_ledger>& ledgers, bool whole) {
+/// `whole`, and every 30th copy, which makes good a lost message), and each standby's
+/// next stretch of the tape log (tape_log: from what it acknowledged, at most
+/// tape_budget_bytes a copy), in messages of at most ~256 KiB (the envelope limit is
+/// 1 MiB). Sent on the control lane: only what changed, so that a long run's hundreds
+/// of finished incarnations do not crowd the heartbeats on a slow link.
+void broker_wire::replicate(const std::vector<storage::learner_ledger>& ledgers, bool whole, nanos now) {
   if (standbys_.empty()) return;
-  constexpr std::size_t chunk_bytes = 256 * 1024;
+  constexpr std::size_t chunk_bytes = 256 * 1024, tape_budget_bytes = 64 * 1024;
   if (!ledgers.empty() && copies_++ % 30 == 0) whole = true;
   std::vector<std::string> ledger_records;
   for (const auto& l : ledgers) {
@@ -211,31 +214,36 @@ void broker_wire::replicate(const std::vector<storage::learner_ledger>& ledgers,
     sent = hash;
     ledger_records.push_back(std::move(record));
   }
-  std::size_t next_ledger = 0, next_tape = 0;
-  do {
-    std::size_t bytes = 0, ledger_end = next_ledger, tape_end = next_tape;
-    while (ledger_end < ledger_records.size() && (bytes == 0 || bytes + ledger_records[ledger_end].size() < chunk_bytes))
-      bytes += ledger_records[ledger_end++].size();
-    while (tape_end < tape_outbox_.size() && (bytes == 0 || bytes + tape_outbox_[tape_end].size() < chunk_bytes))
-      bytes += tape_outbox_[tape_end++].size();
-    auto b = port_.make_envelope();
-    auto state = b.body().initBrokerState();
-    state.setRoundsLeased(std::max(rounds_leased_, core_->next_round().value));
-    auto ledger = state.initLedger(static_cast<unsigned>(ledger_end - next_ledger));
-    for (unsigned i = 0; i < ledger.size(); ++i) {
-      const std::string& r = ledger_records[next_ledger + i];
-      ledger.set(i, capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(r.data()), r.size()));
-    }
-    auto tape = state.initTape(static_cast<unsigned>(tape_end - next_tape));
-    for (unsigned i = 0; i < tape.size(); ++i) {
-      const std::string& r = tape_outbox_[next_tape + i];
-      tape.set(i, capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(r.data()), r.size()));
-    }
-    next_ledger = ledger_end;
-    next_tape = tape_end;
-    (void)port_.broadcast(standbys_, b.finish());
-  } while (next_ledger < ledger_records.size() || next_tape < tape_outbox_.size());
-  tape_outbox_.clear();
+  const std::uint64_t leased = std::max(rounds_leased_, core_->next_round().value);
+  for (const node_address standby : standbys_) {
+    const tape_log::chunk tape = tape_.next_for(standby.index, tape_budget_bytes, now);
+    std::size_t next_ledger = 0, next_tape = 0;
+    do {
+      std::size_t bytes = 0, ledger_end = next_ledger, tape_end = next_tape;
+      while (ledger_end < ledger_records.size() && (bytes == 0 || bytes + ledger_records[ledger_end].size() < chunk_bytes))
+        bytes += ledger_records[ledger_end++].size();
+      while (tape_end < tape.records.size() && (bytes == 0 || bytes + tape.records[tape_end]->size() < chunk_bytes))
+        bytes += tape.records[tape_end++]->size();
+      auto b = port_.make_envelope();
+      auto state = b.body().initBrokerState();
+      state.setRoundsLeased(leased);
+      auto ledger = state.initLedger(static_cast<unsigned>(ledger_end - next_ledger));
+      for (unsigned i = 0; i < ledger.size(); ++i) {
+        const std::string& r = ledger_records[next_ledger + i];
+        ledger.set(i, capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(r.data()), r.size()));
+      }
+      auto records = state.initTape(static_cast<unsigned>(tape_end - next_tape));
+      for (unsigned i = 0; i < records.size(); ++i) {
+        const std::string& r = *tape.records[next_tape + i];
+        records.set(i, capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(r.data()), r.size()));
+      }
+      state.setTapeFrom(tape.from + next_tape);
+      state.setTapeOldest(tape.oldest);
+      next_ledger = ledger_end;
+      next_tape = tape_end;
+      (void)port_.send(standby, b.finish());
+    } while (next_ledger < ledger_records.size() || next_tape < tape.records.size());
+  }
 }
 
 void broker_wire::write_ledger(nanos now, bool whole) {
@@ -252,7 +260,7 @@ void broker_wire::write_ledger(nanos now, bool whole) {
                        std::move(tail.buckets)});
   }
   if (store_) store_->write_ledger(ledgers);
-  replicate(ledgers, whole);
+  replicate(ledgers, whole, now);
 }
 
 void broker_wire::on_peer(node_address peer, bool alive, nanos now) {
@@ -262,6 +270,7 @@ void broker_wire::on_peer(node_address peer, bool alive, nanos now) {
     // epoch it then follows instead of leading.
     if (alive && peer.index < setup_.brokers()) {
       (void)port_.add_peer(peer, setup_.broker_endpoint_of(peer.index));
+      tape_.on_reconnect(peer.index);
       write_ledger(now, true);
     }
     return;
@@ -291,7 +300,7 @@ void broker_wire::dispatch(nanos now) {
   for (auto& effect : core_->take_effects()) {
     if (auto* o = std::get_if<open_round>(&effect)) {
       if (first_open_ns_ < 0) first_open_ns_ = now;
-      lease_round(o->round.value);
+      lease_round(o->round.value, now);
       auto b = port_.make_envelope(o->round.value);
       auto body = b.body().initRoundOpen();
       body.setFragment(o->fragment.value);
@@ -366,6 +375,10 @@ void broker_wire::on_message(const transport::decoded_envelope& env, nanos now) 
     }
     case wire::Envelope::Body::CONTRIBUTION: on_arrival(env, now); break;  // a shard's arrival notice
     case wire::Envelope::Body::FRAGMENT_UPDATE: on_fragment_update(env, now); break;  // a shard published
+    case wire::Envelope::Body::ACK:  // a standby has this leader's tape log up to the sequence
+      if (from.kind == role::sync_broker && env.header().getBrokerEpoch() == epoch_)
+        tape_.on_ack(from.index, env.root().getBody().getAck().getSequence(), now);
+      return;
     default: break;
   }
   dispatch(now);
@@ -451,8 +464,7 @@ void broker_wire::on_fragment_update(const transport::decoded_envelope& env, nan
     ++counts_.committed;
     if (r) {
       storage::tape_record t = tape_entry(*r, u.getVersion(), epoch_);
-      // Bounded (emptied by each copy, once a second).
-      if (!standbys_.empty() && tape_outbox_.size() < 65536) tape_outbox_.push_back(storage::encode_record(t));
+      if (!standbys_.empty()) tape_.append(t.round, storage::encode_record(t));
       if (store_) store_->append_tape(std::move(t));
     }
   }

@@ -20,6 +20,7 @@
 #include "core/prometheus_text.hpp"
 #include "sync_broker/broker_core.hpp"
 #include "sync_broker/broker_store.hpp"
+#include "sync_broker/tape_replication.hpp"
 #include "sync_broker/token_ledger.hpp"
 #include "transport/codec.hpp"
 #include "transport/message_port.hpp"
@@ -59,6 +60,8 @@ class broker_wire {
   nanos started_ns() const { return started_ns_; }
   const broker_core& core() const { return *core_; }
   const token_ledger& ledger() const { return ledger_; }
+  /// The rounds on its tape log (a leader stepping down takes them as held: broker_seat).
+  std::vector<std::uint64_t> tape_rounds() const { return tape_.rounds(); }
 
   /// The broker's figures on a /metrics page (the transport's are the shell's).
   void add_metrics(prometheus_text& page, nanos now) const;
@@ -67,7 +70,7 @@ class broker_wire {
 
  private:
   std::uint64_t recover(const broker_start& start);
-  void lease_round(std::uint64_t round);
+  void lease_round(std::uint64_t round, nanos now);
   void send_welcome(node_address to, std::uint64_t schedule_step = 0);
   void welcome_silent_shards(nanos now);
   void dispatch(nanos now);
@@ -78,7 +81,7 @@ class broker_wire {
   void on_fragment_update(const transport::decoded_envelope& env, nanos now);
   /// `whole`: every record goes to the standbys, not only those changed since the last copy.
   void write_ledger(nanos now, bool whole = false);
-  void replicate(const std::vector<storage::learner_ledger>& ledgers, bool whole);
+  void replicate(const std::vector<storage::learner_ledger>& ledgers, bool whole, nanos now);
   double uptime_until(nanos end) const;
   std::vector<double> fragment_availability_until(nanos end) const;
   double live_goodput(const ledger_totals& l, nanos now) const;
@@ -107,7 +110,7 @@ class broker_wire {
   std::vector<nanos> shard_last_heard_;            // per shard; -1: never
   std::vector<std::uint64_t> fragment_versions_;   // the newest version the shards published, per fragment
   std::vector<node_address> standbys_;             // the other brokers: BrokerState goes to them
-  std::vector<std::string> tape_outbox_;           // tape records (framed) not yet sent to the standbys
+  tape_log tape_;                                  // the tape as the standbys are sent it (tape_replication.hpp)
   std::map<learner_ref, std::size_t> copied_;      // the hash of each ledger record as last sent to them
   std::uint64_t copies_ = 0;
 };

@@ -14,6 +14,8 @@ learners — with the default liveness settings (heartbeat 1 s, dead after 3 sil
 3. The learners finish their steps, never restarted. Across both brokers' tapes, the
    versions of each fragment grow with the epoch that closed their rounds: no broker
    merged anything after a newer epoch had (fencing), and an epoch names one broker.
+   The new primary's store, empty when it started, holds every round of the first
+   primary (the standby's tape log, sent to it from what it acknowledged), each once.
    The last leader's ledger balances and holds exactly the tokens each learner reports.
 
 Environment: ARCHIPELAGO (the binary), STANDBY_STEPS (default 2500).
@@ -207,13 +209,21 @@ def main():
         if len(epochs) < 3:
             raise Failure(f"expected the rounds of three epochs (primary, standby, new primary), saw {epochs}")
         check_versions_grow_with_epoch(seen, "a deposed broker merged")
+        # The new primary started from an empty store: the first primary's rounds reached it from
+        # the standby's tape log (sent from what it acknowledged), each once.
+        new_primary = [r["round"] for r in tape(binary, mesh.db["primary"])]
+        first_rounds = {r["round"] for r in tape(binary, mesh.db["standby"]) if r["epoch"] < standby_epoch}
+        if not first_rounds or first_rounds - set(new_primary) or len(new_primary) != len(set(new_primary)):
+            raise Failure(f"the new primary's tape lacks {len(first_rounds - set(new_primary))} of the first primary's "
+                          f"{len(first_rounds)} rounds, or holds a round twice")
         refused = sum(read(mesh.procs[f"shard{s}"][1]).count("refused") for s in range(2))
         ledger = final["ledger"]
         print(f"ok: primary SIGKILLed and its store deleted → standby (epoch {standby_epoch}) committed its first "
               f"round {takeover_s:.1f} s later (heartbeat 1 s, dead after 3 s); a new primary followed it, took over "
               f"{second_takeover_s:.1f} s after the standby was paused, and the resumed standby stepped down "
               f"(shards refused {refused} message(s) of its old epoch); epochs {len(epochs)}, fragment versions "
-              f"monotonic in epoch across both tapes; ledger merged {ledger['merged']}, lost {ledger['lost']} of "
+              f"monotonic in epoch across both tapes; the new primary's store holds the first primary's "
+              f"{len(first_rounds)} rounds, copied by the standby; ledger merged {ledger['merged']}, lost {ledger['lost']} of "
               f"{ledger['processed']} tokens, balanced, equal to the learners' counts")
     except Failure as f:
         print(f"FAIL (logs in {work}): {f}", flush=True)

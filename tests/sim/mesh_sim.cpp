@@ -88,7 +88,7 @@ class sim_port final : public transport::message_port {
   std::uint64_t sequence_ = 0;
 };
 
-/// A broker's store: its round lease and its ledger, kept across its restarts
+/// A broker's store: its round lease, its tape and its ledger, kept across its restarts
 /// (a standby's holds the leader's copies). Records replace theirs by key, as the
 /// snapshot store's do.
 struct sim_broker_store final : broker_store {
@@ -98,7 +98,11 @@ struct sim_broker_store final : broker_store {
     rounds_leased = std::max(rounds_leased, rounds_below);
     return {};
   }
-  void append_tape(storage::tape_record) override {}
+  std::vector<storage::tape_record> tape;
+  void append_tape(storage::tape_record record) override {
+    record.sequence = tape.size();
+    tape.push_back(std::move(record));
+  }
   void write_ledger(std::vector<storage::learner_ledger> l) override {
     for (auto& record : l) ledgers[{record.learner, record.incarnation}] = std::move(record);
   }
@@ -246,7 +250,7 @@ class mesh {
   void start_broker(std::uint32_t b, bool with_store);
   void note_leadership(std::uint32_t b);
   void broker_tick();
-  void crash_broker(bool store_lost = false);
+  void crash_broker(std::uint32_t b, bool store_lost = false);
   std::unique_ptr<shard_wire> make_shard(std::uint32_t s, std::vector<std::pair<fragment_index, fragment_outer_state>> restored);
   void on_shard_commit(std::uint32_t s, shard_commit c);
   void restart_shard(std::uint32_t s);
@@ -382,8 +386,8 @@ mesh::mesh(const sim_config& c) : cfg_(c), setup_(sim_setup(c)), rng_(derive_see
   at(0, [this] { broker_tick(); });
   for (int n = 0; n < nodes(); ++n) at(0, [this, n] { heartbeat(n); });
   for (const auto& f : c.broker_crashes) {
-    at(f.at_ns, [this, f] { crash_broker(f.store_lost); });
-    if (f.restart_at_ns >= f.at_ns) at(f.restart_at_ns, [this, f] { start_broker(0, f.with_store); });
+    at(f.at_ns, [this, f] { crash_broker(f.broker, f.store_lost); });
+    if (f.restart_at_ns >= f.at_ns) at(f.restart_at_ns, [this, f] { start_broker(f.broker, f.with_store); });
   }
   if (!c.timeline.empty()) {
     chaos_port_ = std::make_unique<sim_port>(*this, chaos_node(), node_address{role::chaos_monkey, 0}, "sim://chaos", c.link);
@@ -775,6 +779,7 @@ void mesh::start_broker(std::uint32_t b, bool with_store) {
     start.recovery = with_store;
     start.rounds_leased = proc.store.rounds_leased;
     for (const auto& [key, record] : proc.store.ledgers) start.ledgers.push_back(record);
+    if (with_store) start.tape = proc.store.tape;
     start.ledger_write_interval_ns = cfg_.broker_ledger_write_ns;
     return start;
   };
@@ -818,14 +823,17 @@ void mesh::broker_tick() {
   at(now_ + cfg_.tick_ns, [this] { broker_tick(); });
 }
 
-/// The primary's process dies; with store_lost its host is gone (a restart starts from an empty store).
-void mesh::crash_broker(bool store_lost) {
-  broker_process& proc = brokers_[0];
+/// Broker b's process dies; with store_lost its host is gone (a restart starts from an empty store).
+void mesh::crash_broker(std::uint32_t b, bool store_lost) {
+  broker_process& proc = brokers_[b];
   if (!proc.up) return;
   proc.up = false;
   if (const broker_wire* wire = proc.seat->leading())
     earlier_history_.insert(earlier_history_.end(), wire->core().history().begin(), wire->core().history().end());
-  if (store_lost) proc.store = sim_broker_store{};
+  if (store_lost) {
+    result_.lost_broker_tapes.emplace_back(b, std::move(proc.store.tape));
+    proc.store = sim_broker_store{};
+  }
 }
 
 // -- shards -----------------------------------------------------------------------
@@ -917,7 +925,7 @@ void mesh::crash_target(const fault_target& t) {
   crashed_at_[node] = now_;
   if (t.kind == role::learner) crash(t.index);
   else if (t.kind == role::parameter_shard) shards_[t.index].up = false;
-  else crash_broker();
+  else crash_broker(t.index);
 }
 
 /// A crashed process comes back after its fault's length, but never sooner than a restart takes.
@@ -927,15 +935,15 @@ void mesh::restart_target(const fault_target& t) {
   // Later than the chaos monkey's own reapply: the faults in force reach the new process once it runs.
   at(std::max(now_, crashed_at_[node] + cfg_.restart_ns), [this, t] {
     if (t.kind == role::parameter_shard) restart_shard(t.index);
-    else start_broker(0, true);
+    else start_broker(t.index, true);
     chaos_->reapply(t);
   });
 }
 
 void mesh::lose_host_target(const fault_target& t) {
   crashed_at_[node_of({t.kind, t.index})] = now_;
-  crash_broker(true);
-  brokers_[0].host_lost = true;
+  crash_broker(t.index, true);
+  brokers_[t.index].host_lost = true;
 }
 
 void mesh::pause_target(const fault_target& t, nanos duration) {
@@ -987,7 +995,8 @@ int mesh::healthy_learners() const {
 }
 
 int mesh::faults_in_place() const {
-  int n = !brokers_[0].up && !brokers_[0].host_lost;  // a lost host is never back: not a fault left undone
+  int n = 0;
+  for (const broker_process& proc : brokers_) n += !proc.up && !proc.host_lost;  // a lost host is never back
   for (const learner& l : learners_) n += !l.alive + l.paused + (l.alive && std::abs(l.wire->slowdown() - 1) > 1e-9);
   for (const auto& [ends, profile] : shaped_) n += !(profile == cfg_.link);
   for (const shard_process& proc : shards_) n += !proc.up + (now_ < proc.storage_failing_until);
@@ -1014,6 +1023,7 @@ double mesh::loss(const std::vector<float>& theta) const {
 void mesh::collect(sim_result& r) const {
   r.final_theta = global_theta();
   r.final_loss = loss(r.final_theta);
+  for (const broker_process& proc : brokers_) r.broker_tapes.push_back(proc.store.tape);
   r.history = earlier_history_;  // the brokers before a restart, then the last one
   if (const broker_wire* lead = leader()) {
     r.history.insert(r.history.end(), lead->core().history().begin(), lead->core().history().end());

@@ -37,6 +37,7 @@
 #include "core/ledger_totals.hpp"
 #include "learner/learner_core.hpp"
 #include "parameter_shard/shard_core.hpp"
+#include "storage/snapshot_store.hpp"
 #include "sync_broker/broker_core.hpp"
 #include "transport/link_shaper.hpp"
 
@@ -77,6 +78,7 @@ struct broker_crash_fault {
   nanos restart_at_ns;
   bool with_store = true;
   bool store_lost = false;
+  std::uint32_t broker = 0;  // 0: the primary; 1, 2, ...: a standby
 };
 
 /// Broker `broker` (0: the primary) cut from every other node, both ways; with
@@ -160,6 +162,9 @@ struct sim_result {
   /// Each time a broker began to lead: (time, broker index, epoch); and when one stepped down.
   std::vector<std::tuple<nanos, std::uint32_t, std::uint64_t>> leaders;
   std::vector<std::pair<nanos, std::uint32_t>> step_downs;
+  /// Each broker's stored tape at the end (index: broker), and the tapes of stores lost with their host.
+  std::vector<std::vector<storage::tape_record>> broker_tapes;
+  std::vector<std::pair<std::uint32_t, std::vector<storage::tape_record>>> lost_broker_tapes;
   /// Round closes of a broker whose epoch a newer one had already replaced that a shard
   /// took all the same (must be 0: fencing), and the broker messages shards refused.
   std::uint64_t closes_merged_by_deposed = 0, fenced_at_shards = 0;

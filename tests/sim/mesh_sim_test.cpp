@@ -420,6 +420,57 @@ TEST_CASE("sim: the primary's host is lost, a standby takes over, nothing commit
   }
 }
 
+// The tape continues across a takeover even when the standby missed part of it:
+// a standby that was down (its store kept, or its host replaced: store lost) is
+// sent, once back, what it missed (tape_log: from its acknowledgement), so the
+// standby that takes over after the primary's host is lost holds every round
+// the primary committed until shortly before (the last copy's interval) — each once.
+TEST_CASE("sim: a standby that was down catches up on the tape, and holds it whole when it takes over") {
+  constexpr nanos standby_down_ns = 1'500'000'000, standby_back_ns = 3'000'000'000, primary_lost_ns = 5'000'000'000;
+  for (const bool standby_store_lost : {false, true}) {
+    for (const std::uint64_t seed : {101u, 102u}) {
+      CAPTURE(seed);
+      CAPTURE(standby_store_lost);
+      sim_config c = with_standby(seed);
+      c.broker_crashes = {{standby_down_ns, standby_back_ns, true, standby_store_lost, 1},
+                          {primary_lost_ns, -1, true, true, 0}};
+      c.link.latency_ns = 2'000'000;
+      c.link.jitter_ns = 1'000'000;
+      const sim_result r = run_mesh(c);
+      REQUIRE(r.leaders.size() == 2);
+      CHECK(std::get<1>(r.leaders[1]) == 1u);
+      const std::uint64_t new_epoch = std::get<2>(r.leaders[1]);
+      REQUIRE(r.lost_broker_tapes.size() == (standby_store_lost ? 2u : 1u));
+      const auto& [lost_broker, primary_tape] = r.lost_broker_tapes.back();
+      CHECK(lost_broker == 0u);
+      REQUIRE(r.broker_tapes.size() == 2);
+      std::map<std::uint64_t, int> held;  // round → copies on the new leader's tape
+      std::uint64_t own = 0;
+      for (const storage::tape_record& t : r.broker_tapes[1]) {
+        ++held[t.round];
+        own += t.broker_epoch == new_epoch;
+      }
+      std::size_t due = 0, missing = 0, missed_while_down = 0;
+      for (const storage::tape_record& t : primary_tape) {
+        if (t.closed_ns >= primary_lost_ns - 2 * c.broker_ledger_write_ns) continue;
+        ++due;
+        missed_while_down += t.closed_ns >= standby_down_ns && t.closed_ns < standby_back_ns;
+        missing += held.count(t.round) == 0;
+      }
+      MESSAGE("seed " << seed << std::string(standby_store_lost ? " (standby's store lost)" : "") << ": " << due
+                      << " rounds on the primary's tape due at the standby, " << missed_while_down
+                      << " of them closed while it was down; missing " << missing << "; its own rounds after the takeover "
+                      << own);
+      CHECK(missed_while_down > 0);
+      CHECK(missing == 0);
+      CHECK(std::all_of(held.begin(), held.end(), [](const auto& h) { return h.second == 1; }));
+      CHECK(own > 0);
+      CHECK(r.ledger.balanced());
+      CHECK(r.ledger.processed == r.tokens_processed);
+    }
+  }
+}
+
 // The primary cut off from everyone (a partition, not a crash): the standby takes
 // over; when the partition heals, the old primary's messages are refused (fenced)
 // and it steps down; no round it closed after the new epoch began was merged.
