@@ -606,6 +606,40 @@ struct node_transport::impl {
 
   // -- the I/O thread -------------------------------------------------------
 
+  /// Stopping: the control messages not yet sent (a learner's last Progress and
+  /// Leave; those a shaped link still holds back included) go to live peers for up
+  /// to cfg.stop_drain_ns; a socket that still holds some then lingers for what is
+  /// left of it. Bulk messages are dropped.
+  void drain_on_stop() {
+    const nanos deadline = clock.now() + cfg.stop_drain_ns;
+    {
+      std::vector<scheduled_send> control;
+      for (; !schedule.empty(); schedule.pop())
+        if (!schedule.top().bulk) control.push_back(schedule.top());
+      for (auto& c : control) schedule.push(std::move(c));
+    }
+    std::vector<zmq::pollitem_t> items;
+    std::vector<peer*> waiting;
+    for (nanos now = clock.now(); now < deadline; now = clock.now()) {
+      release_due(now);
+      items.clear();
+      waiting.clear();
+      for (auto& [addr, p] : peers)
+        if (!p.dead && p.control.dealer && !p.control.waiting.empty()) {
+          items.push_back({p.control.dealer->handle(), 0, ZMQ_POLLOUT, 0});
+          waiting.push_back(&p);
+        }
+      if (items.empty() && schedule.empty()) break;
+      const nanos until = schedule.empty() ? deadline : std::min(deadline, schedule.top().at);
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds((until - now) / 1'000'000 + 1));
+      for (std::size_t i = 0; i < items.size(); ++i)
+        if (items[i].revents & ZMQ_POLLOUT) flush(*waiting[i], waiting[i]->control);
+    }
+    const int linger_ms = static_cast<int>(std::max<nanos>(deadline - clock.now(), 0) / 1'000'000);
+    for (auto& [addr, p] : peers)
+      if (!p.dead && p.control.dealer && linger_ms > 0) p.control.dealer->set(zmq::sockopt::linger, linger_ms);
+  }
+
   /// Frozen like a SIGSTOPped process: nothing read (it waits in ZeroMQ's
   /// buffers), nothing sent, no heartbeats. Only stop() is noticed. Returns
   /// false when stopped; `woken` remembers a wake-up whose commands wait for the thaw.
@@ -633,7 +667,7 @@ struct node_transport::impl {
         bool woken = false;
         if (!stay_frozen(until, woken)) return;
         now = clock.now();
-        if (woken && !drain_commands(now)) return;
+        if (woken && !drain_commands(now)) return drain_on_stop();
       }
       for (auto& [addr, p] : peers) pace(p, now);
       release_due(now);
@@ -686,7 +720,7 @@ struct node_transport::impl {
       }
       now = clock.now();
       if (items[1].revents & ZMQ_POLLIN)
-        if (!drain_commands(now)) return;
+        if (!drain_commands(now)) return drain_on_stop();
       if (zap && (items[zap_index].revents & ZMQ_POLLIN)) authenticate();
       if (items[0].revents & ZMQ_POLLIN) receive_all(*router, true, now);
       for (std::size_t i = 0; i < polled.size(); ++i) {
@@ -928,11 +962,12 @@ void node_transport::stop() {
     impl_->stopped = true;
     command stop_command;
     stop_command.what = command::kind::stop;
-    impl_->commands.push_front(std::move(stop_command));
+    impl_->commands.push_back(std::move(stop_command));  // after the sends before it (drain_on_stop)
   }
   impl_->wake();
   if (impl_->io.joinable()) impl_->io.join();
-  // Sockets close here (linger 0), then the context terminates without waiting.
+  // Sockets close here (linger 0, or what is left of the drain on control lanes with
+  // messages in them), then the context terminates.
   impl_->peers.clear();
   impl_->router.reset();
   impl_->zap.reset();

@@ -79,6 +79,9 @@ struct transport_config {
   /// Over tcp://, each bulk connection's send buffer follows the queue it builds
   /// (bulk_window), queueing about this much delay; 0: the OS's autotuning.
   nanos bulk_queue_target_ns = 50'000'000;
+  /// At stop, what waits on the control lanes (a learner's last Progress and Leave)
+  /// still goes out for at most this long; 0: dropped.
+  nanos stop_drain_ns = 1'000'000'000;
   link_profile default_link;           // applied to every new peer link
   std::uint64_t seed = 1;              // shaping and backoff jitter
   curve_config curve;

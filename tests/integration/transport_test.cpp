@@ -166,6 +166,29 @@ TEST_CASE("transport: a dead peer that calls before our reconnect timer can be s
   CHECK(at_b2.messages[0]->envelope->sender() == broker);
 }
 
+TEST_CASE("transport: control messages sent just before stop still go out (a learner's last Progress and Leave)") {
+  // Regression: stop() jumped the queue and closed every socket with linger 0,
+  // dropping what a learner sent on its way out.
+  steady_clock_source clock;
+  inbox at_a, at_b;
+  auto [a, b] = connected_pair(fast_config(broker, "tcp://127.0.0.1:0"), fast_config(learner, "tcp://127.0.0.1:0"),
+                               clock, at_a, at_b);
+  for (int i = 0; i < 500 && (a->counters().heartbeats_received == 0 || b->counters().heartbeats_received == 0); ++i)
+    std::this_thread::sleep_for(10ms);
+  REQUIRE(a->counters().heartbeats_received > 0);  // connected both ways
+  REQUIRE(b->counters().heartbeats_received > 0);
+  constexpr int last_words = 200;
+  for (int i = 0; i < last_words; ++i) {
+    auto leave = b->make_envelope();
+    leave.body().initLeave().setReason("steps done");
+    REQUIRE(b->send(broker, leave.finish()));
+  }
+  const auto stop_started = std::chrono::steady_clock::now();
+  b->stop();
+  CHECK(std::chrono::steady_clock::now() - stop_started < 5s);  // bounded (stop_drain_ns: 1 s), with room for load
+  REQUIRE(at_a.wait_for([&] { return at_a.messages.size() == last_words; }));
+}
+
 TEST_CASE("transport: a partition (loss 1 both ways) stops the reconnects' heartbeats too, healed, both are alive") {
   // Regression: a dead peer's reconnect sent its first heartbeat around the link's
   // shaper, so a broker a drill had cut off from everyone still heard its successor's
