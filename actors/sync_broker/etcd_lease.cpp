@@ -10,6 +10,7 @@
 namespace archipelago {
 
 etcd_lease::etcd_lease(etcd_lease_config cfg, const clock_source& clock) : cfg_(std::move(cfg)), clock_(clock) {
+  clients_.resize(cfg_.endpoints.size());
   thread_ = std::thread([this] { run(); });
 }
 
@@ -52,11 +53,16 @@ std::optional<std::string> etcd_lease::post(const std::string& path, const std::
   std::string failure;
   for (std::size_t tried = 0; tried < cfg_.endpoints.size(); ++tried) {
     const std::string& endpoint = cfg_.endpoints[endpoint_];
-    httplib::Client client(endpoint);
-    client.set_connection_timeout(bound);
-    client.set_read_timeout(bound);
-    client.set_write_timeout(bound);
-    auto res = client.Post(path, body, "application/json");
+    std::unique_ptr<httplib::Client>& client = clients_[endpoint_];
+    if (!client) {  // one connection per endpoint, kept alive: a renewal every second costs no handshake
+      client = std::make_unique<httplib::Client>(endpoint);
+      client->set_keep_alive(true);
+      client->set_connection_timeout(bound);
+      client->set_read_timeout(bound);
+      client->set_write_timeout(bound);
+    }
+    auto res = client->Post(path, body, "application/json");
+    if (!res) client.reset();  // a broken connection: a new one next time
     if (res && res->status == 200) {
       std::lock_guard<std::mutex> lock(mutex_);
       state_.error.clear();

@@ -28,8 +28,11 @@
 #include "sync_broker/broker_lease.hpp"
 #include "sync_broker/etcd_requests.hpp"
 
-namespace archipelago {
+namespace httplib {
+class Client;
+}
 
+namespace archipelago {
 
 struct etcd_lease_config {
   std::vector<std::string> endpoints;  // http://host:port, tried in turn
@@ -60,6 +63,7 @@ class etcd_lease final : public broker_lease {
   const etcd_lease_config cfg_;
   const clock_source& clock_;
   std::size_t endpoint_ = 0;  // the one that answered last (thread only)
+  std::vector<std::unique_ptr<httplib::Client>> clients_;  // per endpoint, its connection kept alive (thread only)
   std::int64_t lease_id_ = 0;  // held (thread only)
   nanos next_renewal_ = 0;
 
