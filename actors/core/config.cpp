@@ -204,9 +204,6 @@ std::vector<knob> make_knobs() {
                   "Optimizer steps. Default: 3000."),
       number_knob("train.threads", t, &train_config::threads, 1, 256,
                   "Compute threads. Default: 2."),
-      number_knob("train.compute_nice", t, &train_config::compute_nice, 0, 19,
-                  "Nice value of a mesh learner's compute threads (0: as the process), so that on a "
-                  "busy machine heartbeats and control messages are not delayed behind compute. Default: 10."),
       number_knob("train.seed", t, &train_config::seed, U{0}, ~U{0},
                   "Seed of initialization, data split and batch sampling. Default: 1."),
       number_knob("train.eval_every", t, &train_config::eval_every, I{0}, I{1} << 40,

@@ -47,7 +47,6 @@ struct data_config {
 struct train_config {
   std::int64_t steps = 3000;
   int threads = 2;                      // compute threads (OpenMP)
-  int compute_nice = 10;                // a mesh learner's compute threads run at this nice value
   std::uint64_t seed = 1;
   std::int64_t eval_every = 250;        // steps between evaluations; 0: only at the end
   double time_limit_s = 0;              // stop early after this wall time; 0: no limit

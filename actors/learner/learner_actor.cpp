@@ -98,7 +98,6 @@ bool start(learner_self* self) {
                                  static_cast<std::uint32_t>(st.eng->tokens_per_step()),
                                  static_cast<std::uint16_t>(st.profile.threads)};
   st.learner = std::make_unique<learner_wire>(setup, learner_settings(setup), a.index, a.inc, *st.wire, model);
-  lower_compute_priority(setup.cfg.train.compute_nice);  // after the wire: its I/O thread keeps the process's
   st.started_ns = st.now();
   st.learner->start();
   st.publish();

@@ -1,11 +1,6 @@
 #include "learner/model/trainer.hpp"
 
 #include <omp.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <cerrno>
 
 #include <Eigen/Core>
 #include <cmath>
@@ -22,19 +17,6 @@ void set_compute_threads(int threads) {
   // process can so each have their own.
   omp_set_num_threads(threads);
   Eigen::setNbThreads(0);
-}
-
-void lower_compute_priority(int nice) {
-  if (nice <= 0) return;
-#pragma omp parallel
-  {
-    // Linux: a thread id names one thread to setpriority (the team's threads were
-    // made by this thread, or earlier, with its priority then).
-    const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
-    errno = 0;
-    const int now = ::getpriority(PRIO_PROCESS, tid);
-    if (errno == 0 && now < nice) (void)::setpriority(PRIO_PROCESS, tid, nice);
-  }
 }
 
 expected<dataset> load_dataset(const data_config& data, int shards, int context, std::uint64_t seed) {

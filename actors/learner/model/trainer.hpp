@@ -77,9 +77,5 @@ std::vector<float> initial_global_params(const config& cfg, const model_shape& s
 
 /// Applies the thread count to OpenMP and Eigen, for the calling thread.
 void set_compute_threads(int threads);
-/// Lowers the scheduling priority of the calling thread and of its OpenMP team to
-/// nice `nice` (never raises it; always permitted), so that on a busy machine the
-/// threads that keep a node's heartbeats on time run first (train.compute_nice).
-void lower_compute_priority(int nice);
 
 }  // namespace archipelago
