@@ -672,7 +672,6 @@ struct node_transport::impl {
       for (auto& [addr, p] : peers) pace(p, now);
       release_due(now);
       send_heartbeats(now);
-      check_liveness(now);
       adapt_bulk_windows(now);
 
       nanos wait = liveness.next_heartbeat_due(now) - now;
@@ -731,6 +730,9 @@ struct node_transport::impl {
       }
       for (std::size_t i = 0; i < monitored.size(); ++i)
         if ((items[first_monitor + i].revents & ZMQ_POLLIN) && monitored[i]->bulk.monitor) monitor_event(*monitored[i]);
+      // Verdicts only after what arrived was read: a thread that did not run for a
+      // while (a loaded machine) finds its peers' heartbeats waiting, not its peers dead.
+      check_liveness(now);
     }
   }
 };
