@@ -14,6 +14,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "../test_log.hpp"
 #include "core/checksum.hpp"
 #include "core/prng.hpp"
 #include "transport/transport.hpp"
@@ -64,7 +65,7 @@ TEST_CASE("bad-input battery against a live node") {
   transport_config cfg;
   cfg.self = {role::parameter_shard, 0};
   cfg.limits.max_tensor_bytes = 8 << 20;
-  auto node = node_transport::start(cfg, clock, [&](std::shared_ptr<const inbound_message> m) {
+  auto node = node_transport::start(cfg, clock, archipelago::test_logging::test_log(), [&](std::shared_ptr<const inbound_message> m) {
     std::lock_guard<std::mutex> lock(got.mutex);
     got.messages.push_back(std::move(m));
     got.changed.notify_all();
