@@ -281,8 +281,8 @@ struct node_transport::impl {
       }
       if (!changed && l.window->queue_delay_max_ns() == l.reported_delay_max_ns) continue;  // the mutex only on news
       l.reported_delay_max_ns = l.window->queue_delay_max_ns();
-      count([&](auto& c) {
-        link_counters& link = c.links[p.address];
+      count([&, address = p.address](auto& c) {  // clang 14 cannot capture a structured binding
+        link_counters& link = c.links[address];
         link.bulk_window_bytes = l.window->bytes();
         link.bulk_queue_delay_max_ns = l.window->queue_delay_max_ns();
       });
