@@ -292,13 +292,16 @@ std::string encode(const round_lease& l) {
   r.setTimeNs(l.time_ns);
   return frame(b);
 }
+expected<round_lease> decode_lease(std::string_view v) {
+  return unframe<wire_snapshot::RoundLease>(v, "round lease", [](wire_snapshot::RoundLease::Reader r) {
+    return round_lease{r.getRoundsBelow(), r.getIncarnation(), r.getTimeNs()};
+  });
+}
 expected<std::optional<round_lease>> decode_round_lease(const kv_store& kv) {
   auto raw = kv.get(column::meta, round_lease_key);
   if (!raw) return raw.err();
   if (!raw->has_value()) return std::optional<round_lease>{};
-  auto lease = unframe<wire_snapshot::RoundLease>(**raw, "round lease", [](wire_snapshot::RoundLease::Reader r) {
-    return round_lease{r.getRoundsBelow(), r.getIncarnation(), r.getTimeNs()};
-  });
+  auto lease = decode_lease(**raw);
   if (!lease) return lease.err();
   return std::optional<round_lease>(*lease);
 }
@@ -311,6 +314,11 @@ std::string encode(const eval_record& e) {
   r.setEvalLoss(e.eval_loss);
   r.setTokens(e.tokens);
   return frame(b);
+}
+expected<eval_record> decode_eval(std::string_view v, const std::string& what) {
+  return unframe<wire_snapshot::EvalRecord>(v, what, [](wire_snapshot::EvalRecord::Reader r) {
+    return eval_record{r.getMeshVersion(), r.getTimeNs(), r.getEvalLoss(), r.getTokens()};
+  });
 }
 
 std::string fragment_name(std::uint32_t fragment, std::uint64_t version) {
@@ -657,11 +665,7 @@ status snapshot_store::for_each_eval(const std::function<bool(const eval_record&
   return scan_records(
       *kv_, column::evals,
       [](std::string_view key, std::string_view value) {
-        return unframe<wire_snapshot::EvalRecord>(value, "eval record " + std::to_string(read_be64(key)),
-                                                  [](wire_snapshot::EvalRecord::Reader r) {
-                                                    return eval_record{r.getMeshVersion(), r.getTimeNs(),
-                                                                       r.getEvalLoss(), r.getTokens()};
-                                                  });
+        return decode_eval(value, "eval record " + std::to_string(read_be64(key)));
       },
       visit);
 }
@@ -730,5 +734,21 @@ std::string encode_record(const learner_ledger& l) { return encode(l); }
 std::string encode_record(const tape_record& t) { return encode(t); }
 expected<learner_ledger> decode_ledger_record(std::string_view v) { return decode_ledger(v); }
 expected<tape_record> decode_tape_record(std::string_view v) { return decode_tape(v, 0); }
+std::string encode_record(const store_info& s) { return encode(s); }
+std::string encode_record(const fragment_state& f) { return encode(f); }
+std::string encode_record(const manifest& m) { return encode(m); }
+std::string encode_record(const merge_record& m) { return encode(m); }
+std::string encode_record(const round_lease& l) { return encode(l); }
+std::string encode_record(const eval_record& e) { return encode(e); }
+expected<store_info> decode_store_info_record(std::string_view v) { return decode_info(v); }
+expected<fragment_state> decode_fragment_record(std::string_view v, const std::string& what) {
+  return decode_fragment(v, what);
+}
+expected<manifest> decode_manifest_record(std::string_view v, const std::string& what) {
+  return decode_manifest(v, what);
+}
+expected<merge_record> decode_merge_record(std::string_view v, const std::string& what) { return decode_merge(v, what); }
+expected<round_lease> decode_round_lease_record(std::string_view v) { return decode_lease(v); }
+expected<eval_record> decode_eval_record(std::string_view v, const std::string& what) { return decode_eval(v, what); }
 
 }  // namespace archipelago::storage

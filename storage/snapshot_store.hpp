@@ -225,4 +225,21 @@ std::string encode_record(const tape_record& t);
 expected<learner_ledger> decode_ledger_record(std::string_view v);
 expected<tape_record> decode_tape_record(std::string_view v);  // its sequence is the receiving store's
 
+/// Every other record of a store, framed and read back as the store does: the
+/// bytes a damaged (or hostile) store directory hands the reader. Decoding checks
+/// the frame, the checksum and, with read limits, the Cap'n Proto record; any
+/// failure is errc::corrupt_data naming `what`. Fuzzed by tests/fuzz/snapshot_record_fuzz.cpp.
+std::string encode_record(const store_info& s);
+std::string encode_record(const fragment_state& f);
+std::string encode_record(const manifest& m);
+std::string encode_record(const merge_record& m);
+std::string encode_record(const round_lease& l);
+std::string encode_record(const eval_record& e);
+expected<store_info> decode_store_info_record(std::string_view v);
+expected<fragment_state> decode_fragment_record(std::string_view v, const std::string& what);
+expected<manifest> decode_manifest_record(std::string_view v, const std::string& what);
+expected<merge_record> decode_merge_record(std::string_view v, const std::string& what);
+expected<round_lease> decode_round_lease_record(std::string_view v);
+expected<eval_record> decode_eval_record(std::string_view v, const std::string& what);
+
 }  // namespace archipelago::storage

@@ -1,7 +1,6 @@
 #include "storage/snapshot_writer.hpp"
 
 #include <chrono>
-#include <cstdio>
 
 namespace archipelago::storage {
 namespace {
@@ -17,8 +16,8 @@ std::size_t job_bytes(const commit_job& job) {
 
 }  // namespace
 
-snapshot_writer::snapshot_writer(std::shared_ptr<snapshot_store> store, writer_options options)
-    : store_(std::move(store)), options_(options), thread_([this] { run(); }) {}
+snapshot_writer::snapshot_writer(std::shared_ptr<snapshot_store> store, logger& log, writer_options options)
+    : store_(std::move(store)), log_(log), options_(options), thread_([this] { run(); }) {}
 
 snapshot_writer::~snapshot_writer() {
   {
@@ -89,8 +88,8 @@ void snapshot_writer::run() {
     commit_job merged;
     std::vector<done_fn> dones;
     std::size_t commit_jobs = 0, bytes = 0, failed = 0;
-    auto report = [](const status& s) {
-      if (!s) std::fprintf(stderr, "archipelago snapshot: %s\n", s.err().to_string().c_str());
+    auto report = [this](const status& s) {
+      if (!s) log_.error("snapshot.write_failed", "archipelago snapshot: %s", s.err().to_string().c_str());
       return s ? 0 : 1;
     };
     for (auto& [it, size] : batch) {
@@ -118,7 +117,7 @@ void snapshot_writer::run() {
       version = store_->commit(merged);
       commit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!version) {
-        std::fprintf(stderr, "archipelago snapshot: commit failed: %s\n", version.err().to_string().c_str());
+        log_.error("snapshot.commit_failed", "archipelago snapshot: commit failed: %s", version.err().to_string().c_str());
         failed += commit_jobs;
       }
       for (auto& done : dones) done(version);

@@ -14,6 +14,7 @@
 #include <thread>
 #include <variant>
 
+#include "core/log.hpp"
 #include "storage/snapshot_store.hpp"
 
 namespace archipelago::storage {
@@ -38,7 +39,8 @@ class snapshot_writer {
   /// Called on the writer's thread once the job is durable (the new mesh version) or failed.
   using done_fn = std::function<void(const expected<std::uint64_t>&)>;
 
-  snapshot_writer(std::shared_ptr<snapshot_store> store, writer_options options = {});
+  /// Failed writes are counted (stats) and said on `log`, which outlives the writer.
+  snapshot_writer(std::shared_ptr<snapshot_store> store, logger& log, writer_options options = {});
   /// Writes what is queued, then stops.
   ~snapshot_writer();
   snapshot_writer(const snapshot_writer&) = delete;
@@ -64,6 +66,7 @@ class snapshot_writer {
   void run();
 
   std::shared_ptr<snapshot_store> store_;
+  logger& log_;
   writer_options options_;
   mutable std::mutex mutex_;
   std::condition_variable wake_, idle_;

@@ -1,6 +1,5 @@
 #include "chaos_monkey/chaos_actor.hpp"
 
-#include <cstdio>
 
 #include "transport/actor_bridge.hpp"
 
@@ -24,11 +23,11 @@ std::unique_ptr<transport::node_transport> start_transport(const chaos_actor_arg
     settings->context = a.io;
     // The nodes do not heartbeat back to the chaos monkey: it must never declare them dead.
     settings->heartbeat.interval_ns = 3'600'000'000'000;
-    auto wire = transport::node_transport::start(*settings, *a.clock, [](inbound_ptr) {});
+    auto wire = transport::node_transport::start(*settings, *a.clock, *a.logs, [](inbound_ptr) {});
     if (wire) return std::move(*wire);
     settings = wire.err();
   }
-  std::fprintf(stderr, "archipelago chaos monkey: %s\n", settings.err().message.c_str());
+  a.logs->error("chaos.start", "archipelago chaos monkey: %s", settings.err().message.c_str());
   return nullptr;
 }
 

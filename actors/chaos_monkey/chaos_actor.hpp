@@ -10,6 +10,7 @@
 
 #include "chaos_monkey/chaos_wire.hpp"
 #include "core/clock.hpp"
+#include "core/log.hpp"
 #include "core/mesh_setup.hpp"
 #include "transport/io_context.hpp"
 
@@ -20,6 +21,7 @@ struct chaos_actor_args {
   const mesh_setup* setup = nullptr;
   transport::io_context io;  // the process's transport context
   const clock_source* clock = nullptr;
+  logger* logs = nullptr;  // where its lines go (the process's logger, rate-limited by kind)
   std::string endpoint;                // where it listens (nobody calls it)
   std::vector<planned_fault> timeline;
   nanos safety_ns = 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 
 #include "core/prng.hpp"
 
@@ -313,6 +314,28 @@ expected<fault_plan_spec> parse_fault_plan(std::string_view toml_text, const std
                                    (f.every_ns > 0 ? "repeating" : "at or after its host is lost") + " (line " +
                                    std::to_string(lost.line) + "): it is never restarted");
   }
+  // The timeline's size, before anything is expanded: repeating faults once per
+  // period, per learner for "learners"; [rates] at twice its mean (the Poisson
+  // count of a plan at the bound exceeds that with a negligible probability).
+  double faults = 0;
+  for (const auto& f : plan.schedule) {
+    const double times = f.every_ns > 0 ? std::floor(static_cast<double>(plan.duration_ns - f.at_ns) /
+                                                     static_cast<double>(f.every_ns)) + 1
+                                        : 1;
+    faults += times * (f.targets.size() == 1 && f.targets[0].every_learner ? learners : 1);
+  }
+  const double drawn = plan.rates.learner_mtbf_ns > 0 ? static_cast<double>(learners) *
+                                                            static_cast<double>(plan.duration_ns) /
+                                                            static_cast<double>(plan.rates.learner_mtbf_ns)
+                                                      : 0;
+  if (faults + 2 * drawn > static_cast<double>(max_plan_faults)) {
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  ": the plan expands to about %.0f faults (%.0f scheduled, %.0f drawn from [rates]: duration / "
+                  "learner_mtbf x %d learners); at most %zu: shorten duration or lengthen every / learner_mtbf",
+                  faults + drawn, faults, drawn, learners, max_plan_faults);
+    return make_error(errc::invalid_input, origin + text);
+  }
   return plan;
 }
 
@@ -340,7 +363,7 @@ std::vector<planned_fault> expand_fault_plan(const fault_plan_spec& plan, int le
       // One stream per learner: adding a learner does not move the others' faults.
       prng rng(plan.seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(i) + 1);
       double t = 0;
-      for (;;) {
+      while (out.size() < max_plan_faults) {
         t += -std::log(1 - rng.uniform()) * static_cast<double>(plan.rates.learner_mtbf_ns);
         if (t >= static_cast<double>(plan.duration_ns)) break;
         planned_fault f;

@@ -90,6 +90,12 @@ struct fault_rates {
 
 /// The most standby brokers a plan may ask for.
 inline constexpr int max_plan_standbys = 7;
+/// The most faults a plan's timeline may hold: its repeating faults over the duration,
+/// per learner where they target every learner, plus twice the faults [rates] draws on
+/// average (duration / learner_mtbf per learner). A bound on the chaos monkey's work
+/// and memory; a plan past it is refused when parsed (fuzzing found a 124-byte plan
+/// whose timeline held millions).
+inline constexpr std::size_t max_plan_faults = 100000;
 
 struct fault_plan_spec {
   std::uint64_t seed = 1;
@@ -110,7 +116,9 @@ expected<nanos> parse_duration(std::string_view text);
 
 /// The plan's timeline: the schedule plus, from the seed, the faults `rates` draws for
 /// each learner within the safety phase, sorted by time (ties by line, then learner).
-/// "learners" targets are expanded into one fault per learner. Deterministic.
+/// "learners" targets are expanded into one fault per learner. Deterministic. At most
+/// max_plan_faults faults: draws past it are not made (a plan parse_fault_plan accepted
+/// reaches it with a probability below 10^-6).
 std::vector<planned_fault> expand_fault_plan(const fault_plan_spec& plan, int learners);
 
 }  // namespace archipelago

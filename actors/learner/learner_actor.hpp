@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "core/clock.hpp"
+#include "core/log.hpp"
 #include "core/ids.hpp"
 #include "core/mesh_setup.hpp"
 #include "transport/io_context.hpp"
@@ -28,6 +29,7 @@ struct learner_actor_args {
   const dataset* data = nullptr;
   transport::io_context io;  // the process's transport context
   const clock_source* clock = nullptr;
+  logger* logs = nullptr;  // where its lines go (the process's logger, rate-limited by kind)
   /// A restarted learner has a higher incarnation (and draws new batches).
   incarnation inc{1};
   /// Where its learning-rate schedule starts (>= 0); -1: setup->start_step.

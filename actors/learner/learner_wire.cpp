@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include <cstdio>
 
 namespace archipelago {
 
@@ -15,8 +14,8 @@ learner_sync_config learner_settings(const mesh_setup& setup) {
 }
 
 learner_wire::learner_wire(const mesh_setup& setup, learner_sync_config sync, std::uint32_t index, incarnation inc,
-                           transport::message_port& port, learner_model_view model)
-    : setup_(setup), index_(index), inc_(inc), port_(port), model_(model),
+                           transport::message_port& port, logger& log, learner_model_view model)
+    : setup_(setup), index_(index), inc_(inc), port_(port), log_(log), model_(model),
       encoding_(*parse_tensor_encoding(setup.cfg.wire.encoding)),
       core_(std::make_unique<learner_core>(setup.layout, setup.plan, sync)),
       to_install_(setup.fragments()), shard_incarnations_(setup.shard_endpoints.size(), 0) {
@@ -92,9 +91,9 @@ bool learner_wire::follow_broker(const transport::decoded_envelope& env) {
       // Reconnect now: the old socket may be dead for good (an inproc:// pipe never reconnects).
       (void)port_.add_peer(leader, setup_.broker_endpoint_of(leader.index));
       const std::size_t dropped = core_->on_broker_restarted();
-      std::fprintf(stderr, "archipelago learner/%u: a new broker leads: %s incarnation %llu (epoch %llu); %zu pending "
-                           "round(s) dropped\n", index_, leader.to_string().c_str(),
-                   static_cast<unsigned long long>(epoch >> 8), static_cast<unsigned long long>(epoch), dropped);
+      log_.info("learner.new_broker", "archipelago learner/%u: a new broker leads: %s incarnation %llu (epoch %llu); "
+                "%zu pending round(s) dropped", index_, leader.to_string().c_str(),
+                static_cast<unsigned long long>(epoch >> 8), static_cast<unsigned long long>(epoch), dropped);
       if (done_) break;  // a finished incarnation left (its Leave went to the old broker)
       send_join();
       if (core_->steps_done() > 0) send_progress();  // see below
@@ -219,7 +218,7 @@ learner_event learner_wire::on_message(const transport::decoded_envelope& env, n
   learner_event out;
   auto body = env.root().getBody();
   if (env.body() == wire::Envelope::Body::CHAOS_COMMAND) {
-    (void)chaos_.on_command(env, port_, now);
+    (void)chaos_.on_command(env, port_, log_, now);
     return out;
   }
   const node_address from = env.sender();

@@ -17,6 +17,7 @@
 #include "core/broker_follower.hpp"
 #include "core/clock.hpp"
 #include "core/ids.hpp"
+#include "core/log.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/node_status.hpp"
 #include "core/prometheus_text.hpp"
@@ -55,7 +56,7 @@ class learner_wire {
   /// `sync`: learner_settings(setup) in a mesh (the simulation sets its own).
   /// `setup`, `port` and the model's buffers outlive it.
   learner_wire(const mesh_setup& setup, learner_sync_config sync, std::uint32_t index, incarnation inc,
-               transport::message_port& port, learner_model_view model);
+               transport::message_port& port, logger& log, learner_model_view model);
 
   /// Peers, a fetch of every fragment (its shard subscribes this learner first), Join.
   void start();
@@ -112,6 +113,7 @@ class learner_wire {
   const std::uint32_t index_;
   const incarnation inc_;
   transport::message_port& port_;
+  logger& log_;
   const learner_model_view model_;
   const tensor_encoding encoding_;
   std::unique_ptr<learner_core> core_;

@@ -49,7 +49,7 @@ struct snapshot_start {
 
 /// The run's own store (--db), opened and recovered; a store that already holds
 /// another run is refused before it is opened for writing.
-expected<std::optional<recovered_store>> open_target(const mesh_setup& setup, const mesh_snapshots& o) {
+expected<std::optional<recovered_store>> open_target(const mesh_setup& setup, const mesh_snapshots& o, logger& log) {
   if (o.db.empty()) return std::optional<recovered_store>{};
   if (o.db != o.resume_db)
     if (auto existing = open_store_read_only(o.db); existing)
@@ -58,7 +58,8 @@ expected<std::optional<recovered_store>> open_target(const mesh_setup& setup, co
                                                    " or pick a new --db");
   auto opened = open_mesh_store(o.db, setup);
   if (!opened) return opened.err();
-  for (const auto& d : opened->dropped) std::fprintf(stderr, "archipelago run: recovery of %s: %s\n", o.db.c_str(), d.c_str());
+  for (const auto& d : opened->dropped)
+    log.warn("node.recovery", "archipelago run: recovery of %s: %s", o.db.c_str(), d.c_str());
   return std::optional<recovered_store>{std::move(*opened)};
 }
 
@@ -95,9 +96,9 @@ status pick_resume_point(const mesh_setup& setup, const mesh_snapshots& o, const
 }
 
 expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_snapshots& o,
-                                           const std::vector<float>& initial) {
+                                           const std::vector<float>& initial, logger& log) {
   snapshot_start out;
-  auto target = open_target(setup, o);
+  auto target = open_target(setup, o, log);
   if (!target) return target.err();
   if (*target) out.store = (*target)->store;
   if (!o.resume_db.empty())
@@ -207,7 +208,9 @@ class local_processes final : public process_control {
     lost.writer.reset();
     std::error_code ec;
     std::filesystem::remove_all(lost.dir, ec);
-    if (ec) std::fprintf(stderr, "archipelago drill: cannot remove %s: %s\n", lost.dir.c_str(), ec.message().c_str());
+    if (ec)
+      roles_.log.error("drill.remove", "archipelago drill: cannot remove %s: %s", lost.dir.c_str(),
+                       ec.message().c_str());
   }
 
   std::mutex mutex;  // guards the actor handles: the chaos monkey's thread changes them
@@ -265,8 +268,8 @@ struct mesh_figures {
 /// One run of a one-process mesh, from its configuration to its summary.
 class local_run {
  public:
-  local_run(const config& base, const mesh_snapshots& snapshots, mesh_drill* drill, const mesh_eval& eval)
-      : base_(base), snapshots_(snapshots), drill_(drill), eval_(eval), m_(base.mesh.learners) {}
+  local_run(const config& base, logger& log, const mesh_snapshots& snapshots, mesh_drill* drill, const mesh_eval& eval)
+      : base_(base), log_(log), snapshots_(snapshots), drill_(drill), eval_(eval), m_(base.mesh.learners) {}
 
   status prepare();
   expected<mesh_summary> run(const mesh_progress& progress, const std::function<bool()>& stop_requested,
@@ -283,6 +286,7 @@ class local_run {
   void summarize(bool all_done, nanos stopped_ns);
 
   const config& base_;
+  logger& log_;
   const mesh_snapshots& snapshots_;
   mesh_drill* drill_;
   const mesh_eval& eval_;
@@ -317,7 +321,7 @@ status local_run::prepare() {
   data_ = std::move(*data);
   initial_ = initial_global_params(setup_.cfg, setup_.shape, *data_);
   if (drill_ && snapshots_.db.empty()) return make_error(errc::invalid_input, "a drill needs a snapshot store (--db)");
-  auto origin = prepare_snapshots(setup_, snapshots_, initial_);
+  auto origin = prepare_snapshots(setup_, snapshots_, initial_, log_);
   if (!origin) return origin.err();
   origin_ = std::move(*origin);
   setup_.start_step = origin_.start_step;
@@ -386,8 +390,8 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   std::unique_ptr<storage::snapshot_writer> writer;
   if (origin_.store)
     writer = std::make_unique<storage::snapshot_writer>(
-        origin_.store, storage::writer_options{static_cast<std::size_t>(base_.storage.queue_mb) << 20});
-  process_roles roles{sys, setup_, transport::make_io_context(), clock_, board_, &*data_, &initial_};
+        origin_.store, log_, storage::writer_options{static_cast<std::size_t>(base_.storage.queue_mb) << 20});
+  process_roles roles{sys, setup_, transport::make_io_context(), clock_, log_, board_, &*data_, &initial_};
   roles.writer = writer.get();
   roles.record_contributions = snapshots_.record_contributions;
   roles.restore_store = origin_.source.get();
@@ -403,7 +407,7 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
     auto opened = open_mesh_store(dir, setup_);
     if (!opened) return opened.err();
     broker_stores.push_back({dir, std::make_unique<storage::snapshot_writer>(
-                                      opened->store, storage::writer_options{static_cast<std::size_t>(base_.storage.queue_mb) << 20})});
+                                      opened->store, log_, storage::writer_options{static_cast<std::size_t>(base_.storage.queue_mb) << 20})});
     roles.broker_writers.push_back(broker_stores.back().writer.get());
   }
   // No set_storage_failing: the shards share this one store, so a storage fault
@@ -414,7 +418,7 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   served.board = &board_;
   std::unique_ptr<metrics_server> metrics_http;
   if (metrics.port >= 0 && !drill_) {
-    auto started = metrics_server::start(metrics, served.pages(sys, true));
+    auto started = metrics_server::start(metrics, served.pages(sys, true), log_);
     if (!started) return started.err();
     metrics_http = std::move(*started);
   }
@@ -433,7 +437,7 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   caf::actor chaos;
   if (drill_) {
     processes = std::make_unique<local_processes>(roles, *drill_, learners_, shards_, brokers_, broker_stores);
-    chaos = spawn_chaos_monkey(sys, {&setup_, roles.io, &clock_, "inproc://chaos", drill_->timeline, drill_->safety_ns,
+    chaos = spawn_chaos_monkey(sys, {&setup_, roles.io, &clock_, &log_, "inproc://chaos", drill_->timeline, drill_->safety_ns,
                                      processes.get(), &drill_->log});
   }
   const auto start = std::chrono::steady_clock::now();
@@ -463,12 +467,12 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   for (broker_store_slot& b : broker_stores)  // their tapes on disk for whoever reads them next
     if (b.writer) {
       if (auto ok = b.writer->drain(std::chrono::seconds(60)); !ok)
-        std::fprintf(stderr, "archipelago run: %s: %s\n", b.dir.c_str(), ok.err().message.c_str());
+        log_.error("node.drain", "archipelago run: %s: %s", b.dir.c_str(), ok.err().message.c_str());
       b.writer.reset();
     }
   if (writer) {
     if (auto ok = writer->drain(std::chrono::seconds(60)); !ok)
-      std::fprintf(stderr, "archipelago run: %s\n", ok.err().message.c_str());
+      log_.error("node.drain", "archipelago run: %s", ok.err().message.c_str());
     out_.snapshot_errors = writer->stats().failed + writer->stats().refused;
     writer.reset();
     out_.mesh_version = origin_.store->last_mesh_version();
@@ -555,10 +559,10 @@ void fill_mesh_counts(const status_board& board, int learners, mesh_summary& out
     }
 }
 
-expected<mesh_summary> run_local_mesh(const config& base, const mesh_progress& progress,
+expected<mesh_summary> run_local_mesh(const config& base, logger& log, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested, const mesh_snapshots& snapshots,
                                       mesh_drill* drill, const metrics_endpoint& metrics, const mesh_eval& eval) {
-  local_run run(base, snapshots, drill, eval);
+  local_run run(base, log, snapshots, drill, eval);
   if (auto ok = run.prepare(); !ok) return ok.err();
   return run.run(progress, stop_requested, metrics);
 }

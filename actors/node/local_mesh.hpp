@@ -12,6 +12,7 @@
 #include "chaos_monkey/chaos_wire.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/node_status.hpp"
 #include "node/metrics_server.hpp"
@@ -115,7 +116,8 @@ struct mesh_eval {
 /// members per round. The same for a mesh in one process and across processes.
 void fill_mesh_counts(const status_board& board, int learners, mesh_summary& out);
 
-expected<mesh_summary> run_local_mesh(const config& cfg, const mesh_progress& progress,
+/// Its lines (and its roles', transports', stores') go to `log`.
+expected<mesh_summary> run_local_mesh(const config& cfg, logger& log, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested,
                                       const mesh_snapshots& snapshots = {}, mesh_drill* drill = nullptr,
                                       const metrics_endpoint& metrics = {}, const mesh_eval& eval = {});

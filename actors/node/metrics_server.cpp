@@ -2,7 +2,6 @@
 
 #include <httplib.h>
 
-#include <cstdio>
 #include <thread>
 
 namespace archipelago {
@@ -13,7 +12,8 @@ struct metrics_server::impl {
   int port = 0;
 };
 
-expected<std::unique_ptr<metrics_server>> metrics_server::start(const metrics_endpoint& where, handlers h) {
+expected<std::unique_ptr<metrics_server>> metrics_server::start(const metrics_endpoint& where, handlers h,
+                                                                logger& log) {
   const std::string& host = where.host;
   const int port = where.port;
   auto p = std::make_unique<impl>();
@@ -59,7 +59,7 @@ expected<std::unique_ptr<metrics_server>> metrics_server::start(const metrics_en
     p->port = port;
   }
   p->thread = std::thread([&srv] { srv.listen_after_bind(); });
-  std::fprintf(stderr, "archipelago: metrics on http://%s:%d/metrics\n", host.c_str(), p->port);
+  log.info("node.metrics", "archipelago: metrics on http://%s:%d/metrics", host.c_str(), p->port);
   return std::unique_ptr<metrics_server>(new metrics_server(std::move(p)));
 }
 

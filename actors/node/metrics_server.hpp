@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace archipelago {
 
@@ -32,8 +33,8 @@ class metrics_server {
 
   /// Binds host:port (port 0: any free one) and serves until destroyed. A port
   /// in use or a bad host is invalid_input naming it.
-  /// Says where it listens on stderr ("metrics on http://HOST:PORT/metrics"), for whoever asked for port 0.
-  static expected<std::unique_ptr<metrics_server>> start(const metrics_endpoint& where, handlers h);
+  /// Says where it listens on `log` ("metrics on http://HOST:PORT/metrics"), for whoever asked for port 0.
+  static expected<std::unique_ptr<metrics_server>> start(const metrics_endpoint& where, handlers h, logger& log);
   ~metrics_server();
   metrics_server(const metrics_server&) = delete;
   metrics_server& operator=(const metrics_server&) = delete;

@@ -61,7 +61,8 @@ mesh_setup node_setup(const config& cfg, const sync_policy& policy, const node_o
 /// its writes can be made to fail (the chaos monkey's storage faults). A broker with
 /// standbys and no --db keeps the leader's copy (a standby) and its round lease in
 /// memory: a takeover reads them back as a restart would.
-expected<std::optional<recovered_store>> open_node_store(const config& cfg, const mesh_setup& setup, const node_options& o) {
+expected<std::optional<recovered_store>> open_node_store(const config& cfg, const mesh_setup& setup, const node_options& o,
+                                                         logger& log) {
   if (o.db.empty() && o.kind == role::sync_broker && setup.brokers() > 1) {
     auto kept = storage::snapshot_store::create(std::shared_ptr<storage::kv_store>(storage::make_memory_kv()),
                                                 store_info_of(setup), retention_of(cfg));
@@ -71,7 +72,8 @@ expected<std::optional<recovered_store>> open_node_store(const config& cfg, cons
   if (o.db.empty()) return std::optional<recovered_store>{};
   auto opened = open_mesh_store(o.db, setup, cfg.wire.accept_chaos && o.kind == role::parameter_shard);
   if (!opened) return opened.err();
-  for (const auto& d : opened->dropped) std::fprintf(stderr, "archipelago node: recovery of %s: %s\n", o.db.c_str(), d.c_str());
+  for (const auto& d : opened->dropped)
+    log.warn("node.recovery", "archipelago node: recovery of %s: %s", o.db.c_str(), d.c_str());
   return std::optional<recovered_store>{std::move(*opened)};
 }
 
@@ -117,7 +119,7 @@ void summarize(node_result& out, const status_board& board) {
 
 }  // namespace
 
-expected<node_result> run_node(const config& cfg, const node_options& o,
+expected<node_result> run_node(const config& cfg, logger& log, const node_options& o,
                                const std::function<void(const std::string&)>& progress,
                                const std::function<bool()>& stop_requested) {
   auto policy = resolve_policy(cfg);
@@ -136,7 +138,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
     // Every shard derives the same seeded initialisation and keeps its fragments of it.
     if (o.kind == role::parameter_shard) initial = initial_global_params(setup.cfg, setup.shape, *data);
   }
-  auto store = open_node_store(cfg, setup, o);
+  auto store = open_node_store(cfg, setup, o, log);
   if (!store) return store.err();
 
   status_board board;
@@ -153,10 +155,10 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
     caf::actor_system sys{sys_cfg};
     // After the system, so it is gone first; its actor is gone before it (below).
     std::unique_ptr<storage::snapshot_writer> writer;
-    process_roles roles{sys, setup, transport::make_io_context(), clock, board, data ? &*data : nullptr, &initial};
+    process_roles roles{sys, setup, transport::make_io_context(), clock, log, board, data ? &*data : nullptr, &initial};
     if (*store) {
       writer = std::make_unique<storage::snapshot_writer>(
-          (*store)->store, storage::writer_options{static_cast<std::size_t>(cfg.storage.queue_mb) << 20});
+          (*store)->store, log, storage::writer_options{static_cast<std::size_t>(cfg.storage.queue_mb) << 20});
       roles.writer = writer.get();
       roles.record_contributions = o.record_contributions;
       roles.restore_store = (*store)->store.get();
@@ -169,7 +171,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
     served.board = &board;
     std::unique_ptr<metrics_server> metrics;
     if (o.metrics.port >= 0) {
-      auto started_server = metrics_server::start(o.metrics, served.pages(sys, o.kind == role::sync_broker));
+      auto started_server = metrics_server::start(o.metrics, served.pages(sys, o.kind == role::sync_broker), log);
       if (!started_server) return started_server.err();
       metrics = std::move(*started_server);
     }
@@ -197,7 +199,7 @@ expected<node_result> run_node(const config& cfg, const node_options& o,
     served.set({}, {});
     if (writer) {
       if (auto ok = writer->drain(std::chrono::seconds(60)); !ok)
-        std::fprintf(stderr, "archipelago node: %s\n", ok.err().message.c_str());
+        log.error("node.drain", "archipelago node: %s", ok.err().message.c_str());
       writer.reset();
       out.mesh_version = (*store)->store->last_mesh_version();
     }

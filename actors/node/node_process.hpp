@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/log.hpp"
 #include "core/error.hpp"
 #include "core/ids.hpp"
 #include "core/mesh_setup.hpp"
@@ -56,7 +57,8 @@ struct node_result {
 
 /// Runs the role until it is done (a learner: its steps) or `stop_requested`.
 /// `progress` is called about twice a second with a status line.
-expected<node_result> run_node(const config& cfg, const node_options& options,
+/// Its lines (and its roles', transport's, store's) go to `log`.
+expected<node_result> run_node(const config& cfg, logger& log, const node_options& options,
                                const std::function<void(const std::string&)>& progress,
                                const std::function<bool()>& stop_requested);
 

@@ -13,6 +13,7 @@ caf::actor process_roles::learner(std::uint32_t index, incarnation inc, std::int
   a.data = data;
   a.io = io;
   a.clock = &clock;
+  a.logs = &log;
   a.inc = inc;
   a.start_step = start_step;
   a.board = &board;
@@ -26,6 +27,7 @@ caf::actor process_roles::shard(std::uint32_t index, incarnation inc, std::optio
   a.initial = initial;
   a.io = io;
   a.clock = &clock;
+  a.logs = &log;
   a.inc = inc;
   a.writer = writer;
   a.record_contributions = record_contributions;
@@ -45,6 +47,7 @@ caf::actor process_roles::broker(incarnation inc, std::optional<storage::manifes
   a.setup = &setup;
   a.io = io;
   a.clock = &clock;
+  a.logs = &log;
   a.inc = inc;
   a.writer = index < broker_writers.size() ? broker_writers[index] : writer;
   a.resume_from = std::move(resume_from);

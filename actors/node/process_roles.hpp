@@ -1,6 +1,6 @@
 #pragma once
 // What the roles of one process share — the actor system, the mesh setup, the
-// transport context, the clock, the status board, the snapshot writer — and
+// transport context, the clock, the logger, the status board, the snapshot writer — and
 // the spawning of each role from it, at the start and on a drill's restart.
 
 #include <caf/fwd.hpp>
@@ -13,6 +13,7 @@
 
 #include "core/clock.hpp"
 #include "core/ids.hpp"
+#include "core/log.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/node_status.hpp"
 #include "storage/snapshot_writer.hpp"
@@ -27,6 +28,7 @@ struct process_roles {
   const mesh_setup& setup;
   transport::io_context io;
   const clock_source& clock;
+  logger& log;
   status_board& board;
   const dataset* data = nullptr;               // learners
   const std::vector<float>* initial = nullptr;  // shards: the initial global model

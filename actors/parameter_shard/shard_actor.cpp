@@ -122,7 +122,8 @@ void storage_fault(shard_self* self, const chaos_order& order) {
 
 /// A shard that cannot start its snapshots says why and ends.
 caf::behavior fail(shard_self* self, const error& e) {
-  std::fprintf(stderr, "archipelago shard %u: snapshots: %s\n", self->state.args.index, e.to_string().c_str());
+  self->state.args.logs->error("shard.snapshots", "archipelago shard %u: snapshots: %s", self->state.args.index,
+                               e.to_string().c_str());
   self->quit(caf::exit_reason::user_shutdown);
   return {};
 }
@@ -148,12 +149,13 @@ caf::behavior shard_actor(shard_self* self, shard_actor_args args) {
   auto restored = read_restored(a);
   if (!restored) return fail(self, restored.err());
   const node_address me{role::parameter_shard, a.index};
-  st.wire = start_actor_wire(self, a.setup->cfg, a.io, me, a.inc, a.setup->shard_endpoints[a.index], *a.clock);
+  st.wire = start_actor_wire(self, a.setup->cfg, a.io, me, a.inc, a.setup->shard_endpoints[a.index], *a.clock,
+                             *a.logs);
   if (!st.wire) return {};
   if (a.writer)
     st.store = std::make_unique<writer_shard_store>(st.args, caf::actor_cast<caf::actor>(self), st.commits_failing);
   const bool resumed = !restored->empty();
-  st.shard = std::make_unique<shard_wire>(*a.setup, a.index, a.inc, *st.wire, st.store.get(),
+  st.shard = std::make_unique<shard_wire>(*a.setup, a.index, a.inc, *st.wire, *a.logs, st.store.get(),
                                           shard_settings(*a.setup, a.writer && a.record_contributions),
                                           a.initial->data(), std::move(*restored));
   if (a.writer && !resumed) {  // a new store: every owned fragment's initial state is its first snapshot
@@ -180,11 +182,10 @@ caf::behavior shard_actor(shard_self* self, shard_actor_args args) {
       },
       [self](commit_failed_atom, std::uint32_t p, std::uint64_t version, const std::string& why) {
         auto& st = self->state;
-        const std::uint64_t n = ++st.snapshot_errors;
-        if (n <= 10 || n % 1000 == 0)
-          std::fprintf(stderr, "archipelago shard %u: version %llu of fragment %u not snapshotted (%s): it stays "
-                       "invisible and its fragment paused until a retry succeeds\n", st.args.index,
-                       static_cast<unsigned long long>(version), p, why.c_str());
+        ++st.snapshot_errors;  // for /metrics; the logger's rate limit bounds the lines of a failing disk
+        st.args.logs->warn("shard.commit_failed", "archipelago shard %u: version %llu of fragment %u not snapshotted "
+                           "(%s): it stays invisible and its fragment paused until a retry succeeds", st.args.index,
+                           static_cast<unsigned long long>(version), p, why.c_str());
         st.shard->on_commit_failed({p}, version);
         if (!st.retry_armed) {
           st.retry_armed = true;

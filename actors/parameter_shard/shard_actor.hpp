@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/clock.hpp"
+#include "core/log.hpp"
 #include "core/ids.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/node_status.hpp"
@@ -26,6 +27,7 @@ struct shard_actor_args {
   const std::vector<float>* initial = nullptr;  // the initial global model, laid out by the layout
   transport::io_context io;          // the process's transport context
   const clock_source* clock = nullptr;
+  logger* logs = nullptr;  // where its lines go (the process's logger, rate-limited by kind)
   incarnation inc{1};
   /// Commits go here (with no snapshot to resume from, the initial state first); null: no snapshots.
   storage::snapshot_writer* writer = nullptr;

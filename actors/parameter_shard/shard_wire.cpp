@@ -1,7 +1,5 @@
 #include "parameter_shard/shard_wire.hpp"
 
-#include <cstdio>
-
 namespace archipelago {
 namespace {
 
@@ -25,9 +23,9 @@ shard_config shard_settings(const mesh_setup& setup, bool record_merges) {
 }
 
 shard_wire::shard_wire(const mesh_setup& setup, std::uint32_t index, incarnation inc, transport::message_port& port,
-                       shard_store* store, shard_config config, const float* initial_params,
+                       logger& log, shard_store* store, shard_config config, const float* initial_params,
                        std::vector<std::pair<fragment_index, fragment_outer_state>> restored)
-    : setup_(setup), index_(index), inc_(inc), port_(port), store_(store), owned_(setup.fragments_of(index)),
+    : setup_(setup), index_(index), inc_(inc), port_(port), log_(log), store_(store), owned_(setup.fragments_of(index)),
       core_(std::make_unique<shard_core>(setup.layout, setup.plan, owned_, config, initial_params)) {
   for (auto& [p, state] : restored) {
     // Restoring a fragment the shard owns from a state its own layout produced cannot fail.
@@ -64,10 +62,10 @@ bool shard_wire::follow_broker(const transport::decoded_envelope& env) {
   const std::uint64_t epoch = env.header().getBrokerEpoch();
   switch (broker_.on_message(env.sender(), epoch)) {
     case broker_follower::news::fenced:
-      if (broker_.fenced() <= 10 || broker_.fenced() % 1000 == 0)  // a log budget: the refusal itself is the answer
-          std::fprintf(stderr, "archipelago shard %u: refused %s of broker epoch %llu (epoch %llu leads)\n", index_,
-                     env.sender().to_string().c_str(), static_cast<unsigned long long>(epoch),
-                     static_cast<unsigned long long>(broker_.epoch()));
+      // Counted (broker_messages_fenced); the refusal itself is the answer, the line only a note.
+      log_.warn("shard.fenced", "archipelago shard %u: refused %s of broker epoch %llu (epoch %llu leads)", index_,
+                env.sender().to_string().c_str(), static_cast<unsigned long long>(epoch),
+                static_cast<unsigned long long>(broker_.epoch()));
       transport::refuse_fenced(port_, env, broker_.epoch());
       return false;
     case broker_follower::news::changed: {
@@ -77,9 +75,9 @@ bool shard_wire::follow_broker(const transport::decoded_envelope& env) {
       // reconnects), and a broker back within the liveness timeout never looked dead.
       (void)port_.add_peer(leader, setup_.broker_endpoint_of(leader.index));
       const std::size_t dropped = core_->on_broker_restarted();
-      std::fprintf(stderr, "archipelago shard %u: a new broker leads: %s incarnation %llu (epoch %llu); %zu buffered "
-                           "contribution(s) of the old one's rounds dropped\n", index_, leader.to_string().c_str(),
-                   static_cast<unsigned long long>(epoch >> 8), static_cast<unsigned long long>(epoch), dropped);
+      log_.info("shard.new_broker", "archipelago shard %u: a new broker leads: %s incarnation %llu (epoch %llu); %zu "
+                "buffered contribution(s) of the old one's rounds dropped", index_, leader.to_string().c_str(),
+                static_cast<unsigned long long>(epoch >> 8), static_cast<unsigned long long>(epoch), dropped);
       send_join();
       break;
     }
@@ -96,7 +94,7 @@ std::optional<chaos_order> shard_wire::on_message(const transport::decoded_envel
   if (!follow_broker(env)) return std::nullopt;
   switch (env.body()) {
     case wire::Envelope::Body::CHAOS_COMMAND: {
-      auto order = chaos_.on_command(env, port_, now);
+      auto order = chaos_.on_command(env, port_, log_, now);
       if (order && (order->kind == chaos_order::what::storage_fault || order->kind == chaos_order::what::heal))
         return order;
       break;
@@ -139,12 +137,11 @@ void shard_wire::on_contribution(const transport::decoded_envelope& env) {
                                        c.getTokens(), std::move(delta), &why);
   }
   if (verdict == contribution_verdict::rejected) {
-    // Logged with a budget (the first 10, then every 1000th): a bad learner cannot flood stderr.
+    // Counted for /metrics; the logger's rate limit keeps a bad learner from flooding the log.
     const std::uint64_t n = ++counts_.rejected;
-    if (n <= 10 || n % 1000 == 0)
-      std::fprintf(stderr, "archipelago shard %u: rejected round %llu from %s: %s (%llu rejected so far)\n", index_,
-                   static_cast<unsigned long long>(env.header().getRound()), from.to_string().c_str(),
-                   why.empty() ? "undecodable tensor" : why.c_str(), static_cast<unsigned long long>(n));
+    log_.warn("shard.rejected", "archipelago shard %u: rejected round %llu from %s: %s (%llu rejected so far)", index_,
+              static_cast<unsigned long long>(env.header().getRound()), from.to_string().c_str(),
+              why.empty() ? "undecodable tensor" : why.c_str(), static_cast<unsigned long long>(n));
   }
   if (verdict == contribution_verdict::duplicate) return;
   // Arrival notice: the broker admits buffered ones to the round; all go to the ledger.
@@ -174,8 +171,8 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
   if (paused && close.getQuorumNs() >= 0) ++deferred_rounds_;
   auto published = core_->on_round_close(r, p, members);
   if (!published) {
-    std::fprintf(stderr, "archipelago shard %u: round %llu not merged: %s\n", index_,
-                 static_cast<unsigned long long>(r.value), published.err().message.c_str());
+    log_.warn("shard.not_merged", "archipelago shard %u: round %llu not merged: %s", index_,
+              static_cast<unsigned long long>(r.value), published.err().message.c_str());
     return;
   }
   if (!published->has_value()) return;

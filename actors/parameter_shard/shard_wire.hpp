@@ -21,6 +21,7 @@
 #include "core/broker_follower.hpp"
 #include "core/clock.hpp"
 #include "core/ids.hpp"
+#include "core/log.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/node_status.hpp"
 #include "core/prometheus_text.hpp"
@@ -57,9 +58,9 @@ class shard_wire {
   /// Shard `index`, incarnation `inc`, its fragments at `initial_params` (a
   /// buffer laid out by the layout) at version 0, or restored from `restored`
   /// (a snapshot's outer states of every fragment it owns). `store` may be null
-  /// (no snapshots). `setup`, `port` and `store` outlive it.
+  /// (no snapshots). `setup`, `port`, `log` and `store` outlive it.
   shard_wire(const mesh_setup& setup, std::uint32_t index, incarnation inc, transport::message_port& port,
-             shard_store* store, shard_config config, const float* initial_params,
+             logger& log, shard_store* store, shard_config config, const float* initial_params,
              std::vector<std::pair<fragment_index, fragment_outer_state>> restored = {});
 
   /// Announces this incarnation to the broker (after a shard restart the broker
@@ -102,6 +103,7 @@ class shard_wire {
   const std::uint32_t index_;
   const incarnation inc_;
   transport::message_port& port_;
+  logger& log_;
   shard_store* store_;
   std::vector<fragment_index> owned_;
   std::uint64_t deferred_rounds_ = 0;  // rounds closed while their fragment's last version was not durable

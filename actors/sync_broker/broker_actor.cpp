@@ -74,20 +74,21 @@ broker_start read_start(const broker_actor_args& a) {
       return true;
     });
     if (!read)
-      std::fprintf(stderr, "archipelago broker: the stored tape is unreadable, a standby is not sent it (%s)\n",
-                   read.err().message.c_str());
+      a.logs->error("broker.tape_read", "archipelago broker: the stored tape is unreadable, a standby is not sent "
+                    "it (%s)", read.err().message.c_str());
     start.tape.assign(std::make_move_iterator(tape.begin()), std::make_move_iterator(tape.end()));
   }
   start.recovery = true;
   if (auto lease = store.read_round_lease(); !lease)
-    std::fprintf(stderr, "archipelago broker: the round lease is unreadable (%s)\n", lease.err().message.c_str());
+    a.logs->error("broker.lease_read", "archipelago broker: the round lease is unreadable (%s)",
+                  lease.err().message.c_str());
   else if (*lease)
     start.rounds_leased = (*lease)->rounds_below;
   if (auto ledgers = store.ledgers(); ledgers)
     start.ledgers = std::move(*ledgers);
   else
-    std::fprintf(stderr, "archipelago broker: the stored ledger is unreadable, counting from the learners' Progress "
-                         "only (%s)\n", ledgers.err().message.c_str());
+    a.logs->error("broker.ledger_read", "archipelago broker: the stored ledger is unreadable, counting from the "
+                  "learners' Progress only (%s)", ledgers.err().message.c_str());
   return start;
 }
 
@@ -125,7 +126,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, broker_actor
   st.args = std::move(args);
   const mesh_setup& setup = *st.args.setup;
   st.wire = start_actor_wire(self, setup.cfg, st.args.io, st.self_address(), st.args.inc,
-                             setup.broker_endpoint_of(st.args.index), *st.args.clock);
+                             setup.broker_endpoint_of(st.args.index), *st.args.clock, *st.args.logs);
   if (!st.wire) return {};
   if (st.args.writer) st.store = std::make_unique<writer_broker_store>(*st.args.writer);
   // A broker begins to lead from its store read back (the queue drained first, so a
@@ -137,7 +138,8 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, broker_actor
   if (!setup.cfg.mesh.etcd.empty()) {
     auto endpoints = parse_etcd_endpoints(setup.cfg.mesh.etcd);
     if (!endpoints) {  // the knob's check ran before: a programmer error
-      std::fprintf(stderr, "archipelago broker/%u: mesh.etcd: %s\n", st.args.index, endpoints.err().message.c_str());
+      st.args.logs->error("broker.etcd", "archipelago broker/%u: mesh.etcd: %s", st.args.index,
+                          endpoints.err().message.c_str());
       return {};
     }
     // The mesh's keys under its agreement hash: meshes sharing one etcd never meet.
@@ -151,9 +153,10 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, broker_actor
     lc.broker_index = st.args.index;
     lc.ttl_s = std::max<std::int64_t>(2, (liveness_ns + 999'999'999) / 1'000'000'000);  // etcd counts whole seconds
     lc.retry_ns = setup.cfg.wire.heartbeat_interval_ms * 1'000'000;
-    st.lease = std::make_unique<etcd_lease>(std::move(lc), *st.args.clock);
+    st.lease = std::make_unique<etcd_lease>(std::move(lc), *st.args.clock, *st.args.logs);
   }
   st.seat = std::make_unique<broker_seat>(setup, broker_settings(setup), st.args.inc, st.args.index, *st.wire,
+                                          *st.args.logs,
                                           st.store.get(), read_back, st.now(), st.lease.get());
   self->send(self, tick_atom::value);
   return {

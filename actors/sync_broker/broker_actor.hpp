@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/clock.hpp"
+#include "core/log.hpp"
 #include "core/ids.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/node_status.hpp"
@@ -21,6 +22,7 @@ struct broker_actor_args {
   const mesh_setup* setup = nullptr;
   transport::io_context io;  // the process's transport context
   const clock_source* clock = nullptr;
+  logger* logs = nullptr;  // where its lines go (the process's logger, rate-limited by kind)
   incarnation inc{1};
   /// Which broker it is: 0 the primary, 1, 2, ... the standbys (mesh_setup::standby_endpoints).
   std::uint32_t index = 0;

@@ -1,6 +1,5 @@
 #include "sync_broker/broker_seat.hpp"
 
-#include <cstdio>
 #include <utility>
 
 #include "core/json_line.hpp"
@@ -24,9 +23,9 @@ std::vector<std::uint64_t> rounds_held(const mesh_setup& setup, const std::funct
 }  // namespace
 
 broker_seat::broker_seat(const mesh_setup& setup, broker_config settings, incarnation inc, std::uint32_t index,
-                         transport::message_port& port, broker_store* store, std::function<broker_start()> read_start,
-                         nanos now, broker_lease* lease)
-    : setup_(setup), settings_(std::move(settings)), inc_(inc), index_(index), port_(port), store_(store),
+                         transport::message_port& port, logger& log, broker_store* store,
+                         std::function<broker_start()> read_start, nanos now, broker_lease* lease)
+    : setup_(setup), settings_(std::move(settings)), inc_(inc), index_(index), port_(port), log_(log), store_(store),
       read_start_(std::move(read_start)), lease_(lease), election_(election_settings(setup, index), inc.value, now),
       tape_(rounds_held(setup, read_start_)) {
   chaos_.accept = setup.cfg.wire.accept_chaos;
@@ -55,26 +54,27 @@ broker_seat::broker_seat(const mesh_setup& setup, broker_config settings, incarn
 void broker_seat::lead(std::uint64_t epoch, nanos now) {
   broker_start start = read_start_();
   start.epoch = epoch;
-  wire_ = std::make_unique<broker_wire>(setup_, settings_, inc_, port_, store_, start, now);
+  wire_ = std::make_unique<broker_wire>(setup_, settings_, inc_, port_, log_, store_, start, now);
   if (setup_.brokers() > 1)
-    std::fprintf(stderr, "archipelago broker/%u: leading in epoch %llu\n", index_, static_cast<unsigned long long>(epoch));
+    log_.info("broker.leading", "archipelago broker/%u: leading in epoch %llu", index_,
+              static_cast<unsigned long long>(epoch));
   wire_->start(now);
 }
 
 /// Deposed: it follows (what it counted goes on in its successor's ledger, from the copies).
 void broker_seat::follow(nanos now) {
-  std::fprintf(stderr, "archipelago broker/%u: broker/%u leads in a newer epoch (%llu > %llu): stepping down\n", index_,
-               election_.leader().value_or(0), static_cast<unsigned long long>(election_.epoch()),
-               static_cast<unsigned long long>(wire_->epoch()));
+  log_.warn("broker.stepping_down", "archipelago broker/%u: broker/%u leads in a newer epoch (%llu > %llu): stepping down",
+            index_, election_.leader().value_or(0), static_cast<unsigned long long>(election_.epoch()),
+            static_cast<unsigned long long>(wire_->epoch()));
   stop_leading(now);
 }
 
 /// Lost the lease (it expired unrenewed, or etcd gave it to another): stop leading at once.
 void broker_seat::follow_lease(nanos now) {
   const lease_state ls = lease_->state();
-  std::fprintf(stderr, "archipelago broker/%u: the lease of epoch %llu is no longer held%s%s: stepping down\n", index_,
-               static_cast<unsigned long long>(wire_->epoch()), ls.error.empty() ? "" : " (etcd: ",
-               ls.error.empty() ? "" : (ls.error + ")").c_str());
+  log_.warn("broker.stepping_down", "archipelago broker/%u: the lease of epoch %llu is no longer held%s%s: stepping down",
+            index_, static_cast<unsigned long long>(wire_->epoch()), ls.error.empty() ? "" : " (etcd: ",
+            ls.error.empty() ? "" : (ls.error + ")").c_str());
   stop_leading(now);
 }
 
@@ -128,7 +128,7 @@ void broker_seat::on_peer(node_address peer, bool alive, nanos now) {
 
 void broker_seat::on_message(const transport::decoded_envelope& env, nanos now) {
   if (env.body() == wire::Envelope::Body::CHAOS_COMMAND) {
-    (void)chaos_.on_command(env, port_, now);
+    (void)chaos_.on_command(env, port_, log_, now);
     return;
   }
   if (election_.on_epoch(env.header().getBrokerEpoch(), now) && wire_) follow(now);
@@ -167,8 +167,8 @@ void broker_seat::keep(const transport::decoded_envelope& env) {
   if (const std::uint64_t leased = state.getRoundsLeased(); leased > 0)
     (void)store_->lease_rounds(leased, incarnation{env.header().getIncarnation()});
   if (bad > 0)  // a checksum passed, the records did not: a bug or a foreign build
-    std::fprintf(stderr, "archipelago broker/%u: %zu record(s) of %s's state undecodable, not kept\n", index_, bad,
-                 env.sender().to_string().c_str());
+    log_.error("broker.replica_undecodable", "archipelago broker/%u: %zu record(s) of %s's state undecodable, not kept",
+               index_, bad, env.sender().to_string().c_str());
 }
 
 std::string broker_seat::status_json(nanos now) const {

@@ -15,6 +15,7 @@
 
 #include "core/clock.hpp"
 #include "core/ids.hpp"
+#include "core/log.hpp"
 #include "core/mesh_setup.hpp"
 #include "sync_broker/broker_election.hpp"
 #include "sync_broker/broker_lease.hpp"
@@ -35,7 +36,7 @@ class broker_seat {
   /// only while it holds it, in the epoch it grants. `setup`, `port`, `store` and
   /// `lease` outlive the seat.
   broker_seat(const mesh_setup& setup, broker_config settings, incarnation inc, std::uint32_t index,
-              transport::message_port& port, broker_store* store, std::function<broker_start()> read_start, nanos now,
+              transport::message_port& port, logger& log, broker_store* store, std::function<broker_start()> read_start, nanos now,
               broker_lease* lease = nullptr);
 
   void on_message(const transport::decoded_envelope& env, nanos now);
@@ -66,6 +67,7 @@ class broker_seat {
   const incarnation inc_;
   const std::uint32_t index_;
   transport::message_port& port_;
+  logger& log_;
   broker_store* store_;
   std::function<broker_start()> read_start_;
   broker_lease* lease_;

@@ -1,7 +1,6 @@
 #include "sync_broker/broker_wire.hpp"
 
 #include <algorithm>
-#include <cstdio>
 
 namespace archipelago {
 namespace {
@@ -74,8 +73,10 @@ broker_config broker_settings(const mesh_setup& s) {
 }
 
 broker_wire::broker_wire(const mesh_setup& setup, broker_config settings, incarnation inc,
-                         transport::message_port& port, broker_store* store, const broker_start& start, nanos now)
+                         transport::message_port& port, logger& log, broker_store* store, const broker_start& start,
+                         nanos now)
     : setup_(setup), inc_(inc), epoch_(start.epoch != 0 ? start.epoch : broker_epoch_of(inc.value, 0)), port_(port),
+      log_(log),
       store_(store), lease_(start.recovery && store),
       ledger_write_interval_ns_(start.ledger_write_interval_ns), ledger_(fragment_floats(setup)), started_ns_(now),
       tape_(3 * start.ledger_write_interval_ns) {
@@ -131,11 +132,11 @@ std::uint64_t broker_wire::recover(const broker_start& start) {
   }
   const ledger_totals sum = ledger_.totals();
   if (!start.ledgers.empty() || first_round > 0)
-    std::fprintf(stderr, "archipelago broker: recovered (incarnation %llu): rounds from %llu; the ledger of %zu learner "
-                         "incarnation(s) restored (%llu tokens processed, %llu merged)%s\n",
-                 static_cast<unsigned long long>(inc_.value), static_cast<unsigned long long>(first_round), restored,
-                 static_cast<unsigned long long>(sum.processed), static_cast<unsigned long long>(sum.merged),
-                 skipped ? ", records without a step count skipped" : "");
+    log_.info("broker.recovered", "archipelago broker: recovered (incarnation %llu): rounds from %llu; the ledger of "
+              "%zu learner incarnation(s) restored (%llu tokens processed, %llu merged)%s",
+              static_cast<unsigned long long>(inc_.value), static_cast<unsigned long long>(first_round), restored,
+              static_cast<unsigned long long>(sum.processed), static_cast<unsigned long long>(sum.merged),
+              skipped ? ", records without a step count skipped" : "");
   return first_round;
 }
 
@@ -160,8 +161,8 @@ void broker_wire::lease_round(std::uint64_t round, nanos now) {
   if (!lease_ || round < rounds_leased_) return;
   rounds_leased_ = round + round_lease_block;
   if (auto ok = store_->lease_rounds(rounds_leased_, inc_); !ok)
-    std::fprintf(stderr, "archipelago broker: round lease not written (%s): a restarted broker may reuse round "
-                         "numbers\n", ok.err().message.c_str());
+    log_.error("broker.lease_write", "archipelago broker: round lease not written (%s): a restarted broker may reuse "
+               "round numbers", ok.err().message.c_str());
   replicate({}, false, now);  // the standbys hear of the lease before its rounds are announced
 }
 
@@ -279,8 +280,8 @@ void broker_wire::on_peer(node_address peer, bool alive, nanos now) {
     if (alive) {
       core_->on_shard_alive(peer.index, now);
     } else {
-      std::fprintf(stderr, "archipelago broker: shard/%u fell silent: its fragments pause, the others go on\n",
-                   peer.index);
+      log_.warn("broker.shard_silent", "archipelago broker: shard/%u fell silent: its fragments pause, the others go on",
+                peer.index);
       core_->on_shard_lost(peer.index, now);
     }
     return dispatch(now);
@@ -289,7 +290,8 @@ void broker_wire::on_peer(node_address peer, bool alive, nanos now) {
   if (alive) {
     core_->on_peer_alive({peer.index}, now);
   } else {
-    std::fprintf(stderr, "archipelago broker: learner/%u fell silent (no message or heartbeat): dead\n", peer.index);
+    log_.warn("broker.learner_silent", "archipelago broker: learner/%u fell silent (no message or heartbeat): dead",
+              peer.index);
     core_->on_peer_lost({peer.index}, now);
   }
   dispatch(now);
@@ -340,8 +342,8 @@ void broker_wire::shard_seen(node_address from, std::uint64_t inc, nanos now) {
   std::uint64_t& known = shard_incarnations_[from.index];
   if (inc <= known) return;
   if (known != 0) {
-    std::fprintf(stderr, "archipelago broker: shard/%u restarted (incarnation %llu)\n", from.index,
-                 static_cast<unsigned long long>(inc));
+    log_.info("broker.shard_restarted", "archipelago broker: shard/%u restarted (incarnation %llu)", from.index,
+              static_cast<unsigned long long>(inc));
     core_->on_shard_restarted(from.index, now);
     // A new connection too: the old one may be dead for good (inproc:// never reconnects).
     (void)port_.add_peer(from, setup_.shard_endpoints[from.index]);
@@ -396,7 +398,7 @@ void broker_wire::on_join(const transport::decoded_envelope& env, nanos now) {
                                  ? "model layout (model.* knobs) differs from the mesh's"
                                  : "mesh policy (mesh.mode, fragments, shards, inner_steps, rounds_in_flight or "
                                    "wire.encoding) differs from the mesh's");
-    std::fprintf(stderr, "archipelago broker: %s\n", why.c_str());
+    log_.warn("broker.join_refused", "archipelago broker: %s", why.c_str());
     refused_.insert({{from.index}, inc});
     auto b = port_.make_envelope();
     auto e = b.body().initError();

@@ -15,6 +15,7 @@
 
 #include "core/clock.hpp"
 #include "core/ids.hpp"
+#include "core/log.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/node_status.hpp"
 #include "core/prometheus_text.hpp"
@@ -39,7 +40,7 @@ class broker_wire {
   /// start.first_round overrides its first round. `store` may be null (no
   /// snapshots); `setup`, `port` and `store` outlive the wire.
   broker_wire(const mesh_setup& setup, broker_config settings, incarnation inc, transport::message_port& port,
-              broker_store* store, const broker_start& start, nanos now);
+              logger& log, broker_store* store, const broker_start& start, nanos now);
 
   /// The first messages: a Welcome to every shard, and to every learner a
   /// restarted broker's store knew (they re-join at once).
@@ -90,6 +91,7 @@ class broker_wire {
   const incarnation inc_;
   const std::uint64_t epoch_;
   transport::message_port& port_;
+  logger& log_;
   broker_store* store_;
   const bool lease_ = false;  // broker_start::recovery: lease round numbers ahead
   const nanos ledger_write_interval_ns_;

@@ -2,14 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <httplib.h>
 
 #include "core/mesh_setup.hpp"
 
 namespace archipelago {
 
-etcd_lease::etcd_lease(etcd_lease_config cfg, const clock_source& clock) : cfg_(std::move(cfg)), clock_(clock) {
+etcd_lease::etcd_lease(etcd_lease_config cfg, const clock_source& clock, logger& log)
+    : cfg_(std::move(cfg)), clock_(clock), log_(log) {
   clients_.resize(cfg_.endpoints.size());
   thread_ = std::thread([this] { run(); });
 }
@@ -73,7 +73,8 @@ std::optional<std::string> etcd_lease::post(const std::string& path, const std::
     endpoint_ = (endpoint_ + 1) % cfg_.endpoints.size();
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (state_.error != failure) std::fprintf(stderr, "archipelago broker/%u: etcd: %s\n", cfg_.broker_index, failure.c_str());
+  if (state_.error != failure)  // said once per new failure; the logger bounds a flapping one
+    log_.warn("broker.etcd", "archipelago broker/%u: etcd: %s", cfg_.broker_index, failure.c_str());
   state_.error = failure;
   return std::nullopt;
 }
@@ -111,8 +112,8 @@ void etcd_lease::renew() {
     state_.valid_until = sent + *ttl * 1'000'000'000 - std::max<nanos>(ttl_ns / 10, 200'000'000);
     return;
   }
-  std::fprintf(stderr, "archipelago broker/%u: etcd: the lease of epoch %llu is gone\n", cfg_.broker_index,
-               static_cast<unsigned long long>(state_.held_epoch));
+  log_.warn("broker.etcd", "archipelago broker/%u: etcd: the lease of epoch %llu is gone", cfg_.broker_index,
+            static_cast<unsigned long long>(state_.held_epoch));
   lease_id_ = 0;
   state_.held_epoch = 0;
   wanted_epoch_ = 0;

@@ -25,6 +25,7 @@
 
 #include "core/clock.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "sync_broker/broker_lease.hpp"
 #include "sync_broker/etcd_requests.hpp"
 
@@ -44,7 +45,7 @@ struct etcd_lease_config {
 
 class etcd_lease final : public broker_lease {
  public:
-  etcd_lease(etcd_lease_config cfg, const clock_source& clock);
+  etcd_lease(etcd_lease_config cfg, const clock_source& clock, logger& log);
   ~etcd_lease() override;  // revokes a held lease, stops the thread
   etcd_lease(const etcd_lease&) = delete;
   etcd_lease& operator=(const etcd_lease&) = delete;
@@ -62,6 +63,7 @@ class etcd_lease final : public broker_lease {
 
   const etcd_lease_config cfg_;
   const clock_source& clock_;
+  logger& log_;
   std::size_t endpoint_ = 0;  // the one that answered last (thread only)
   std::vector<std::unique_ptr<httplib::Client>> clients_;  // per endpoint, its connection kept alive (thread only)
   std::int64_t lease_id_ = 0;  // held (thread only)

@@ -60,11 +60,11 @@ inline transport::node_transport::peer_handler deliver_peer_events_to(caf::actor
 /// Starts the node transport of `self` as `address` (incarnation `inc`), bound
 /// to `endpoint`, sharing `io` with the other transports of the process
 /// (inproc:// needs one context); inbound messages and peer events go to
-/// `self`'s mailbox. On failure it says why on stderr, ends the actor and
-/// returns null.
+/// `self`'s mailbox. On failure it logs why, ends the actor and returns null.
+/// `clock` and `log` outlive the transport.
 std::unique_ptr<transport::node_transport> start_actor_wire(caf::scheduled_actor* self, const config& cfg,
                                                             transport::io_context io, node_address address,
                                                             incarnation inc, const std::string& endpoint,
-                                                            const clock_source& clock);
+                                                            const clock_source& clock, logger& log);
 
 }  // namespace archipelago

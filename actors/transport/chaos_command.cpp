@@ -1,7 +1,6 @@
 #include "transport/chaos_command.hpp"
 
 #include <cmath>
-#include <cstdio>
 
 
 namespace archipelago {
@@ -80,12 +79,12 @@ expected<chaos_order> decode_chaos_order(const decoded_envelope& env) {
 }
 
 std::optional<chaos_order> chaos_receiver::on_command(const decoded_envelope& env, transport::message_port& wire,
-                                                      nanos now) {
+                                                      logger& log, nanos now) {
   const node_address self = wire.self();
   auto refuse = [&](const std::string& why) -> std::optional<chaos_order> {
-    if (refused++ == 0)
-      std::fprintf(stderr, "archipelago %s: ignored a ChaosCommand from %s: %s\n", self.to_string().c_str(),
-                   env.sender().to_string().c_str(), why.c_str());
+    ++refused;
+    log.warn("chaos.refused", "archipelago %s: ignored a ChaosCommand from %s: %s", self.to_string().c_str(),
+             env.sender().to_string().c_str(), why.c_str());
     return std::nullopt;
   };
   if (!accept) return refuse("wire.accept_chaos is off (only fault drills obey the chaos monkey)");

@@ -14,6 +14,7 @@
 #include "core/clock.hpp"
 #include "core/error.hpp"
 #include "core/ids.hpp"
+#include "core/log.hpp"
 #include "transport/codec.hpp"
 #include "transport/link_shaper.hpp"
 #include "transport/message_port.hpp"
@@ -44,9 +45,9 @@ struct chaos_receiver {
 
   /// Handles a ChaosCommand envelope: shapes links through `port` (heal restores
   /// the node's default link), updates the fields above. Returns the order
-  /// obeyed, or nullopt when refused (accept off, malformed: logged once per node).
+  /// obeyed, or nullopt when refused (accept off, malformed: logged, rate-limited by the logger).
   std::optional<chaos_order> on_command(const transport::decoded_envelope& env, transport::message_port& port,
-                                        nanos now);
+                                        logger& log, nanos now);
 };
 
 }  // namespace archipelago

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -98,6 +97,7 @@ struct command {
 struct node_transport::impl {
   transport_config cfg;
   const clock_source& clock;
+  logger& log;
   message_handler on_message;
   peer_handler on_peer;
 
@@ -179,10 +179,9 @@ struct node_transport::impl {
   peer_liveness liveness;
   dedup_window dedup, bulk_dedup;  // per lane: a bulk message may arrive long after later control ones
   std::set<node_address> dead_reported;
-  std::uint64_t log_budget[static_cast<int>(reject_reason::count_)] = {};
 
-  impl(transport_config c, const clock_source& clk, message_handler m, peer_handler p)
-      : cfg(std::move(c)), clock(clk), on_message(std::move(m)), on_peer(std::move(p)),
+  impl(transport_config c, const clock_source& clk, logger& l, message_handler m, peer_handler p)
+      : cfg(std::move(c)), clock(clk), log(l), on_message(std::move(m)), on_peer(std::move(p)),
         context_owner(cfg.context ? cfg.context : make_io_context()), context(*context_owner),
         liveness(cfg.heartbeat) {}
   ~impl() {
@@ -282,8 +281,8 @@ struct node_transport::impl {
       }
       if (!changed && l.window->queue_delay_max_ns() == l.reported_delay_max_ns) continue;  // the mutex only on news
       l.reported_delay_max_ns = l.window->queue_delay_max_ns();
-      count([&](auto& c) {
-        link_counters& link = c.links[p.address];
+      count([&, address = p.address](auto& c) {  // clang 14 cannot capture a structured binding
+        link_counters& link = c.links[address];
         link.bulk_window_bytes = l.window->bytes();
         link.bulk_queue_delay_max_ns = l.window->queue_delay_max_ns();
       });
@@ -453,10 +452,9 @@ struct node_transport::impl {
   // -- inbound --------------------------------------------------------------
 
   void log_reject(reject_reason reason, const std::string& from, const std::string& message) {
-    auto& budget = log_budget[static_cast<int>(reason)];
-    if (budget++ < 10 || budget % 1000 == 0)
-      std::fprintf(stderr, "archipelago transport %s: rejected message from '%s' (%s): %s\n",
-                   cfg.self.to_string().c_str(), from.c_str(), to_string(reason), message.c_str());
+    // Counted by reason before this (rejected[]); the logger's rate limit keeps a flood to a few lines.
+    log.warn("transport.rejected", "archipelago transport %s: rejected message from '%s' (%s): %s",
+             cfg.self.to_string().c_str(), from.c_str(), to_string(reason), message.c_str());
   }
 
   void reply_error(zmq::socket_t& socket, const std::string* identity, wire::ErrorCode code,
@@ -600,8 +598,8 @@ struct node_transport::impl {
       return;
     }
     count([](auto& c) { ++c.curve_refused; });
-    std::fprintf(stderr, "archipelago transport %s: refused a connection from unknown key %s\n",
-                 cfg.self.to_string().c_str(), refused.empty() ? "(none)" : refused.c_str());
+    log.warn("transport.curve_refused", "archipelago transport %s: refused a connection from unknown key %s",
+             cfg.self.to_string().c_str(), refused.empty() ? "(none)" : refused.c_str());
   }
 
   // -- the I/O thread -------------------------------------------------------
@@ -742,11 +740,12 @@ node_transport::node_transport(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 node_transport::~node_transport() { stop(); }
 
 expected<std::unique_ptr<node_transport>> node_transport::start(transport_config config, const clock_source& clock,
-                                                      message_handler on_message, peer_handler on_peer) {
+                                                                logger& log, message_handler on_message,
+                                                                peer_handler on_peer) {
   if (auto ok = validate(config.heartbeat); !ok) return ok.err();
   if (auto ok = validate(config.backoff); !ok) return ok.err();
   if (auto ok = validate(config.default_link); !ok) return ok.err();
-  auto p = std::make_unique<impl>(std::move(config), clock, std::move(on_message), std::move(on_peer));
+  auto p = std::make_unique<impl>(std::move(config), clock, log, std::move(on_message), std::move(on_peer));
   p->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   p->timer_fd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   if (p->wake_fd < 0 || p->timer_fd < 0) return make_error(errc::io_error, "eventfd/timerfd failed");
@@ -798,7 +797,8 @@ expected<std::unique_ptr<node_transport>> node_transport::start(transport_config
     try {
       raw->run();
     } catch (const zmq::error_t& e) {
-      std::fprintf(stderr, "archipelago transport: I/O thread stopped: %s\n", e.what());
+      raw->log.error("transport.stopped", "archipelago transport %s: I/O thread stopped: %s",
+                     raw->cfg.self.to_string().c_str(), e.what());
     }
   });
   return std::unique_ptr<node_transport>(new node_transport(std::move(p)));
@@ -876,7 +876,8 @@ status node_transport::add_peer(node_address peer, const std::string& endpoint,
                              "CURVE peer " + peer.to_string() + ": " +
                                  (server_key.empty() ? "no public key named " + wanted + " on the allow-list (wire.allow)"
                                                      : ok.err().message));
-      std::fprintf(stderr, "archipelago %s: %s\n", impl_->cfg.self.to_string().c_str(), err.message.c_str());
+      impl_->log.error("transport.peer_key", "archipelago %s: %s", impl_->cfg.self.to_string().c_str(),
+                       err.message.c_str());
       return status(std::move(err));
     }
   }

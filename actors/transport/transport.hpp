@@ -38,6 +38,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/ids.hpp"
+#include "core/log.hpp"
 #include "transport/codec.hpp"
 #include "transport/curve_keys.hpp"
 #include "transport/io_context.hpp"
@@ -140,9 +141,11 @@ class node_transport final : public message_port {
   using message_handler = std::function<void(std::shared_ptr<const inbound_message>)>;
   using peer_handler = std::function<void(node_address peer, bool alive)>;
 
-  /// Binds, starts the I/O thread and returns once the endpoint is bound.
+  /// Binds, starts the I/O thread and returns once the endpoint is bound. `clock`
+  /// and `log` (rejected messages, refused keys: rate-limited by kind) outlive it.
   static expected<std::unique_ptr<node_transport>> start(transport_config config, const clock_source& clock,
-                                                    message_handler on_message, peer_handler on_peer = {});
+                                                         logger& log, message_handler on_message,
+                                                         peer_handler on_peer = {});
   ~node_transport() override;
   node_transport(const node_transport&) = delete;
   node_transport& operator=(const node_transport&) = delete;
@@ -156,7 +159,7 @@ class node_transport final : public message_port {
   /// Registers (or re-points) a peer: its messages go to `endpoint`. With CURVE
   /// on, `server_public_z85` is the peer's public key; empty: the allow-list's
   /// key named after the peer (curve_key_names). A tcp:// peer without a key is
-  /// invalid_input, also said on stderr (the mesh's actors do not check).
+  /// invalid_input, also logged (the mesh's actors do not check).
   status add_peer(node_address peer, const std::string& endpoint, const std::string& server_public_z85);
   status add_peer(node_address peer, const std::string& endpoint) override { return add_peer(peer, endpoint, {}); }
   /// A builder with this node's header and the next sequence number.

@@ -49,6 +49,7 @@ TEST_CASE("actor system: request/response, monitor, clean shutdown") {
   CHECK(down);
 }
 
+#include "../test_log.hpp"
 #include "transport/actor_bridge.hpp"
 
 TEST_CASE("transport delivers inbound messages to a CAF actor without copying the tensor") {
@@ -67,8 +68,8 @@ TEST_CASE("transport delivers inbound messages to a CAF actor without copying th
     a_cfg.bind_endpoint = "inproc://caf-shard";
     b_cfg.self = {role::learner, 0};
     b_cfg.bind_endpoint = "inproc://caf-learner";
-    auto a = node_transport::start(a_cfg, clock, deliver_to(caf::actor_cast<caf::actor>(self)));
-    auto b = node_transport::start(b_cfg, clock, {});
+    auto a = node_transport::start(a_cfg, clock, archipelago::test_logging::test_log(), deliver_to(caf::actor_cast<caf::actor>(self)));
+    auto b = node_transport::start(b_cfg, clock, archipelago::test_logging::test_log(), {});
     REQUIRE(a);
     REQUIRE(b);
     REQUIRE((*b)->add_peer(a_cfg.self, (*a)->endpoint()));

@@ -1,102 +1,106 @@
-// A bounded, seeded fuzz run without libFuzzer: mutates valid multipart
-// messages (bit flips, truncation, splices, length changes) and feeds them to
-// the decoder target. Usage: archipelago_fuzz_smoke [iterations] [seed]
-// [corpus-dir]; with a directory it writes the valid seed inputs there, as a
-// starting corpus for libFuzzer.
+// A bounded, seeded fuzz run without libFuzzer, linked with one target file:
+// first every file of each --corpus directory is replayed once (the inputs of
+// past findings: CI regressions), then ITERATIONS inputs are made by mutating
+// the target's fuzz_seeds() and the corpus files (bit flips, truncation, byte
+// changes, splices, insertions) and fed to the target.
+//
+// Usage: <target>_fuzz_smoke ITERATIONS SEED [--corpus DIR]... [--write-seeds DIR]
+// --write-seeds writes fuzz_seeds() to DIR (a starting corpus for libFuzzer) and exits.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "core/prng.hpp"
-#include "transport/codec.hpp"
-
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size);
+#include "fuzz_target.hpp"
 
 namespace {
 
-using namespace archipelago;
-using namespace archipelago::transport;
+using input = std::vector<std::uint8_t>;
 
-/// Serialises a message in the fuzz target's input format.
-std::vector<std::uint8_t> to_input(const encoded_message& m, bool misalign) {
-  std::vector<std::vector<std::uint8_t>> frames;
-  const auto* p = reinterpret_cast<const std::uint8_t*>(m.envelope.begin());
-  frames.emplace_back(p, p + m.envelope.size() * 8);
-  for (const auto& t : m.tensors) frames.push_back(*t);
-  std::vector<std::uint8_t> in{static_cast<std::uint8_t>(frames.size() | 0x40 | (misalign ? 0x80 : 0))};
-  for (const auto& f : frames) {
-    const std::size_t len = std::min<std::size_t>(f.size(), 65535);
-    in.push_back(static_cast<std::uint8_t>(len & 0xff));
-    in.push_back(static_cast<std::uint8_t>(len >> 8));
-    in.insert(in.end(), f.begin(), f.begin() + static_cast<std::ptrdiff_t>(len));
-  }
-  return in;
+input read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return input((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-std::vector<std::vector<std::uint8_t>> seeds() {
-  std::vector<std::vector<std::uint8_t>> out;
-  const node_address sender{role::learner, 2};
-  std::vector<float> values(300);
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.01f * static_cast<float>(i) - 1.0f;
-  for (auto enc : {tensor_encoding::fp32, tensor_encoding::bf16, tensor_encoding::int8,
-                   tensor_encoding::int4, tensor_encoding::int2}) {
-    envelope_builder b(sender, incarnation{3}, 5, 9);
-    b.body().initContribution().setTokens(4096);
-    (void)b.add_tensor_values("fragment/1", values.data(), values.size(), enc, 32);
-    out.push_back(to_input(b.finish(), false));
+void mutate(input& in, const std::vector<input>& pool, archipelago::prng& rng) {
+  const int mutations = 1 + static_cast<int>(rng.below(8));
+  for (int k = 0; k < mutations && !in.empty(); ++k) {
+    switch (rng.below(5)) {
+      case 0: in[rng.below(in.size())] ^= static_cast<std::uint8_t>(1u << rng.below(8)); break;
+      case 1: in.resize(rng.below(in.size() + 1)); break;
+      case 2: in[rng.below(in.size())] = static_cast<std::uint8_t>(rng.below(256)); break;
+      case 3: {  // splice a chunk of another input
+        const input& other = pool[rng.below(pool.size())];
+        if (other.empty()) break;
+        const std::size_t at = rng.below(in.size()), from = rng.below(other.size());
+        const std::size_t len = std::min<std::size_t>(rng.below(64), std::min(in.size() - at, other.size() - from));
+        std::copy(other.begin() + static_cast<std::ptrdiff_t>(from),
+                  other.begin() + static_cast<std::ptrdiff_t>(from + len), in.begin() + static_cast<std::ptrdiff_t>(at));
+        break;
+      }
+      default:
+        in.insert(in.begin() + static_cast<std::ptrdiff_t>(rng.below(in.size() + 1)),
+                  static_cast<std::uint8_t>(rng.below(256)));
+    }
   }
-  envelope_builder w(sender, incarnation{1}, 1, 0);
-  auto shards = w.body().initWelcome().initShards(2);
-  shards[0].setEndpoint("tcp://127.0.0.1:7001");
-  shards[1].initFragments(3);
-  out.push_back(to_input(w.finish(), true));
-  envelope_builder e(sender, incarnation{1}, 2, 0);
-  e.body().initError().setMessage("version mismatch");
-  out.push_back(to_input(e.finish(), false));
-  return out;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const long iterations = argc > 1 ? std::atol(argv[1]) : 20000;
-  const std::uint64_t seed = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1;
-  std::printf("fuzz smoke: %ld iterations, seed %llu\n", iterations, static_cast<unsigned long long>(seed));
-  archipelago::prng rng(seed);
-  const auto corpus = seeds();
-  if (argc > 3) {
-    for (std::size_t i = 0; i < corpus.size(); ++i) {
-      const std::string path = std::string(argv[3]) + "/seed-" + std::to_string(i);
-      if (FILE* f = std::fopen(path.c_str(), "wb")) {
-        std::fwrite(corpus[i].data(), 1, corpus[i].size(), f);
-        std::fclose(f);
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s ITERATIONS SEED [--corpus DIR]... [--write-seeds DIR]\n", argv[0]);
+    return 2;
+  }
+  const long iterations = std::atol(argv[1]);
+  const std::uint64_t seed = std::strtoull(argv[2], nullptr, 10);
+  std::vector<input> pool = fuzz_seeds();
+  std::size_t replayed = 0;
+  for (int i = 3; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], dir = argv[i + 1];
+    if (flag == "--write-seeds") {
+      for (std::size_t s = 0; s < pool.size(); ++s) {
+        std::ofstream out(std::filesystem::path(dir) / ("seed-" + std::to_string(s)), std::ios::binary);
+        out.write(reinterpret_cast<const char*>(pool[s].data()), static_cast<std::streamsize>(pool[s].size()));
       }
+      std::printf("fuzz smoke: %zu seeds written to %s\n", pool.size(), dir.c_str());
+      return 0;
+    }
+    if (flag != "--corpus") {
+      std::fprintf(stderr, "fuzz smoke: unknown flag '%s'\n", flag.c_str());
+      return 2;
+    }
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) {
+      std::fprintf(stderr, "fuzz smoke: --corpus %s: not a directory\n", dir.c_str());
+      return 2;
+    }
+    std::vector<std::filesystem::path> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.is_regular_file() && !e.path().filename().string().starts_with(".")) files.push_back(e.path());
+    std::sort(files.begin(), files.end());  // one order: a seed replays the same run
+    for (const auto& f : files) {
+      input in = read_file(f);
+      std::printf("fuzz smoke: replaying %s (%zu bytes)\n", f.string().c_str(), in.size());
+      std::fflush(stdout);  // a crash names the input it was on
+      LLVMFuzzerTestOneInput(in.data(), in.size());
+      pool.push_back(std::move(in));
+      ++replayed;
     }
   }
+  std::printf("fuzz smoke: %zu corpus inputs replayed; %ld iterations, seed %llu\n", replayed, iterations,
+              static_cast<unsigned long long>(seed));
+  archipelago::prng rng(seed);
   for (long i = 0; i < iterations; ++i) {
-    std::vector<std::uint8_t> in = corpus[rng.below(corpus.size())];
-    const int mutations = 1 + static_cast<int>(rng.below(8));
-    for (int k = 0; k < mutations && !in.empty(); ++k) {
-      switch (rng.below(5)) {
-        case 0: in[rng.below(in.size())] ^= static_cast<std::uint8_t>(1u << rng.below(8)); break;
-        case 1: in.resize(rng.below(in.size() + 1)); break;
-        case 2: in[rng.below(in.size())] = static_cast<std::uint8_t>(rng.below(256)); break;
-        case 3: {  // splice a chunk of another seed
-          const auto& other = corpus[rng.below(corpus.size())];
-          const std::size_t at = rng.below(in.size()), from = rng.below(other.size());
-          const std::size_t len = std::min<std::size_t>(rng.below(64), std::min(in.size() - at, other.size() - from));
-          std::copy(other.begin() + static_cast<std::ptrdiff_t>(from),
-                    other.begin() + static_cast<std::ptrdiff_t>(from + len),
-                    in.begin() + static_cast<std::ptrdiff_t>(at));
-          break;
-        }
-        default: in.insert(in.begin() + static_cast<std::ptrdiff_t>(rng.below(in.size() + 1)),
-                           static_cast<std::uint8_t>(rng.below(256)));
-      }
-    }
+    input in = pool[rng.below(pool.size())];
+    mutate(in, pool, rng);
     LLVMFuzzerTestOneInput(in.data(), in.size());
   }
   std::printf("fuzz smoke: %ld inputs, no crash\n", iterations);

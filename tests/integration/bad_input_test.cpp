@@ -10,10 +10,12 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
 
+#include "../test_log.hpp"
 #include "core/checksum.hpp"
 #include "core/prng.hpp"
 #include "transport/transport.hpp"
@@ -64,7 +66,7 @@ TEST_CASE("bad-input battery against a live node") {
   transport_config cfg;
   cfg.self = {role::parameter_shard, 0};
   cfg.limits.max_tensor_bytes = 8 << 20;
-  auto node = node_transport::start(cfg, clock, [&](std::shared_ptr<const inbound_message> m) {
+  auto node = node_transport::start(cfg, clock, archipelago::test_logging::test_log(), [&](std::shared_ptr<const inbound_message> m) {
     std::lock_guard<std::mutex> lock(got.mutex);
     got.messages.push_back(std::move(m));
     got.changed.notify_all();
@@ -207,4 +209,73 @@ TEST_CASE("bad-input battery against a live node") {
   CHECK(again == good_values);
   send_raw(raw, contribution(good_values));
   REQUIRE(got.wait_for([&] { return got.messages.size() == 3; }));
+}
+
+// A flood of malformed messages at a live node: every one is counted by reason,
+// the log holds a bounded number of lines, and the node keeps serving. The
+// node's logger runs on a manual clock, so the bound is exact: within one
+// interval the kind "transport.rejected" writes its first `burst` lines (10),
+// and once the interval is over one summary line counts the rest — 11 lines
+// for 10,000 messages (burst + 1 per interval, whatever the traffic).
+TEST_CASE("10,000 malformed messages at a live node: 11 log lines, and the node keeps serving") {
+  steady_clock_source clock;
+  manual_clock log_clock;
+  std::ostringstream lines;
+  log_options lo;
+  lo.burst = 10;
+  lo.interval_ns = 10'000'000'000;
+  logger log(lo, log_clock, &lines);
+  collected got;
+  transport_config cfg;
+  cfg.self = {role::parameter_shard, 0};
+  auto node = node_transport::start(cfg, clock, log, [&](std::shared_ptr<const inbound_message> m) {
+    std::lock_guard<std::mutex> lock(got.mutex);
+    got.messages.push_back(std::move(m));
+    got.changed.notify_all();
+  });
+  REQUIRE(node);
+  zmq::context_t ctx(1);
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.set(zmq::sockopt::routing_id, "learner/4");
+  raw.connect((*node)->endpoint());
+
+  const std::uint64_t seed = 10000;
+  CAPTURE(seed);
+  prng rng(seed);
+  constexpr int flood = 10000;
+  for (int i = 0; i < flood; ++i) {  // random bytes: bad sizes and checksums, never a valid envelope
+    std::vector<std::uint8_t> junk(8 + rng.below(200));
+    for (auto& b : junk) b = static_cast<std::uint8_t>(rng.below(256));
+    send_raw(raw, {junk});
+  }
+  const bool all_counted = [&] {
+    for (int i = 0; i < 300; ++i) {  // at most 30 s
+      if ((*node)->counters().rejected_total() >= static_cast<std::uint64_t>(flood)) return true;
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }();
+  REQUIRE(all_counted);
+  CHECK((*node)->counters().rejected_total() == static_cast<std::uint64_t>(flood));
+  CHECK(log.lines_written() == 10);
+  CHECK(log.lines_suppressed() == static_cast<std::uint64_t>(flood - 10));
+  log_clock.advance(lo.interval_ns);
+  log.flush();
+  CHECK(log.lines_written() == 11);
+
+  // Still serving: a valid message from the same peer is delivered.
+  std::vector<float> values(100, 0.5f);
+  envelope_builder b({role::learner, 4}, incarnation{1}, 1, 3);
+  b.body().initContribution().setTokens(1000);
+  (void)b.add_tensor_values("fragment/0", values.data(), values.size(), tensor_encoding::fp32);
+  send_raw(raw, frames_of(b.finish()));
+  CHECK(got.wait_for([&] { return !got.messages.empty(); }));
+
+  std::istringstream in(lines.str());
+  std::vector<std::string> written;
+  for (std::string line; std::getline(in, line);) written.push_back(line);
+  REQUIRE(written.size() == 11);
+  for (int i = 0; i < 10; ++i) CHECK(written[i].find("[transport.rejected] archipelago transport") != std::string::npos);
+  CHECK(written[10].find("[transport.rejected] 9990 more line(s)") != std::string::npos);
 }

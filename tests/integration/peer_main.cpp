@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "../test_log.hpp"
 #include "transport/transport.hpp"
 
 using namespace archipelago;
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, on_term);
   steady_clock_source clock;
   std::atomic<node_transport*> ready{nullptr};
-  auto t = node_transport::start(cfg, clock, [&](std::shared_ptr<const inbound_message> m) {
+  auto t = node_transport::start(cfg, clock, archipelago::test_logging::test_log(), [&](std::shared_ptr<const inbound_message> m) {
     node_transport* self = ready.load();
     if (self == nullptr) return;  // not wired yet
     auto b = self->make_envelope();

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "../test_log.hpp"
 #include "inbox.hpp"
 #include "transport/transport.hpp"
 
@@ -93,7 +94,7 @@ class peer_process {
 std::unique_ptr<node_transport> start_broker(inbox& in, const steady_clock_source& clock, curve_config curve = {}) {
   transport_config cfg = testing::fast_config(broker, "tcp://127.0.0.1:0");
   cfg.curve = std::move(curve);
-  auto t = node_transport::start(cfg, clock, in.handler(), in.peer_handler());
+  auto t = node_transport::start(cfg, clock, archipelago::test_logging::test_log(), in.handler(), in.peer_handler());
   REQUIRE(t);
   return std::move(*t);
 }

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "../test_log.hpp"
 #include "inbox.hpp"
 #include "transport/transport.hpp"
 
@@ -40,7 +41,7 @@ std::unique_ptr<node_transport> curve_node(node_address who, const curve_keypair
                                            inbox& received) {
   auto cfg = fast_config(who, "tcp://127.0.0.1:0");
   cfg.curve = {true, keys, std::move(allow)};
-  auto t = node_transport::start(cfg, clock, received.handler());
+  auto t = node_transport::start(cfg, clock, archipelago::test_logging::test_log(), received.handler());
   REQUIRE(t);
   return std::move(*t);
 }
@@ -49,8 +50,8 @@ std::unique_ptr<node_transport> curve_node(node_address who, const curve_keypair
 std::pair<std::unique_ptr<node_transport>, std::unique_ptr<node_transport>> connected_pair(
     const transport_config& config_a, const transport_config& config_b, const clock_source& clock, inbox& at_a,
     inbox& at_b) {
-  auto a = node_transport::start(config_a, clock, at_a.handler(), at_a.peer_handler());
-  auto b = node_transport::start(config_b, clock, at_b.handler(), at_b.peer_handler());
+  auto a = node_transport::start(config_a, clock, archipelago::test_logging::test_log(), at_a.handler(), at_a.peer_handler());
+  auto b = node_transport::start(config_b, clock, archipelago::test_logging::test_log(), at_b.handler(), at_b.peer_handler());
   REQUIRE(a);
   REQUIRE(b);
   REQUIRE((*a)->add_peer(learner, (*b)->endpoint()));
@@ -106,7 +107,7 @@ bool alive_again(inbox& at, node_address peer) {
 /// word until `a` declares it dead; returns the endpoint it had.
 std::string peer_that_vanishes(node_transport& a, inbox& at_a, const clock_source& clock) {
   inbox at_b;
-  auto b = node_transport::start(fast_config(learner, "tcp://127.0.0.1:0"), clock, at_b.handler());
+  auto b = node_transport::start(fast_config(learner, "tcp://127.0.0.1:0"), clock, archipelago::test_logging::test_log(), at_b.handler());
   REQUIRE(b);
   const std::string endpoint = (*b)->endpoint();
   REQUIRE(a.add_peer(learner, endpoint));
@@ -131,13 +132,13 @@ TEST_CASE("transport: the same code path over inproc") {
 TEST_CASE("transport: a silent peer is declared dead, and alive again after it restarts") {
   steady_clock_source clock;
   inbox at_a, at_b;
-  auto a = node_transport::start(fast_config(broker, "tcp://127.0.0.1:0"), clock, at_a.handler(), at_a.peer_handler());
+  auto a = node_transport::start(fast_config(broker, "tcp://127.0.0.1:0"), clock, archipelago::test_logging::test_log(), at_a.handler(), at_a.peer_handler());
   REQUIRE(a);
   const std::string b_endpoint = peer_that_vanishes(**a, at_a, clock);
 
   // The peer comes back on the same endpoint with a new incarnation.
   auto cfg = fast_config(learner, b_endpoint, 2);
-  auto b2 = node_transport::start(cfg, clock, at_b.handler());
+  auto b2 = node_transport::start(cfg, clock, archipelago::test_logging::test_log(), at_b.handler());
   REQUIRE(b2);
   REQUIRE((*b2)->add_peer(broker, (*a)->endpoint()));
   REQUIRE(alive_again(at_a, learner));
@@ -152,12 +153,12 @@ TEST_CASE("transport: a dead peer that calls before our reconnect timer can be s
   inbox at_a;
   auto slow_reconnect = fast_config(broker, "tcp://127.0.0.1:0");
   slow_reconnect.backoff.initial_ns = slow_reconnect.backoff.max_ns = 60'000'000'000;  // a minute
-  auto a = node_transport::start(slow_reconnect, clock, at_a.handler(), at_a.peer_handler());
+  auto a = node_transport::start(slow_reconnect, clock, archipelago::test_logging::test_log(), at_a.handler(), at_a.peer_handler());
   REQUIRE(a);
   const std::string b_endpoint = peer_that_vanishes(**a, at_a, clock);
 
   inbox at_b2;
-  auto b2 = node_transport::start(fast_config(learner, b_endpoint, 2), clock, at_b2.handler());
+  auto b2 = node_transport::start(fast_config(learner, b_endpoint, 2), clock, archipelago::test_logging::test_log(), at_b2.handler());
   REQUIRE(b2);
   REQUIRE((*b2)->add_peer(broker, (*a)->endpoint()));  // it calls first
   REQUIRE(alive_again(at_a, learner));
@@ -224,8 +225,8 @@ TEST_CASE("transport: a partition (loss 1 both ways) stops the reconnects' heart
 TEST_CASE("transport: shaping delays a link, duplicates are suppressed, corruption is caught") {
   steady_clock_source clock;
   inbox at_a, at_b;
-  auto a = node_transport::start(fast_config(broker, "tcp://127.0.0.1:0"), clock, at_a.handler());
-  auto b = node_transport::start(fast_config(learner, "tcp://127.0.0.1:0"), clock, at_b.handler());
+  auto a = node_transport::start(fast_config(broker, "tcp://127.0.0.1:0"), clock, archipelago::test_logging::test_log(), at_a.handler());
+  auto b = node_transport::start(fast_config(learner, "tcp://127.0.0.1:0"), clock, archipelago::test_logging::test_log(), at_b.handler());
   REQUIRE(a);
   REQUIRE(b);
   REQUIRE((*a)->add_peer(learner, (*b)->endpoint()));

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "chaos_monkey/chaos_wire.hpp"
+#include "core/log.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/prng.hpp"
 #include "learner/learner_wire.hpp"
@@ -303,6 +304,14 @@ class mesh {
   std::priority_queue<event, std::vector<event>, std::greater<>> events_;
   std::uint64_t seq_ = 0;
   nanos now_ = 0;
+  /// The roles' lines, rate-limited on the simulation's virtual time: a seed's run logs the same lines.
+  struct virtual_clock final : clock_source {
+    const nanos& t;
+    explicit virtual_clock(const nanos& at) : t(at) {}
+    nanos now() const override { return t; }
+  };
+  virtual_clock log_clock_{now_};
+  logger log_{log_options{}, log_clock_};
   sim_result result_;
 };
 
@@ -650,7 +659,7 @@ void mesh::start_learner(std::uint32_t i, nanos t) {
   l.port = std::make_unique<sim_port>(*this, static_cast<int>(i), node_address{role::learner, i},
                                       setup_.learner_endpoints[i], cfg_.link);
   l.port->inc = l.inc;
-  l.wire = std::make_unique<learner_wire>(setup_, cfg_.sync, i, l.inc, *l.port,
+  l.wire = std::make_unique<learner_wire>(setup_, cfg_.sync, i, l.inc, *l.port, log_,
                                           learner_model_view{l.params.data(), nullptr,
                                                              static_cast<std::uint32_t>(cfg_.tokens_per_step), 1});
   fresh_transport(static_cast<int>(i));
@@ -785,7 +794,7 @@ void mesh::start_broker(std::uint32_t b, bool with_store) {
   };
   proc.up = true;
   proc.led = nullptr;
-  proc.seat = std::make_unique<broker_seat>(setup_, settings, proc.port->inc, b, *proc.port,
+  proc.seat = std::make_unique<broker_seat>(setup_, settings, proc.port->inc, b, *proc.port, log_,
                                             with_store ? &proc.store : nullptr, read_start, now_);
   note_leadership(b);
 }
@@ -842,7 +851,7 @@ std::unique_ptr<shard_wire> mesh::make_shard(std::uint32_t s,
                                              std::vector<std::pair<fragment_index, fragment_outer_state>> restored) {
   const std::vector<float> init(setup_.layout.total_floats, 0.f);
   shard_process& proc = shards_[s];
-  return std::make_unique<shard_wire>(setup_, s, proc.port->inc, *proc.port, proc.store.get(), shard_config{},
+  return std::make_unique<shard_wire>(setup_, s, proc.port->inc, *proc.port, log_, proc.store.get(), shard_config{},
                                       init.data(), std::move(restored));
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_log.hpp"
 #include "bench/ablate_bench.hpp"
 #include "bench/bench_mesh.hpp"
 #include "bench/bench_stats.hpp"
@@ -436,7 +437,7 @@ TEST_CASE("bench compute: bad options and a stop before the first sample are err
 TEST_CASE("bench wire: the transport's round trip and throughput over inproc:// against raw ZeroMQ") {
   steady_clock_source clock;
   auto context = transport::make_io_context();
-  auto pair = start_pair(clock, {context, context, "inproc", 8, false, 0});
+  auto pair = start_pair(clock, archipelago::test_logging::test_log(), {context, context, "inproc", 8, false, 0});
   REQUIRE(pair);
   raw_echo echo(*context, endpoint_for("inproc", "router"), 64);
   raw_pipe pipe(*context, *context, endpoint_for("inproc", "pull"), 64, nullptr);

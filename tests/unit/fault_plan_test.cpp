@@ -299,3 +299,24 @@ TEST_CASE("chaos core: every plan of the battery (deploy/drills) parses for a me
   }
   CHECK(plans >= 8);
 }
+
+// Regression (fuzzing, tests/fuzz/corpus/fault_plan/timeline-of-millions): a 124-byte
+// plan of 46 days with a fault every 14 s per learner expanded into ~1.7 million faults.
+TEST_CASE("fault plan: a plan whose timeline would pass max_plan_faults is refused by its count") {
+  auto drawn = parse_fault_plan("seed = 3\nduration = \"66669m\"\n[rates]\nkinds = [\"crash\", \"pause\"]\n"
+                                "learner_mtbf = \"14s\"\nrepair_min = \"1s\"\nrepair_max = \"3s\"\n",
+                                "plan.toml", 6, 2);
+  REQUIRE_FALSE(drawn);
+  CHECK(drawn.err().code == errc::invalid_input);
+  CHECK(drawn.err().message.find("plan.toml: the plan expands to about 1714346 faults") == 0);
+  CHECK(drawn.err().message.find("at most 100000") != std::string::npos);
+  auto repeated = parse_fault_plan("duration = \"1h\"\n[[fault]]\nat = \"1s\"\nkind = \"pause\"\ntarget = \"learners\"\n"
+                                   "for = \"1ms\"\nevery = \"2ms\"\n",
+                                   "plan.toml", 4, 2);
+  REQUIRE_FALSE(repeated);
+  CHECK(repeated.err().message.find("scheduled") != std::string::npos);
+  // At the bound's scale a plan still parses and expands within it.
+  auto soak = parse_fault_plan("duration = \"1800s\"\n[rates]\nlearner_mtbf = \"5s\"\n", "plan.toml", 8, 2);
+  REQUIRE_MESSAGE(soak, soak.err().message);
+  CHECK(expand_fault_plan(*soak, 8).size() <= max_plan_faults);
+}

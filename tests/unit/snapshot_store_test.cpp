@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 
+#include "../test_log.hpp"
 #include "core/checksum.hpp"
 #include "core/prng.hpp"
 #include "parameter_shard/shard_core.hpp"
@@ -311,7 +312,7 @@ TEST_CASE("snapshot writer: never blocks the caller, a full queue refuses, jobs 
   auto gate = std::make_shared<gated_kv>(inner);
   auto store = *snapshot_store::open(gate);
   const std::size_t job_bytes = 256 + 2 * 16 * 4;
-  snapshot_writer writer(store, writer_options{3 * job_bytes + 10});
+  snapshot_writer writer(store, archipelago::test_logging::test_log(), writer_options{3 * job_bytes + 10});
   std::vector<std::uint64_t> versions;
   std::mutex versions_mutex;
   auto done = [&](const expected<std::uint64_t>& v) {

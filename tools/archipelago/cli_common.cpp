@@ -64,15 +64,17 @@ expected<config> config_flags::resolve(const config& defaults) const {
   return cfg;
 }
 
-progress_line::progress_line(int plain_every) : tty_(isatty(STDERR_FILENO) != 0), plain_every_(plain_every) {}
+progress_line::progress_line(logger& log, int plain_every)
+    : log_(log), tty_(isatty(STDERR_FILENO) != 0 && log.options().format == log_format::text && log.enabled(log_level::info)),
+      plain_every_(plain_every) {}
 
 void progress_line::update(const std::string& text, bool force_plain) {
-  if (tty_) {
+  if (tty_) {  // a terminal's live line, not a log line: it is rewritten in place
     std::fprintf(stderr, "\r\033[K%s", text.c_str());
     std::fflush(stderr);
     dirty_ = true;
   } else if (force_plain || (plain_every_ > 0 && (count_ + 1) % plain_every_ == 0)) {
-    std::fprintf(stderr, "%s\n", text.c_str());
+    log_.info("progress", "%s", text.c_str());
   }
   ++count_;
 }
@@ -80,6 +82,30 @@ void progress_line::update(const std::string& text, bool force_plain) {
 void progress_line::finish() {
   if (tty_ && dirty_) std::fprintf(stderr, "\n");
   dirty_ = false;
+}
+
+void log_flags::add_to(CLI::App& app) {
+  app.add_option("--log-level", level, "Lines below this level are not written: debug, info, warn, error or off")
+      ->capture_default_str();
+  app.add_option("--log-format", format, "text, or json: one JSON object per line (ts, level, kind, msg)")
+      ->capture_default_str();
+  app.add_option("--log-burst", burst, "Lines of one kind written per interval; the rest are counted in one summary line")
+      ->check(CLI::Range(1, 10000))->capture_default_str();
+  app.add_option("--log-interval-s", interval_s, "The rate limit's interval, seconds")
+      ->check(CLI::Range(0.001, 3600.0))->capture_default_str();
+}
+
+expected<log_options> log_flags::resolve() const {
+  log_options o;
+  auto l = parse_log_level(level);
+  if (!l) return make_error(errc::invalid_input, "--log-level: " + l.err().message);
+  auto f = parse_log_format(format);
+  if (!f) return make_error(errc::invalid_input, "--log-format: " + f.err().message);
+  o.level = *l;
+  o.format = *f;
+  o.burst = burst;
+  o.interval_ns = static_cast<nanos>(interval_s * 1e9);
+  return o;
 }
 
 void add_metrics_flags(CLI::App& app, metrics_endpoint& where) {

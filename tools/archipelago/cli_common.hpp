@@ -17,6 +17,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/ledger_totals.hpp"
+#include "core/log.hpp"
 
 namespace archipelago::cli {
 
@@ -55,6 +56,20 @@ status check_output_path(const std::string& flag, const std::string& path);
 /// Writes `text` to the file `flag` named; an error names both.
 status write_text_file(const std::string& flag, const std::string& path, const std::string& text);
 
+/// --log-level, --log-format, --log-burst and --log-interval-s: the process's logger,
+/// made in main from these and handed to the command (options of the top-level
+/// command, accepted before or after the subcommand's name).
+struct log_flags {
+  std::string level = "info";
+  std::string format = "text";
+  int burst = log_options{}.burst;
+  double interval_s = static_cast<double>(log_options{}.interval_ns) * 1e-9;
+
+  void add_to(CLI::App& app);
+  /// A bad level or format is invalid_input naming the flag and the value.
+  expected<log_options> resolve() const;
+};
+
 /// --metrics-port PORT and --metrics-host HOST: where a node serves /metrics and /status.
 void add_metrics_flags(CLI::App& app, metrics_endpoint& where);
 
@@ -62,15 +77,17 @@ void add_metrics_flags(CLI::App& app, metrics_endpoint& where);
 extern std::atomic<bool> stop_requested;
 void install_stop_handlers();
 
-/// A status line rewritten in place on a terminal, printed every `plain_every`
-/// updates otherwise (so logs get some progress without flooding).
+/// A status line rewritten in place on a terminal (text logs only), otherwise
+/// an info line of kind "progress" on `log` every `plain_every` updates (so logs
+/// get some progress without flooding).
 class progress_line {
  public:
-  explicit progress_line(int plain_every = 0);
+  explicit progress_line(logger& log, int plain_every = 0);
   void update(const std::string& text, bool force_plain = false);
   void finish();
 
  private:
+  logger& log_;
   bool tty_;
   int plain_every_;
   int count_ = 0;

@@ -82,15 +82,15 @@ void print_json(const compute_flags& f, const compute_result& r, std::pair<doubl
   std::printf("%s\n", j.str().c_str());
 }
 
-int run_compute(const compute_flags& f) {
+int run_compute(const compute_flags& f, logger& log) {
   const compute_options& o = f.bench;
   install_stop_handlers();
-  progress_line progress;
-  auto r = run_compute_bench(o, progress_hooks(progress));
+  progress_line progress(log);
+  auto r = run_compute_bench(o, progress_hooks(progress, log));
   progress.finish();
   if (!r) return report(r.err());
   for (const auto& run : r->torch)
-    if (!run.error.empty()) std::fprintf(stderr, "archipelago: %s\n", run.error.c_str());
+    if (!run.error.empty()) log.warn("bench.torch", "archipelago: %s", run.error.c_str());
   std::printf("bench compute: model %s (%zu parameters), batch %d x %d tokens, %d threads, -march=%s (Eigen: %s)\n",
               o.model.c_str(), r->params, o.batch, r->context, o.threads, ARCHIPELAGO_BUILD_MARCH, r->simd.c_str());
   std::printf("  engine   step %.2f ms median (best %.2f) over %zu steps: %.0f tokens/s, %.1f GFLOP/s\n",
@@ -129,12 +129,12 @@ runner add_bench_command(CLI::App& app) {
   compute->add_option("--python", o.python, "Python interpreter with torch (default /usr/bin/python3)");
   compute->add_option("--torch-script", o.torch_script, "Path of torch_reference.py");
   compute->add_flag("--json", f->json, "Print a one-line JSON summary last");
-  return [f, compute, bench] {
-    if (compute->parsed()) return run_compute(*f);
-    if (bench->get_subcommand("snapshot")->parsed()) return run_bench_snapshot();
-    if (bench->get_subcommand("wan")->parsed() || bench->get_subcommand("ddp")->parsed()) return run_bench_wan();
-    if (bench->get_subcommand("ablate")->parsed()) return run_bench_ablate();
-    return run_bench_wire();
+  return [f, compute, bench](logger& log) {
+    if (compute->parsed()) return run_compute(*f, log);
+    if (bench->get_subcommand("snapshot")->parsed()) return run_bench_snapshot(log);
+    if (bench->get_subcommand("wan")->parsed() || bench->get_subcommand("ddp")->parsed()) return run_bench_wan(log);
+    if (bench->get_subcommand("ablate")->parsed()) return run_bench_ablate(log);
+    return run_bench_wire(log);
   };
 }
 

@@ -21,15 +21,16 @@ void add_bench_ablate(CLI::App& bench);
 
 /// Each runs its subcommand if it was the one parsed; otherwise returns
 /// exit_bad_input, so the bench runner can chain them.
-int run_bench_wire();
-int run_bench_snapshot();
-int run_bench_wan();  // `wan` or `ddp`
-int run_bench_ablate();
+int run_bench_wire(logger& log);
+int run_bench_snapshot(logger& log);
+int run_bench_wan(logger& log);  // `wan` or `ddp`
+int run_bench_ablate(logger& log);
 
 /// A bench's hooks on the command line: its status on `progress` (a stage's
-/// first line also in a log), stopped by SIGINT or SIGTERM.
-inline bench_hooks progress_hooks(progress_line& progress) {
+/// first line also in a log), its meshes' lines on `log`, stopped by SIGINT or SIGTERM.
+inline bench_hooks progress_hooks(progress_line& progress, logger& log) {
   bench_hooks h;
+  h.log = &log;
   h.progress = [&progress](const std::string& text) { progress.update(text); };
   h.stage = [&progress](const std::string& text) { progress.update(text, true); };
   h.stop = [] { return stop_requested.load(); };

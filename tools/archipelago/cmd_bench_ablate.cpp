@@ -148,7 +148,7 @@ void print_json(const ablate_flags& f, const config& base, const ablate_result& 
   std::printf("%s\n", j.str().c_str());
 }
 
-int run_ablate() {
+int run_ablate(logger& log) {
   const ablate_flags& f = options();
   install_stop_handlers();
   if (auto ok = check_output_path("--plot", f.plot); !ok) return report(ok.err());
@@ -157,8 +157,8 @@ int run_ablate() {
   defaults.data.batch = f.batch;
   auto base = f.flags.resolve(defaults);
   if (!base) return report(base.err());
-  progress_line progress(20);
-  auto r = run_ablate_bench(f.bench, *base, progress_hooks(progress));
+  progress_line progress(log, 20);
+  auto r = run_ablate_bench(f.bench, *base, progress_hooks(progress, log));
   progress.finish();
   if (!r) return report(r.err());
   print_table(f, *base, *r);
@@ -206,9 +206,9 @@ void add_bench_ablate(CLI::App& bench) {
   cmd->add_flag("--json", f.json, "Print a one-line JSON summary last");
 }
 
-int run_bench_ablate() {
+int run_bench_ablate(logger& log) {
   if (options().command == nullptr || !options().command->parsed()) return exit_bad_input;
-  return run_ablate();
+  return run_ablate(log);
 }
 
 }  // namespace archipelago::cli

@@ -178,12 +178,12 @@ void report_restore(json_line& j, const snapshot_options& o, const restore_resul
   report_restore_layout(j, rs.flushed, true);
 }
 
-int run_snapshot() {
+int run_snapshot(logger& log) {
   const snapshot_flags& f = options();
   const snapshot_options& o = f.bench;
   install_stop_handlers();
-  progress_line progress(20);
-  auto r = run_snapshot_bench(o, progress_hooks(progress));
+  progress_line progress(log, 20);
+  auto r = run_snapshot_bench(o, progress_hooks(progress, log));
   progress.finish();
   if (!r) return report(r.err());
   std::printf("bench snapshot: %u CPUs, load average %.2f before, %.2f after; %.0f s; RocksDB writes %s\n",
@@ -206,8 +206,9 @@ int run_snapshot() {
   if (r->write) report_write(j, o, *r->write);
   if (r->restore) report_restore(j, o, *r->restore);
   if (snapshot_errors > 0)
-    std::fprintf(stderr, "archipelago: %llu snapshot versions failed or were skipped in the runs with snapshots on\n",
-                 static_cast<unsigned long long>(snapshot_errors));
+    log.error("bench.snapshot_errors",
+              "archipelago: %llu snapshot versions failed or were skipped in the runs with snapshots on",
+              static_cast<unsigned long long>(snapshot_errors));
   if (f.json) std::printf("%s\n", j.str().c_str());
   return snapshot_errors > 0 ? exit_failure : exit_ok;
 }
@@ -239,9 +240,9 @@ void add_bench_snapshot(CLI::App& bench) {
   cmd->add_flag("--json", f.json, "Print a one-line JSON summary last");
 }
 
-int run_bench_snapshot() {
+int run_bench_snapshot(logger& log) {
   if (options().command == nullptr || !options().command->parsed()) return exit_bad_input;
-  return run_snapshot();
+  return run_snapshot(log);
 }
 
 }  // namespace archipelago::cli

@@ -145,15 +145,15 @@ void print_wan_json(const wan_options& o, const wan_result& r) {
   std::printf("%s\n", j.str().c_str());
 }
 
-int run_wan(const wan_flags& f) {
+int run_wan(const wan_flags& f, logger& log) {
   const wan_options& o = f.bench;
   if (auto ok = check_wan_options(o); !ok) return report(ok.err());
   if (auto ok = check_output_path("--plot", f.plot); !ok) return report(ok.err());
   auto cfg = f.flags.resolve(wan_defaults(o));
   if (!cfg) return report(cfg.err());
   install_stop_handlers();
-  progress_line progress(4);
-  auto r = run_wan_bench(o, *cfg, progress_hooks(progress), [&](wan_stage stage, const wan_result& so_far) {
+  progress_line progress(log, 4);
+  auto r = run_wan_bench(o, *cfg, progress_hooks(progress, log), [&](wan_stage stage, const wan_result& so_far) {
     progress.finish();
     print_stage(o, stage, so_far);
   });
@@ -217,10 +217,10 @@ void print_ddp_json(const ddp_options& o, const ddp_result& r) {
   std::printf("%s\n", j.str().c_str());
 }
 
-int run_ddp(const ddp_flags& f) {
+int run_ddp(const ddp_flags& f, logger& log) {
   install_stop_handlers();
-  progress_line progress(4);
-  auto r = run_ddp_bench(f.bench, progress_hooks(progress));
+  progress_line progress(log, 4);
+  auto r = run_ddp_bench(f.bench, progress_hooks(progress, log));
   progress.finish();
   if (!r) return report(r.err());
   print_ddp(f.bench, *r);
@@ -277,9 +277,9 @@ void add_bench_wan(CLI::App& bench) {
   add_ddp(bench);
 }
 
-int run_bench_wan() {
-  if (wan().command != nullptr && wan().command->parsed()) return run_wan(wan());
-  if (ddp().command != nullptr && ddp().command->parsed()) return run_ddp(ddp());
+int run_bench_wan(logger& log) {
+  if (wan().command != nullptr && wan().command->parsed()) return run_wan(wan(), log);
+  if (ddp().command != nullptr && ddp().command->parsed()) return run_ddp(ddp(), log);
   return exit_bad_input;
 }
 

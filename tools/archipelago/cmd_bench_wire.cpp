@@ -131,11 +131,11 @@ void print_json(const wire_options& o, const wire_result& r) {
   std::printf("%s\n", j.str().c_str());
 }
 
-int run_wire() {
+int run_wire(logger& log) {
   const wire_flags& f = options();
   install_stop_handlers();
-  progress_line progress;
-  auto r = run_wire_bench(f.bench, progress_hooks(progress));
+  progress_line progress(log);
+  auto r = run_wire_bench(f.bench, progress_hooks(progress, log));
   progress.finish();
   if (!r) return report(r.err());
   print_throughput(f.bench, *r);
@@ -169,9 +169,9 @@ void add_bench_wire(CLI::App& bench) {
   wire->add_flag("--json", f.json, "Print a one-line JSON summary last");
 }
 
-int run_bench_wire() {
+int run_bench_wire(logger& log) {
   if (options().command == nullptr || !options().command->parsed()) return exit_bad_input;
-  return run_wire();
+  return run_wire(log);
 }
 
 }  // namespace archipelago::cli

@@ -59,7 +59,7 @@ runner add_config_command(CLI::App& app) {
   c->flags.add_to(*cmd);
   cmd->add_flag("--knobs", c->knob_table, "List every knob with its default, bound and meaning");
   cmd->add_flag("--json", c->json, "Print a one-line JSON summary last");
-  return [c] { return run_config(*c); };
+  return [c](logger&) { return run_config(*c); };
 }
 
 }  // namespace archipelago::cli

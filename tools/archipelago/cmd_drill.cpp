@@ -120,7 +120,7 @@ std::vector<std::string> failed_checks(const drill_report& r, double max_eval_ga
   return out;
 }
 
-int run_drills(const drill_flags& o) {
+int run_drills(const drill_flags& o, logger& log) {
   std::ifstream in(o.plan);
   if (!in) return report_input(make_error(errc::not_found, "cannot read the plan " + o.plan));
   std::stringstream text;
@@ -154,12 +154,12 @@ int run_drills(const drill_flags& o) {
                                                             " is not an executable archipelago"));
   if (!o.processes) opts.binary.clear();
   install_stop_handlers();
-  progress_line progress(8);
+  progress_line progress(log, 8);
   std::vector<drill_report> done;
   for (const auto& cfg : configs) {
     auto on_line = [&](const std::string& line) { progress.update(cfg.mesh.mode + " " + line); };
     auto stop = [] { return stop_requested.load(); };
-    auto r = run_drill(cfg, opts, on_line, stop);
+    auto r = run_drill(cfg, log, opts, on_line, stop);
     progress.finish();
     if (!r) return report(r.err());
     print_report(*r);
@@ -220,7 +220,7 @@ runner add_drill_command(CLI::App& app) {
   cmd->add_option("--report", o->report_dir, "Write the report (HTML, JSON) into this directory")->capture_default_str();
   cmd->add_option("--work-dir", o->work_dir, "Keep the runs' snapshot stores here (default: a temporary directory)");
   cmd->add_flag("--json", o->json, "Print a one-line JSON summary last");
-  return [o] { return run_drills(*o); };
+  return [o](logger& log) { return run_drills(*o, log); };
 }
 
 }  // namespace archipelago::cli

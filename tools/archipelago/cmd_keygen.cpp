@@ -66,7 +66,7 @@ runner add_keygen_command(CLI::App& app) {
   cmd->add_option("--dir", k->dir, "Directory to write the key files into (default .)");
   cmd->add_flag("--force", k->force, "Replace an existing NAME.key / NAME.pub");
   cmd->add_flag("--json", k->json, "Print a one-line JSON summary last");
-  return [k] { return run_keygen(*k); };
+  return [k](logger&) { return run_keygen(*k); };
 }
 
 }  // namespace archipelago::cli

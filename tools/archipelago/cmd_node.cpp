@@ -19,15 +19,15 @@ struct node_cli {
   bool json = false;
 };
 
-int run_node_command(node_cli& n) {
+int run_node_command(node_cli& n, logger& log) {
   auto cfg = n.flags.resolve();
   if (!cfg) return report(cfg.err());
   node_options o = n.options;
   o.index = n.index;
   o.kind = n.role_name == "broker" ? role::sync_broker : n.role_name == "shard" ? role::parameter_shard : role::learner;
   install_stop_handlers();
-  progress_line progress(4);
-  auto result = run_node(*cfg, o, [&](const std::string& line) { progress.update(line); },
+  progress_line progress(log, 4);
+  auto result = run_node(*cfg, log, o, [&](const std::string& line) { progress.update(line); },
                          [] { return stop_requested.load(); });
   progress.finish();
   if (!result) return report(result.err());
@@ -121,7 +121,7 @@ runner add_node_command(CLI::App& app) {
   n->flags.add_to(*cmd);
   add_metrics_flags(*cmd, n->options.metrics);
   cmd->add_flag("--json", n->json, "Print a one-line JSON summary last");
-  return [n] { return run_node_command(*n); };
+  return [n](logger& log) { return run_node_command(*n, log); };
 }
 
 }  // namespace archipelago::cli

@@ -323,14 +323,14 @@ runner add_replay_command(CLI::App& app) {
   resume->add_option("VERSION", *resume_version, "Mesh version to start from")->required();
   add_run_flags(*resume, c->resume);
 
-  return [c, cmd, resume, subs] {
+  return [c, cmd, resume, subs](logger& log) {
     if (resume->parsed()) {
       run_options& o = c->resume;
       if (o.snapshots.db == c->db)
         return report_input(make_error(errc::invalid_input, "--db of the new run must differ from the replayed store"));
       o.snapshots.resume_db = c->db;
       o.snapshots.resume_version = c->version;
-      return run_mesh_command(o);
+      return run_mesh_command(o, log);
     }
     auto s = open_replay(c->db);
     if (!s) return report_input(s.err());

@@ -23,7 +23,7 @@ config run_defaults() {
 
 }  // namespace
 
-int run_mesh_command(const run_options& o) {
+int run_mesh_command(const run_options& o, logger& log) {
   config defaults = run_defaults();
   if (!o.snapshots.resume_db.empty()) {  // the stored run's configuration, unless flags override it
     auto store = open_store_read_only(o.snapshots.resume_db);
@@ -36,12 +36,12 @@ int run_mesh_command(const run_options& o) {
   if (!cfg) return report(cfg.err());
   if (auto ok = validate_mesh(*cfg); !ok) return report(ok.err());
   install_stop_handlers();
-  progress_line progress(4);
+  progress_line progress(log, 4);
   std::printf("mesh: mode %s, %d learners, %d shards, model %s, corpus %s\n", cfg->mesh.mode.c_str(),
               cfg->mesh.learners, cfg->mesh.shards, cfg->model.size.c_str(),
               cfg->data.corpus.empty() ? "synthetic" : cfg->data.corpus.c_str());
   std::fflush(stdout);
-  auto summary = run_local_mesh(*cfg, [&](const std::string& line) { progress.update(line); },
+  auto summary = run_local_mesh(*cfg, log, [&](const std::string& line) { progress.update(line); },
                                 [] { return stop_requested.load(); }, o.snapshots, nullptr, o.metrics);
   progress.finish();
   if (!summary) return report(summary.err());
@@ -159,9 +159,9 @@ runner add_run_command(CLI::App& app) {
                                  "Continue the run whose snapshots are in DIR from its newest one (and keep "
                                  "snapshotting there)");
   cmd->get_option("--db")->excludes(resume);
-  return [o] {
+  return [o](logger& log) {
     if (!o->snapshots.resume_db.empty()) o->snapshots.db = o->snapshots.resume_db;
-    return run_mesh_command(*o);
+    return run_mesh_command(*o, log);
   };
 }
 

@@ -22,6 +22,6 @@ struct run_options {
 /// The training flags of `run` (mode, learners, steps, config, --out, --json, --db, ...).
 void add_run_flags(CLI::App& cmd, run_options& o);
 /// Runs the mesh; with snapshots.resume_db set, the store's configuration is the default.
-int run_mesh_command(const run_options& o);
+int run_mesh_command(const run_options& o, logger& log);
 
 }  // namespace archipelago::cli

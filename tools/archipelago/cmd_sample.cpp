@@ -55,7 +55,7 @@ runner add_sample_command(CLI::App& app) {
   cmd->add_option("--seed", s->opts.seed, "Sampling seed");
   cmd->add_option("--threads", s->threads, "Compute threads")->check(CLI::Range(1, 256));
   cmd->add_flag("--json", s->json, "Print a one-line JSON summary last");
-  return [s] { return run_sample(*s); };
+  return [s](logger&) { return run_sample(*s); };
 }
 
 }  // namespace archipelago::cli

@@ -196,12 +196,12 @@ int run_table_cmd(const simulate_options& o, const params& base) {
   return exit_ok;
 }
 
-int run_calibrate(const simulate_options& o, const params& base) {
+int run_calibrate(const simulate_options& o, const params& base, logger& log) {
   std::printf("calibrating downscale_s, upscale_s, upscale_hold_s on the elastic_dp row only "
               "(%d replications of %g days, seed %llu), starting from:\n",
               o.replications, base.days, static_cast<unsigned long long>(o.seed));
   print_constants(base.k);
-  progress_line progress(25);
+  progress_line progress(log, 25);
   const auto start = std::chrono::steady_clock::now();
   const calibration c = calibrate(base, base.k, o.replications, o.seed, [&](int n, double rms) {
     char buf[96];
@@ -240,7 +240,7 @@ int run_calibrate(const simulate_options& o, const params& base) {
   return exit_ok;
 }
 
-int run_simulate(simulate_options& o) {
+int run_simulate(simulate_options& o, logger& log) {
   if (o.table && o.calibrate) return report(make_error(errc::invalid_input, "--table and --calibrate exclude each other"));
   if (!o.plot.empty() && !o.table) return report(make_error(errc::invalid_input, "--plot draws the table: add --table"));
   if (auto ok = check_output_path("--plot", o.plot); !ok) return report(ok.err());
@@ -273,7 +273,7 @@ int run_simulate(simulate_options& o) {
     check.learners = 16;
     check.chips = table_chips.front();
     if (auto ok = validate(check); !ok) return report(ok.err());
-    return o.table ? run_table_cmd(o, p) : run_calibrate(o, p);
+    return o.table ? run_table_cmd(o, p) : run_calibrate(o, p, log);
   }
   if (auto ok = validate(p); !ok) return report(ok.err());
   return run_one(o, p);
@@ -327,7 +327,7 @@ runner add_simulate_command(CLI::App& app) {
                 "Fit downscale-s, upscale-s, upscale-hold-s to the paper's elastic_dp row only");
   cmd->add_option("--plot", o->plot, "--table: also draw ours beside the paper's as an SVG file");
   cmd->add_flag("--json", o->json, "Print a one-line JSON summary last");
-  return [o] { return run_simulate(*o); };
+  return [o](logger& log) { return run_simulate(*o, log); };
 }
 
 }  // namespace archipelago::cli

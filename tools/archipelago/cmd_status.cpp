@@ -222,7 +222,7 @@ runner add_status_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--once", o->once, "Print the table once and exit (also when stdout is not a terminal)");
   cmd->add_flag("--json", o->json, "Print the broker's status document as one JSON line and exit");
-  return [o] { return run_status(*o); };
+  return [o](logger&) { return run_status(*o); };
 }
 
 }  // namespace archipelago::cli

@@ -30,7 +30,7 @@ std::string fmt(const char* format, double value) {
   return buf;
 }
 
-int run_train(const train_options& opts) {
+int run_train(const train_options& opts, logger& log) {
   auto cfg = opts.flags.resolve();
   if (!cfg) return report(cfg.err());
   const model_shape shape = *resolve_model(cfg->model);
@@ -60,7 +60,7 @@ int run_train(const train_options& opts) {
   const double time_limit = cfg->train.time_limit_s;
   double loss_ema = std::nan(""), last_eval = std::nan(""), last_eval_bpb = std::nan("");
   std::string stopped_by = "steps";
-  progress_line progress(50);
+  progress_line progress(log, 50);
   auto elapsed = [&] { return to_seconds(clock.now() - start); };
 
   auto evaluate = [&] {
@@ -182,7 +182,7 @@ runner add_train_command(CLI::App& app) {
   cmd->add_option("--sample-bytes", opts->sample_bytes, "Bytes of sample text to print at the end (0: none)")
       ->check(CLI::Range(0, 100000));
   cmd->add_flag("--json", opts->json, "Print a one-line JSON summary last");
-  return [opts] { return run_train(*opts); };
+  return [opts](logger& log) { return run_train(*opts, log); };
 }
 
 }  // namespace archipelago::cli

@@ -1,14 +1,16 @@
 #pragma once
 // Each subcommand registers itself on the CLI11 app and returns a runner that
-// yields the process exit code.
+// yields the process exit code, given the process's logger (made in main).
 
 #include <CLI/CLI.hpp>
 
 #include <functional>
 
+#include "core/log.hpp"
+
 namespace archipelago::cli {
 
-using runner = std::function<int()>;
+using runner = std::function<int(logger& log)>;
 
 runner add_train_command(CLI::App& app);
 runner add_sample_command(CLI::App& app);

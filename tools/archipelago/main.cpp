@@ -21,6 +21,9 @@ int main(int argc, char** argv) {
   CLI::App app{"archipelago: Decoupled DiLoCo training on unreliable, mixed, far-apart machines"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "archipelago 0.1.0");
+  app.fallthrough();  // the top level's options (--log-*) may follow the subcommand's name
+  log_flags log_cli;
+  log_cli.add_to(app);
 
   std::map<CLI::App*, runner> runners;
   auto add = [&](runner (*adder)(CLI::App&)) {
@@ -51,7 +54,13 @@ int main(int argc, char** argv) {
     std::cerr << "archipelago: " << e.what() << " (see --help)\n";
     return exit_bad_input;
   }
+  auto log_settings = log_cli.resolve();
+  if (!log_settings) return report(log_settings.err());
+  // The process's one logger: every command, role, transport and store logs
+  // through it (handed down, never global); its clock drives the rate limit.
+  archipelago::steady_clock_source clock;
+  archipelago::logger log(*log_settings, clock);
   for (auto& [sub, run] : runners)
-    if (sub->parsed()) return run();
+    if (sub->parsed()) return run(log);
   return exit_bad_input;
 }

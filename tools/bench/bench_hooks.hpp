@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 namespace archipelago {
 
@@ -19,6 +20,9 @@ struct bench_hooks {
   std::function<void(const std::string&)> stage;
   /// Polled between and during runs; true makes the bench return interrupted().
   std::function<bool()> stop;
+  /// Where the meshes and transports a bench starts log (the process's logger).
+  /// Required by the benches that start them (wire, snapshot, wan, ddp, ablate).
+  logger* log = nullptr;
 
   void update(const std::string& text) const {
     if (progress) progress(text);

@@ -3,6 +3,7 @@
 #include <zmq.h>
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 
@@ -29,6 +30,7 @@ constexpr double shaped_seconds = 2.5;                       // the rate test la
 /// What the transports of one run share: the clock, the fragment, the retry count.
 struct wire_run {
   steady_clock_source clock;
+  logger* log = nullptr;  // the transports' (bench_hooks::log)
   shared_bytes fragment = fp32_payload(fragment_floats);
   std::uint64_t retries = 0;
 };
@@ -147,9 +149,9 @@ status curve_rounds(curve_result& r, wire_run& w, transport_pair& plain, transpo
 expected<curve_result> measure_curve(wire_run& w, std::size_t messages, int rounds, int hwm, const bench_hooks& hooks) {
   if (!transport::curve_available()) return make_error(errc::unsupported, "libzmq was built without CURVE");
   auto ctx = [] { return transport::make_io_context(); };
-  auto plain = start_pair(w.clock, {ctx(), ctx(), "tcp", messages, false, hwm});
+  auto plain = start_pair(w.clock, *w.log, {ctx(), ctx(), "tcp", messages, false, hwm});
   if (!plain) return plain.err();
-  auto secure = start_pair(w.clock, {ctx(), ctx(), "tcp", messages, true, hwm});
+  auto secure = start_pair(w.clock, *w.log, {ctx(), ctx(), "tcp", messages, true, hwm});
   if (!secure) return secure.err();
   curve_keys keys;
   if (zmq_curve_keypair(keys.server_public, keys.server_secret) != 0 ||
@@ -240,7 +242,7 @@ status rtt_rounds(wire_result& r, wire_run& w, transport_pair& p, raw_echo& echo
 status shaping_figure(wire_result& r, wire_run& w, const transport::io_context& context, const wire_options& o,
                       const bench_hooks& hooks) {
   if (hooks.stopped()) return interrupted();
-  auto shaped_pair = start_pair(w.clock, {context, context, o.endpoint, 0, false, r.hwm});
+  auto shaped_pair = start_pair(w.clock, *w.log, {context, context, o.endpoint, 0, false, r.hwm});
   if (!shaped_pair) return shaped_pair.err();
   if (auto s = transport_rtt(**shaped_pair, 10, w.retries); !s) return s.err();  // connected
   auto shaping = measure_shaping(**shaped_pair, w.retries, hooks);
@@ -255,7 +257,7 @@ status measure_all(wire_result& r, wire_run& w, const wire_options& o, const ben
   // One context, as in a node process: for inproc both transports must share
   // it, and the baselines use it too, so all sides get the same I/O thread.
   auto context = transport::make_io_context();
-  auto pair = start_pair(w.clock, {context, context, o.endpoint, messages, false, r.hwm});
+  auto pair = start_pair(w.clock, *w.log, {context, context, o.endpoint, messages, false, r.hwm});
   if (!pair) return pair.err();
   transport_pair& p = **pair;
   raw_pipe pipe(*context, *context, endpoint_for(o.endpoint, "pull"), r.hwm, nullptr);
@@ -290,7 +292,9 @@ expected<wire_result> run_wire_bench(const wire_options& o, const bench_hooks& h
     return make_error(errc::invalid_input, "--rounds must be at least 1 and --messages at least 2");
   if (o.endpoint != "tcp" && o.endpoint != "inproc")
     return make_error(errc::invalid_input, "--endpoint must be tcp or inproc, not '" + o.endpoint + "'");
+  assert(hooks.log != nullptr);  // the transports' lines go to the caller's logger
   wire_run w;
+  w.log = hooks.log;
   wire_result r;
   r.hwm = o.hwm > 0 ? o.hwm : default_wire_hwm();
   r.fragment_bytes = w.fragment->size();

@@ -152,18 +152,18 @@ transport_pair::~transport_pair() {
   if (b) b->stop();
 }
 
-expected<std::unique_ptr<transport_pair>> start_pair(const clock_source& clock, const pair_setup& setup) {
+expected<std::unique_ptr<transport_pair>> start_pair(const clock_source& clock, logger& log, const pair_setup& setup) {
   auto p = std::make_unique<transport_pair>(clock);
   transport_pair* raw = p.get();
   auto keys = make_pair_keys(setup.curve);
   if (!keys) return keys.err();
-  auto a = node_transport::start(pair_config(setup, wire_node_a, "a", setup.context_a, keys->a, keys->allowed), clock,
+  auto a = node_transport::start(pair_config(setup, wire_node_a, "a", setup.context_a, keys->a, keys->allowed), clock, log,
                                  [raw](std::shared_ptr<const inbound_message> m) {
                                    raw->at_a.arrived(m->envelope->header().getRound(), raw->clock.now());
                                  });
   if (!a) return a.err();
   p->a = std::move(*a);
-  auto b = node_transport::start(pair_config(setup, wire_node_b, "b", setup.context_b, keys->b, keys->allowed), clock,
+  auto b = node_transport::start(pair_config(setup, wire_node_b, "b", setup.context_b, keys->b, keys->allowed), clock, log,
                                  [raw](std::shared_ptr<const inbound_message> m) {
                                    const nanos now = raw->clock.now();
                                    const std::uint64_t round = m->envelope->header().getRound();

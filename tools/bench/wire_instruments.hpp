@@ -84,7 +84,7 @@ struct pair_setup {
 };
 
 /// Starts both transports and makes each the other's peer.
-expected<std::unique_ptr<transport_pair>> start_pair(const clock_source& clock, const pair_setup& setup);
+expected<std::unique_ptr<transport_pair>> start_pair(const clock_source& clock, logger& log, const pair_setup& setup);
 
 /// Seconds from the first send at A to the last delivery at B's handler.
 expected<double> transport_throughput(transport_pair& p, std::size_t messages, const transport::shared_bytes& payload,

@@ -170,8 +170,9 @@ struct drill_report {
 double calibrate_step_time_ms(const config& cfg);
 
 /// Runs the plan of `options` (and its fault-free reference, unless turned off).
-expected<drill_report> run_drill(const config& cfg, const drill_options& options, const mesh_progress& progress,
-                                 const std::function<bool()>& stop_requested);
+/// The meshes' lines (and the drill's own) go to `log`.
+expected<drill_report> run_drill(const config& cfg, logger& log, const drill_options& options,
+                                 const mesh_progress& progress, const std::function<bool()>& stop_requested);
 
 /// The configuration a drill's mesh runs with: time-bounded by the plan's phases,
 /// paced at `step_time_ms`, obeying the chaos monkey.
@@ -232,6 +233,6 @@ mesh_progress phase_progress(const mesh_progress& progress, const char* name);
 /// missing if its host was lost) and the takeovers, downtime, goodput and the
 /// ledger's exactness. Shared by the one-process and the many-process drill.
 void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, const mesh_setup& layout,
-                         const std::vector<std::string>& broker_dbs);
+                         const std::vector<std::string>& broker_dbs, logger& log);
 
 }  // namespace archipelago

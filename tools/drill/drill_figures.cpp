@@ -224,7 +224,7 @@ void fault_rows(drill_report& r, const mesh_drill& drill, nanos drill_zero_ns) {
 /// deposed broker would show: a fragment version following one of a newer epoch
 /// (or one version closed under two epochs), and an epoch's rounds closed after a
 /// newer epoch's first.
-void read_tapes(drill_report& r, const std::vector<std::string>& broker_dbs) {
+void read_tapes(drill_report& r, const std::vector<std::string>& broker_dbs, logger& log) {
   struct closed {
     std::uint64_t epoch;
     std::int64_t closed_ns;
@@ -235,7 +235,8 @@ void read_tapes(drill_report& r, const std::vector<std::string>& broker_dbs) {
     if (!std::filesystem::exists(dir, ec)) continue;  // its host is lost
     auto store = open_store_read_only(dir);
     if (!store) {
-      std::fprintf(stderr, "archipelago drill: cannot read the tape of %s: %s\n", dir.c_str(), store.err().message.c_str());
+      log.error("drill.tape", "archipelago drill: cannot read the tape of %s: %s", dir.c_str(),
+                store.err().message.c_str());
       continue;
     }
     (void)(*store)->for_each_tape([&](const storage::tape_record& t) {
@@ -337,7 +338,7 @@ void find_takeovers(drill_report& r, const std::vector<planned_fault>& timeline)
 }  // namespace
 
 void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, const mesh_setup& layout,
-                         const std::vector<std::string>& broker_dbs) {
+                         const std::vector<std::string>& broker_dbs, logger& log) {
   nanos zero = 0;
   {
     std::lock_guard lock(drill.log.mutex);
@@ -363,7 +364,7 @@ void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, 
   // any stall may last: the successor's greeting and first round, and its merge published.
   r.takeover_bound_s = heartbeat_s * static_cast<double>(cfg.wire.liveness) +
                        heartbeat_s * std::max(0, r.standbys - 1) + 2 * r.downtime_gap_s;
-  read_tapes(r, broker_dbs);
+  read_tapes(r, broker_dbs, log);
   find_takeovers(r, drill.timeline);
   for (const drill_takeover& t : r.takeovers)  // a lost host's row: back at work once its successor publishes
     if (drill.timeline[t.fault].kind == fault_kind::broker_host_lost) r.faults[t.fault].rejoin_s = t.back_s;

@@ -6,9 +6,9 @@
 
 namespace archipelago {
 
-expected<drill_report> run_drill(const config& base, const drill_options& o, const mesh_progress& progress,
+expected<drill_report> run_drill(const config& base, logger& log, const drill_options& o, const mesh_progress& progress,
                                  const std::function<bool()>& stop_requested) {
-  if (!o.binary.empty()) return run_process_drill(base, o, progress, stop_requested);
+  if (!o.binary.empty()) return run_process_drill(base, log, o, progress, stop_requested);
   auto prepared = prepare_drill(base, o);
   if (!prepared) return prepared.err();
   const config& cfg = prepared->cfg;
@@ -42,7 +42,7 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
       merges.observe(*b->now.report, drill.log.started_ns + since_start);
     }
   };
-  auto run = run_local_mesh(cfg, phase_progress(progress, "drill"), stop_requested, snaps, &drill);
+  auto run = run_local_mesh(cfg, log, phase_progress(progress, "drill"), stop_requested, snaps, &drill);
   if (!run) return make_error(run.err().code, "the drill: " + run.err().message);
   r.run = std::move(*run);
   merges.apply(r.run.broker);
@@ -57,13 +57,13 @@ expected<drill_report> run_drill(const config& base, const drill_options& o, con
     ref_snaps.db = ref_db->string();
     mesh_eval equal_tokens;
     equal_tokens.stop_tokens = r.run.tokens;
-    auto ref = run_local_mesh(cfg, phase_progress(progress, "reference (no faults)"), stop_requested, ref_snaps,
+    auto ref = run_local_mesh(cfg, log, phase_progress(progress, "reference (no faults)"), stop_requested, ref_snaps,
                               nullptr, {}, equal_tokens);
     if (!ref) return make_error(ref.err().code, "the fault-free reference run: " + ref.err().message);
     r.reference = std::move(*ref);
     if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");
   }
-  finish_drill_report(r, drill, cfg, layout, broker_dbs);
+  finish_drill_report(r, drill, cfg, layout, broker_dbs, log);
   return std::move(r);
 }
 

@@ -151,8 +151,8 @@ std::optional<json> last_json_line(const std::string& path) {
 class drill_processes final : public process_control {
  public:
   drill_processes(process_launcher& launcher, status_board& board, mesh_drill& drill, const mesh_setup& setup,
-                  const clock_source& clock)
-      : launcher_(launcher), board_(board), drill_(drill), setup_(setup), clock_(clock) {}
+                  const clock_source& clock, logger& log)
+      : launcher_(launcher), board_(board), drill_(drill), setup_(setup), clock_(clock), log_(log) {}
 
   void crash(const fault_target& t) override {
     const std::size_t i = launcher_.find(t);
@@ -177,8 +177,8 @@ class drill_processes final : public process_control {
     if (i == process_launcher::npos || launcher_.children()[i].pid >= 0) return;
     auto pid = launcher_.start(i);
     if (!pid) {
-      std::fprintf(stderr, "archipelago drill: cannot restart %s: %s\n", launcher_.children()[i].name.c_str(),
-                   pid.err().message.c_str());
+      log_.error("drill.restart", "archipelago drill: cannot restart %s: %s", launcher_.children()[i].name.c_str(),
+                 pid.err().message.c_str());
       return;
     }
     std::lock_guard lock(mutex_);
@@ -266,6 +266,7 @@ class drill_processes final : public process_control {
   mesh_drill& drill_;
   const mesh_setup& setup_;
   const clock_source& clock_;
+  logger& log_;
   std::mutex mutex_;
   std::map<std::uint32_t, std::vector<std::uint64_t>> durable_at_kill_;
   std::vector<pending_restart> restarts_;
@@ -312,9 +313,9 @@ struct process_run {
 /// (empty: the fault-free reference). `dir` receives the stores and the logs.
 class process_run_of {
  public:
-  process_run_of(const config& cfg, mesh_drill& drill, const mesh_progress& progress,
+  process_run_of(const config& cfg, logger& log, mesh_drill& drill, const mesh_progress& progress,
                  const std::function<bool()>& stop_requested)
-      : cfg_(cfg), drill_(drill), progress_(progress), stop_requested_(stop_requested) {}
+      : cfg_(cfg), log_(log), drill_(drill), progress_(progress), stop_requested_(stop_requested) {}
 
   /// stop_tokens > 0: the run also ends once the learners processed that many tokens.
   /// `standbys`: standby brokers beside the primary.
@@ -332,6 +333,7 @@ class process_run_of {
   status summarize(const process_mesh& mesh, double wall_s, process_run& out);
 
   const config& cfg_;
+  logger& log_;
   mesh_drill& drill_;
   const mesh_progress& progress_;
   const std::function<bool()>& stop_requested_;
@@ -390,7 +392,7 @@ expected<process_run> process_run_of::run(const sync_policy& policy, int standby
   // Declared after the actor system: the launcher (whose pause/crash the chaos monkey
   // calls) outlives the chaos monkey, which is stopped below before it goes.
   launcher_ = std::make_unique<process_launcher>(mesh->children, (dir / "logs").string(), [this] { return drill_time(); });
-  control_ = std::make_unique<drill_processes>(*launcher_, board_, drill_, mesh->setup, clock_);
+  control_ = std::make_unique<drill_processes>(*launcher_, board_, drill_, mesh->setup, clock_, log_);
   caf::scoped_actor self{sys};
   auto stop_chaos = [&] {
     if (!chaos) return;
@@ -416,7 +418,7 @@ expected<process_run> process_run_of::run(const sync_policy& policy, int standby
     progress_("mesh of processes up: broker" + (standbys ? " and " + std::to_string(standbys) + " standby(s)" : std::string()) +
               ", " + std::to_string(policy.shards) + " shards, " + std::to_string(m) + " learners");
 
-  chaos = spawn_chaos_monkey(sys, {&mesh->setup, transport::make_io_context(), &clock_, "tcp://127.0.0.1:0",
+  chaos = spawn_chaos_monkey(sys, {&mesh->setup, transport::make_io_context(), &clock_, &log_, "tcp://127.0.0.1:0",
                                    drill_.timeline, drill_.safety_ns, control_.get(), &drill_.log});
   process_run out;
   const auto start = std::chrono::steady_clock::now();
@@ -494,8 +496,8 @@ status process_run_of::summarize(const process_mesh& mesh, double wall_s, proces
 
 }  // namespace
 
-expected<drill_report> run_process_drill(const config& base, const drill_options& o, const mesh_progress& progress,
-                                         const std::function<bool()>& stop_requested) {
+expected<drill_report> run_process_drill(const config& base, logger& log, const drill_options& o,
+                                         const mesh_progress& progress, const std::function<bool()>& stop_requested) {
   auto prepared = prepare_drill(base, o);
   if (!prepared) return prepared.err();
   const config& cfg = prepared->cfg;
@@ -506,7 +508,7 @@ expected<drill_report> run_process_drill(const config& base, const drill_options
                      std::uint64_t stop_tokens) -> expected<process_run> {
     auto d = area.fresh(name);
     if (!d) return d.err();
-    auto run = process_run_of(cfg, drill, phase_progress(progress, phase), stop_requested)
+    auto run = process_run_of(cfg, log, drill, phase_progress(progress, phase), stop_requested)
                    .run(policy, standbys, *d, o.binary, stop_tokens);
     if (!run) {
       area.keep = true;
@@ -536,7 +538,7 @@ expected<drill_report> run_process_drill(const config& base, const drill_options
     r.reference = std::move(ref->summary);
     if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");
   }
-  finish_drill_report(r, drill, cfg, prepared->layout, broker_dbs);
+  finish_drill_report(r, drill, cfg, prepared->layout, broker_dbs, log);
   return std::move(r);
 }
 

@@ -16,7 +16,7 @@
 namespace archipelago {
 
 /// The run (and its reference) of run_drill across processes.
-expected<drill_report> run_process_drill(const config& cfg, const drill_options& options, const mesh_progress& progress,
-                                         const std::function<bool()>& stop_requested);
+expected<drill_report> run_process_drill(const config& cfg, logger& log, const drill_options& options,
+                                         const mesh_progress& progress, const std::function<bool()>& stop_requested);
 
 }  // namespace archipelago

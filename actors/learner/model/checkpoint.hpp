@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.hpp"
@@ -26,5 +27,11 @@ struct checkpoint {
 
 status save_checkpoint(const std::string& path, const checkpoint& ckpt);
 expected<checkpoint> load_checkpoint(const std::string& path);
+/// The file's bytes, and back: magic, le64 header length, the Cap'n Proto header, the fp32
+/// payload. Decoding checks every length against the bytes before it allocates; a bad
+/// file is errc::corrupt_data (or unsupported: another format version) naming `name`.
+/// Fuzzed by tests/fuzz/checkpoint_fuzz.cpp.
+expected<std::string> encode_checkpoint(const checkpoint& ckpt);
+expected<checkpoint> decode_checkpoint(std::string_view bytes, const std::string& name);
 
 }  // namespace archipelago
