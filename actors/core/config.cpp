@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -464,10 +465,22 @@ std::string to_toml(const config& cfg) {
     }
     std::string value = k.get(cfg);
     if (k.type == knob_type::text) {
+      // A TOML basic string: quotes and backslashes escaped, and every control
+      // character but tab as \uXXXX (TOML refuses them raw: a value read from an
+      // escape must be written back as one, or the file does not read back).
       std::string quoted = "\"";
       for (char c : value) {
-        if (c == '"' || c == '\\') quoted += '\\';
-        quoted += c;
+        const auto u = static_cast<unsigned char>(c);
+        if (c == '"' || c == '\\') {
+          quoted += '\\';
+          quoted += c;
+        } else if ((u < 0x20 && c != '\t') || u == 0x7f) {
+          char escape[8];
+          std::snprintf(escape, sizeof escape, "\\u%04x", u);
+          quoted += escape;
+        } else {
+          quoted += c;
+        }
       }
       value = quoted + "\"";
     }

@@ -138,3 +138,18 @@ TEST_CASE("every mode resolves to the policy of ALGORITHM.md §8") {
   CHECK(learner_profile_of(cfg, 1).slowdown == 2.5);
   CHECK(learner_profile_of(cfg, 2).threads == 1);  // train.threads 2 over 3 learners
 }
+
+// Regression (fuzzing, tests/fuzz/corpus/config_toml/control-character-round-trip): a
+// text knob read from a TOML escape (\f) was written back raw, and TOML refuses raw
+// control characters: `archipelago config` printed a file it could not read back.
+TEST_CASE("a text knob with control characters round-trips through TOML") {
+  config cfg;
+  REQUIRE(apply_toml(cfg, "[mesh]\netcd = \"http://a\\f\\u0001\\u007f\\tb\\\\c\\\"\"\n", "in.toml"));
+  CHECK(cfg.mesh.etcd == std::string("http://a\f\x01\x7f\tb\\c\""));
+  const std::string text = to_toml(cfg);
+  config again;
+  auto ok = apply_toml(again, text, "out.toml");
+  REQUIRE_MESSAGE(ok, ok.err().message);
+  CHECK(again.mesh.etcd == cfg.mesh.etcd);
+  CHECK(to_toml(again) == text);
+}
