@@ -422,7 +422,8 @@ TEST_CASE("bench compute: the nano engine against its matched GEMM, two timed st
   const bool bf16 = detect_gemm_cpu().bf16;
   CHECK((r->other(dense_backend::bf16) != nullptr) == bf16);
   CHECK(r->bf16_gemm_s.size() == (bf16 ? 2u : 0u));
-  CHECK(std::isnan(r->bf16_peak_gflops()) == !bf16);
+  // The peak loop asks the CPU, not oneDNN (whose ISA ONEDNN_MAX_CPU_ISA may cap).
+  if (bf16) CHECK(finite_positive(r->bf16_peak_gflops()));
   CHECK(std::isnan(r->thread_efficiency()));  // one thread: nothing to compare
 
   // Two threads: the engine on one thread too, for the efficiency.
