@@ -5,6 +5,7 @@
 
 #include "cmd_bench.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -141,7 +142,10 @@ int run_compute(const compute_flags& f) {
   std::printf("\n  ratio    engine / Eigen GEMM = %.2f; engine / best fp32 GEMM = %.2f\n", r->ratio_vs_gemm(),
               r->ratio_vs_best_sgemm());
   if (!r->peaks.empty()) {
-    std::printf("  peak     fp32 FMA %.1f GFLOP/s (%s)", r->fp32_peak_gflops(), r->peaks.back().fp32_isa.c_str());
+    const auto best = std::max_element(r->peaks.begin(), r->peaks.end(), [](const cpu_peak& a, const cpu_peak& b) {
+      return a.fp32_gflops() < b.fp32_gflops();
+    });  // the round whose loop set the peak names its ISA
+    std::printf("  peak     fp32 FMA %.1f GFLOP/s (%s)", r->fp32_peak_gflops(), best->fp32_isa.c_str());
     if (!std::isnan(r->bf16_peak_gflops())) std::printf(", bf16 dot product %.1f GFLOP/s", r->bf16_peak_gflops());
     std::printf(" on %d threads\n           engine fp32 = %.1f%% of the fp32 peak", o.threads,
                 100 * r->gflops() / r->fp32_peak_gflops());
