@@ -23,7 +23,7 @@ packages=(
   g++ cmake ninja-build pkg-config python3 python3-numpy
   libcaf-dev libzmq3-dev cppzmq-dev capnproto libcapnp-dev librocksdb-dev
   libeigen3-dev doctest-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcpp-httplib-dev
-  nlohmann-json3-dev libsodium-dev libspdlog-dev
+  nlohmann-json3-dev libsodium-dev libspdlog-dev libdnnl-dev
 )
 # What only the tests need: the one-node Slurm cluster, the network-namespace test bed.
 if [[ $ACTION == test ]]; then

@@ -211,6 +211,15 @@ std::vector<knob> make_knobs() {
                   "Steps between evaluations; 0 evaluates only at the end. Default: 250."),
       number_knob("train.time_limit_s", t, &train_config::time_limit_s, 0.0, 1e9,
                   "Stop after this many seconds of training; 0 means no limit. Default: 0."),
+      text_knob("train.precision", t, &train_config::precision, "fp32 | bf16 | auto",
+                "Inputs of the dense layers' GEMMs: fp32, or bf16 with fp32 accumulation, fp32 master "
+                "weights and optimizer state (needs AVX512_BF16 or AMX; elsewhere it runs fp32 and says so "
+                "in one line); auto picks bf16 where the CPU has it. Default: fp32.",
+                [](std::string_view v) -> std::string {
+                  for (const char* name : {"fp32", "bf16", "auto"})
+                    if (v == name) return "";
+                  return "unknown precision '" + std::string(v) + "' (fp32, bf16 or auto)";
+                }),
       // mesh
       text_knob("mesh.mode", h, &mesh_config::mode, "dp | diloco | streaming | decoupled",
                 "Synchronisation policy (ALGORITHM.md §8). Default: decoupled.",

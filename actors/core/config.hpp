@@ -50,6 +50,7 @@ struct train_config {
   std::uint64_t seed = 1;
   std::int64_t eval_every = 250;        // steps between evaluations; 0: only at the end
   double time_limit_s = 0;              // stop early after this wall time; 0: no limit
+  std::string precision = "fp32";       // dense GEMM inputs: fp32 | bf16 | auto (fp32 accumulation)
 };
 
 /// The mesh (ALGORITHM.md §2, §8). The mode picks the synchronisation policy;

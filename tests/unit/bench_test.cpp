@@ -22,6 +22,7 @@
 #include "bench/wan_bench.hpp"
 #include "bench/wire_instruments.hpp"
 #include "core/layout.hpp"
+#include "learner/model/trainer.hpp"
 #include "temp_dir.hpp"
 
 using namespace archipelago;
@@ -389,6 +390,8 @@ TEST_CASE("bench compute: the nano engine against its matched GEMM, two timed st
   o.batch = 4;
   o.steps = 2;
   o.warmup = 1;
+  o.rounds = 1;
+  o.peak_s = 0.01;
   int progress_lines = 0;
   bench_hooks hooks;
   hooks.progress = [&](const std::string&) { ++progress_lines; };
@@ -396,7 +399,8 @@ TEST_CASE("bench compute: the nano engine against its matched GEMM, two timed st
   REQUIRE(r);
   CHECK(r->step_s.size() == 2);
   CHECK(r->gemm_s.size() == 2);
-  CHECK(progress_lines == 2);
+  // The engine, then each other backend: two samples each.
+  CHECK(progress_lines == 2 * (1 + static_cast<int>(r->others.size())));
   CHECK(r->params == nano_params());
   CHECK(r->tokens_per_step == static_cast<std::size_t>(4 * model_preset("nano")->context));
   CHECK(finite_positive(r->tokens_per_s()));
@@ -406,6 +410,33 @@ TEST_CASE("bench compute: the nano engine against its matched GEMM, two timed st
   CHECK(r->step_best_s() <= r->step_median_s());
   CHECK(r->torch.empty());
   CHECK(r->gemm_m == 4 * r->gemm_k);  // [N, C] x [C, 4C]
+  // The same GEMM through oneDNN, the Eigen engine, the CPU's peak.
+  CHECK(r->sgemm_s.size() == 2);
+  CHECK(finite_positive(r->sgemm_gflops()));
+  CHECK(r->best_sgemm_gflops() >= r->gemm_gflops());
+  REQUIRE(r->other(dense_backend::eigen) != nullptr);
+  CHECK(r->other(dense_backend::eigen)->ratio.size() == 1);
+  CHECK(finite_positive(r->backend_tokens_per_s(dense_backend::eigen)));
+  REQUIRE(r->peaks.size() == 1);
+  CHECK(finite_positive(r->fp32_peak_gflops()));
+  CHECK(r->gflops() < r->fp32_peak_gflops());
+  const bool bf16 = detect_gemm_cpu().bf16;
+  CHECK((r->other(dense_backend::bf16) != nullptr) == bf16);
+  CHECK(r->bf16_gemm_s.size() == (bf16 ? 2u : 0u));
+  // The peak loop asks the CPU, not oneDNN (whose ISA ONEDNN_MAX_CPU_ISA may cap).
+  if (bf16) CHECK(finite_positive(r->bf16_peak_gflops()));
+  CHECK(std::isnan(r->thread_efficiency()));  // one thread: nothing to compare
+
+  // Two threads: the engine on one thread too, for the efficiency.
+  o.threads = 2;
+  o.peak_s = 0;
+  r = run_compute_bench(o, {});
+  REQUIRE(r);
+  CHECK(r->one_thread_step_s.size() == 2);
+  CHECK(finite_positive(r->thread_efficiency()));
+  CHECK(r->peaks.empty());
+  CHECK(std::isnan(r->fp32_peak_gflops()));
+  set_compute_threads(2);
 }
 
 TEST_CASE("bench compute: bad options and a stop before the first sample are errors") {

@@ -1,14 +1,17 @@
 // archipelago bench: the benchmarks' parent command, and `bench compute`: the
-// learner engine's throughput against a matched Eigen GEMM and, with
+// learner engine's throughput against its other dense backends, the matched
+// GEMM (Eigen, oneDNN), the CPU's fp32 and bf16 peaks and, with
 // --against-torch, the PyTorch reference (tools/bench/compute_bench.hpp).
 
 #include "cmd_bench.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bench/bench_stats.hpp"
 #include "bench/compute_bench.hpp"
@@ -39,26 +42,36 @@ void print_profile(const compute_result& r) {
   row("other", total - covered);
 }
 
-/// The PyTorch lines; the tuned and as-installed ratios for the JSON.
-std::pair<double, double> print_torch(const compute_result& r) {
-  double ratio_torch = std::nan(""), ratio_installed = std::nan("");
-  for (const auto& run : r.torch) {
-    if (run.ratio.empty()) continue;
-    const double ratio = median(run.ratio);
-    std::string per_round;
-    for (double x : run.ratio) per_round += (per_round.empty() ? "" : " ") + std::to_string(x).substr(0, 4);
-    std::printf("  PyTorch  %-12s %.0f tokens/s median of %zu rounds (BLAS %s)\n"
-                "           engine / PyTorch = %.2f (per round: %s)\n",
-                run.label.c_str(), median(run.tokens_per_s), run.tokens_per_s.size(), run.blas.c_str(), ratio,
-                per_round.c_str());
-    if (run.label == "tuned") ratio_torch = ratio;
-    else ratio_installed = ratio;
-  }
-  return {ratio_torch, ratio_installed};
+std::string per_round(const std::vector<double>& ratios) {
+  std::string out;
+  for (double x : ratios) out += (out.empty() ? "" : " ") + std::to_string(x).substr(0, 4);
+  return out;
 }
 
-void print_json(const compute_flags& f, const compute_result& r, std::pair<double, double> torch_ratios) {
+/// The PyTorch lines.
+void print_torch(const compute_result& r) {
+  for (const auto& run : r.torch) {
+    if (run.ratio.empty()) continue;
+    std::printf("  PyTorch  %-13s %.0f tokens/s median of %zu rounds (BLAS %s)\n"
+                "           engine fp32 / PyTorch = %.2f (per round: %s)\n",
+                run.label.c_str(), median(run.tokens_per_s), run.tokens_per_s.size(), run.blas.c_str(),
+                median(run.ratio), per_round(run.ratio).c_str());
+    if (!run.ratio_bf16.empty())
+      std::printf("           engine bf16 / PyTorch = %.2f (per round: %s)\n", median(run.ratio_bf16),
+                  per_round(run.ratio_bf16).c_str());
+  }
+}
+
+double torch_ratio(const compute_result& r, const std::string& label, bool bf16) {
+  for (const auto& run : r.torch)
+    if (run.label == label) return median(bf16 ? run.ratio_bf16 : run.ratio);
+  return std::nan("");
+}
+
+void print_json(const compute_flags& f, const compute_result& r) {
   const compute_options& o = f.bench;
+  const backend_run* eigen = r.other(dense_backend::eigen);
+  const backend_run* bf16 = r.other(dense_backend::bf16);
   json_line j;
   j.add("command", "bench compute")
       .add("model", o.model)
@@ -68,16 +81,34 @@ void print_json(const compute_flags& f, const compute_result& r, std::pair<doubl
       .add("context", r.context)
       .add("march", ARCHIPELAGO_BUILD_MARCH)
       .add("simd", r.simd)
+      .add("onednn_isa", r.onednn_isa)
+      .add("rounds", r.rounds)
       .add("steps", static_cast<std::int64_t>(r.step_s.size()))
       .add("step_ms_median", r.step_median_s() * 1e3)
       .add("tokens_per_s", r.tokens_per_s())
       .add("gflops", r.gflops())
       .add("gemm_gflops", r.gemm_gflops())
-      .add("ratio_vs_gemm", r.ratio_vs_gemm());
+      .add("sgemm_gflops", r.sgemm_gflops())
+      .add("bf16_gemm_gflops", r.bf16_gemm_gflops())
+      .add("ratio_vs_gemm", r.ratio_vs_gemm())
+      .add("ratio_vs_best_sgemm", r.ratio_vs_best_sgemm())
+      .add("eigen_tokens_per_s", r.backend_tokens_per_s(dense_backend::eigen))
+      .add("ratio_vs_eigen_engine", eigen ? 1.0 / median(eigen->ratio) : std::nan(""))
+      .add("bf16_tokens_per_s", r.backend_tokens_per_s(dense_backend::bf16))
+      .add("bf16_gflops", r.backend_gflops(dense_backend::bf16))
+      .add("bf16_vs_fp32", bf16 ? median(bf16->ratio) : std::nan(""))
+      .add("fp32_peak_gflops", r.fp32_peak_gflops())
+      .add("bf16_peak_gflops", r.bf16_peak_gflops())
+      .add("share_of_fp32_peak", r.gflops() / r.fp32_peak_gflops())
+      .add("bf16_share_of_bf16_peak", r.backend_gflops(dense_backend::bf16) / r.bf16_peak_gflops())
+      .add("thread_efficiency", r.thread_efficiency());
   if (o.against_torch) {
     for (const auto& run : r.torch) j.add("torch_" + run.label + "_tokens_per_s", median(run.tokens_per_s));
-    j.add("rounds", r.rounds);
-    j.add("ratio_vs_torch", torch_ratios.first).add("ratio_vs_torch_as_installed", torch_ratios.second);
+    j.add("ratio_vs_torch", torch_ratio(r, "tuned", false))
+        .add("ratio_vs_torch_as_installed", torch_ratio(r, "as_installed", false))
+        .add("ratio_vs_torch_bf16_autocast", torch_ratio(r, "bf16_autocast", false))
+        .add("bf16_ratio_vs_torch", torch_ratio(r, "tuned", true))
+        .add("bf16_ratio_vs_torch_bf16_autocast", torch_ratio(r, "bf16_autocast", true));
   }
   std::printf("%s\n", j.str().c_str());
 }
@@ -91,16 +122,44 @@ int run_compute(const compute_flags& f, logger& log) {
   if (!r) return report(r.err());
   for (const auto& run : r->torch)
     if (!run.error.empty()) log.warn("bench.torch", "archipelago: %s", run.error.c_str());
-  std::printf("bench compute: model %s (%zu parameters), batch %d x %d tokens, %d threads, -march=%s (Eigen: %s)\n",
-              o.model.c_str(), r->params, o.batch, r->context, o.threads, ARCHIPELAGO_BUILD_MARCH, r->simd.c_str());
-  std::printf("  engine   step %.2f ms median (best %.2f) over %zu steps: %.0f tokens/s, %.1f GFLOP/s\n",
+  std::printf("bench compute: model %s (%zu parameters), batch %d x %d tokens, %d threads, %d rounds, -march=%s "
+              "(Eigen: %s; oneDNN: %s)\n",
+              o.model.c_str(), r->params, o.batch, r->context, o.threads, r->rounds, ARCHIPELAGO_BUILD_MARCH,
+              r->simd.c_str(), r->onednn_isa.c_str());
+  std::printf("  engine   oneDNN fp32: step %.2f ms median (best %.2f) over %zu steps: %.0f tokens/s, %.1f GFLOP/s\n",
               r->step_median_s() * 1e3, r->step_best_s() * 1e3, r->step_s.size(), r->tokens_per_s(), r->gflops());
-  std::printf("  GEMM     [%ld x %ld] x [%ld x %ld] %.3f ms median: %.1f GFLOP/s\n", r->gemm_n, r->gemm_k, r->gemm_k,
-              r->gemm_m, r->gemm_median_s() * 1e3, r->gemm_gflops());
-  std::printf("  ratio    engine / matched GEMM = %.2f\n", r->ratio_vs_gemm());
+  for (const auto& run : r->others) {
+    if (run.step_s.empty()) continue;
+    std::printf("  engine   %-12s %.0f tokens/s, %.1f GFLOP/s; / oneDNN fp32 = %.2f (per round: %s)\n",
+                run.backend == dense_backend::eigen ? "Eigen fp32:" : "oneDNN bf16:",
+                r->backend_tokens_per_s(run.backend), r->backend_gflops(run.backend), median(run.ratio),
+                per_round(run.ratio).c_str());
+  }
+  std::printf("  GEMM     [%ld x %ld] x [%ld x %ld]: Eigen %.1f GFLOP/s", r->gemm_n, r->gemm_k, r->gemm_k, r->gemm_m,
+              r->gemm_gflops());
+  if (!r->sgemm_s.empty()) std::printf(", oneDNN fp32 %.1f", r->sgemm_gflops());
+  if (!r->bf16_gemm_s.empty()) std::printf(", oneDNN bf16 %.1f (inputs rounded on the way in)", r->bf16_gemm_gflops());
+  std::printf("\n  ratio    engine / Eigen GEMM = %.2f; engine / best fp32 GEMM = %.2f\n", r->ratio_vs_gemm(),
+              r->ratio_vs_best_sgemm());
+  if (!r->peaks.empty()) {
+    const auto best = std::max_element(r->peaks.begin(), r->peaks.end(), [](const cpu_peak& a, const cpu_peak& b) {
+      return a.fp32_gflops() < b.fp32_gflops();
+    });  // the round whose loop set the peak names its ISA
+    std::printf("  peak     fp32 FMA %.1f GFLOP/s (%s)", r->fp32_peak_gflops(), best->fp32_isa.c_str());
+    if (!std::isnan(r->bf16_peak_gflops())) std::printf(", bf16 dot product %.1f GFLOP/s", r->bf16_peak_gflops());
+    std::printf(" on %d threads\n           engine fp32 = %.1f%% of the fp32 peak", o.threads,
+                100 * r->gflops() / r->fp32_peak_gflops());
+    if (r->other(dense_backend::bf16))
+      std::printf(", engine bf16 = %.1f%% of the bf16 peak",
+                  100 * r->backend_gflops(dense_backend::bf16) / r->bf16_peak_gflops());
+    std::printf("\n");
+  }
+  if (!r->one_thread_step_s.empty())
+    std::printf("  threads  1 -> %d: %.2f efficiency (%.0f tokens/s on one thread)\n", o.threads,
+                r->thread_efficiency(), static_cast<double>(r->tokens_per_step) / median(r->one_thread_step_s));
   if (o.profile) print_profile(*r);
-  const auto torch_ratios = print_torch(*r);
-  if (f.json) print_json(f, *r, torch_ratios);
+  print_torch(*r);
+  if (f.json) print_json(f, *r);
   return exit_ok;
 }
 
@@ -116,15 +175,20 @@ runner add_bench_command(CLI::App& app) {
   add_bench_snapshot(*bench);
   add_bench_wan(*bench);
   add_bench_ablate(*bench);
-  CLI::App* compute = bench->add_subcommand("compute", "Learner engine throughput vs a matched GEMM (and PyTorch)");
+  CLI::App* compute = bench->add_subcommand(
+      "compute", "Learner engine throughput vs its backends, matched GEMMs, the CPU's peaks (and PyTorch)");
   compute->add_option("--model", o.model, "nano, micro or mini")->required();
   compute->add_option("--threads", o.threads, "Compute threads (default 2)");
   compute->add_option("--batch", o.batch, "Sequences per step (default 32)");
   compute->add_option("--steps", o.steps, "Timed steps (default: 40 nano, 15 micro, 6 mini)");
   compute->add_option("--warmup", o.warmup, "Untimed warm-up steps (default 3)");
   compute->add_flag("--against-torch", o.against_torch, "Also run the PyTorch reference, as installed and tuned");
-  compute->add_option("--rounds", o.rounds, "Rounds of (engine, PyTorch) with --against-torch (default 3)")
+  compute->add_option("--rounds", o.rounds, "Interleaved rounds of every measurement (default 3)")
       ->check(CLI::Range(1, 100));
+  compute->add_flag("!--no-backends", o.backends,
+                    "Time only the engine (oneDNN fp32): not Eigen, bf16 nor the 1-thread run");
+  compute->add_option("--peak-seconds", o.peak_s, "Seconds per CPU peak loop per round; 0 skips them (default 0.2)")
+      ->check(CLI::Range(0.0, 10.0));
   compute->add_flag("--profile", o.profile, "Show where a step's time goes, phase by phase");
   compute->add_option("--python", o.python, "Python interpreter with torch (default /usr/bin/python3)");
   compute->add_option("--torch-script", o.torch_script, "Path of torch_reference.py");

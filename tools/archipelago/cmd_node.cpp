@@ -6,6 +6,7 @@
 
 #include "cli_common.hpp"
 #include "commands.hpp"
+#include "learner/model/trainer.hpp"
 #include "node/node_process.hpp"
 
 namespace archipelago::cli {
@@ -25,6 +26,11 @@ int run_node_command(node_cli& n, logger& log) {
   node_options o = n.options;
   o.index = n.index;
   o.kind = n.role_name == "broker" ? role::sync_broker : n.role_name == "shard" ? role::parameter_shard : role::learner;
+  if (o.kind == role::learner) {  // train.precision = bf16 on a CPU without it: one line, then fp32
+    std::string note;
+    (void)dense_backend_for(cfg->train, note);
+    if (!note.empty()) log.warn("train.precision", "%s", note.c_str());
+  }
   install_stop_handlers();
   progress_line progress(log, 4);
   auto result = run_node(*cfg, log, o, [&](const std::string& line) { progress.update(line); },

@@ -7,6 +7,7 @@
 #include "cmd_run.hpp"
 #include "commands.hpp"
 #include "learner/model/checkpoint.hpp"
+#include "learner/model/trainer.hpp"
 #include "node/mesh_snapshots.hpp"
 #include "report/run_report.hpp"
 
@@ -37,8 +38,11 @@ int run_mesh_command(const run_options& o, logger& log) {
   if (auto ok = validate_mesh(*cfg); !ok) return report(ok.err());
   install_stop_handlers();
   progress_line progress(log, 4);
-  std::printf("mesh: mode %s, %d learners, %d shards, model %s, corpus %s\n", cfg->mesh.mode.c_str(),
-              cfg->mesh.learners, cfg->mesh.shards, cfg->model.size.c_str(),
+  std::string precision_note;
+  const bool bf16 = dense_backend_for(cfg->train, precision_note) == dense_backend::bf16;
+  if (!precision_note.empty()) std::printf("%s\n", precision_note.c_str());
+  std::printf("mesh: mode %s, %d learners, %d shards, model %s (%s GEMMs), corpus %s\n", cfg->mesh.mode.c_str(),
+              cfg->mesh.learners, cfg->mesh.shards, cfg->model.size.c_str(), bf16 ? "bf16" : "fp32",
               cfg->data.corpus.empty() ? "synthetic" : cfg->data.corpus.c_str());
   std::fflush(stdout);
   auto summary = run_local_mesh(*cfg, log, [&](const std::string& line) { progress.update(line); },

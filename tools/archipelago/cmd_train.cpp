@@ -43,10 +43,11 @@ int run_train(const train_options& opts, logger& log) {
   install_stop_handlers();
   engine eng(*cfg, shape, *data, 0);
   const param_layout& layout = eng.model().layout();
-  std::printf("model %s: %zu parameters (L=%d, C=%d, H=%d, T=%d%s), batch %d, %d threads\n",
+  if (!eng.precision_note().empty()) std::printf("%s\n", eng.precision_note().c_str());
+  std::printf("model %s: %zu parameters (L=%d, C=%d, H=%d, T=%d%s), batch %d, %d threads, %s GEMMs (oneDNN %s)\n",
               cfg->model.size.c_str(), layout.param_count, shape.n_layer, shape.d_model,
               shape.n_head, shape.context, shape.tied ? ", tied" : "", cfg->data.batch,
-              cfg->train.threads);
+              cfg->train.threads, eng.precision(), detect_gemm_cpu().isa.c_str());
   std::printf("corpus %s: %zu bytes (held out %.1f%%)", corpus_name.c_str(), data->text.size(),
               100.0 * cfg->data.heldout_fraction);
   if (!std::isnan(data->entropy_floor_bpb))
@@ -155,6 +156,7 @@ int run_train(const train_options& opts, logger& log) {
         .add("gap_bpb", last_eval_bpb - data->entropy_floor_bpb)
         .add("corpus", corpus_name)
         .add("threads", cfg->train.threads)
+        .add("precision", eng.precision())
         .add("batch", cfg->data.batch)
         .add("seed", cfg->train.seed)
         .add("stopped_by", stopped_by);
@@ -173,6 +175,7 @@ runner add_train_command(CLI::App& app) {
                            "Text file to train on (default: the built-in synthetic corpus)");
   opts->flags.add_shortcut(*cmd, "--steps", "train.steps", "N", "Optimizer steps");
   opts->flags.add_shortcut(*cmd, "--threads", "train.threads", "N", "Compute threads");
+  opts->flags.add_shortcut(*cmd, "--precision", "train.precision", "P", "Dense GEMM inputs: fp32, bf16 or auto");
   opts->flags.add_shortcut(*cmd, "--lr", "optimizer.lr", "RATE", "Peak learning rate");
   opts->flags.add_shortcut(*cmd, "--batch", "data.batch", "B", "Sequences per step");
   opts->flags.add_shortcut(*cmd, "--seed", "train.seed", "SEED", "Run seed");

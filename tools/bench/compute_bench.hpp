@@ -1,15 +1,22 @@
 #pragma once
 // bench compute: the learner engine's throughput (forward + backward + AdamW)
-// as tokens/s and GFLOP/s, against baselines measured in the same run: a plain
-// Eigen GEMM of the model's largest matrix shape (this machine's practical
-// peak) and, optionally, the PyTorch reference of the same architecture
-// (tools/bench/torch_reference.py) as installed and tuned.
+// as tokens/s and GFLOP/s, against baselines measured in the same run, in
+// interleaved rounds:
+//   - the engine's other dense backends: Eigen (the engine before oneDNN) and
+//     oneDNN bf16 where the CPU has native bf16;
+//   - the model's largest matrix product, [N, C] x [C, 4C], through Eigen and
+//     through oneDNN (fp32, and bf16 where native): the best single GEMM;
+//   - the CPU's fp32 FMA and bf16 dot-product peaks (cpu_peak.hpp);
+//   - the engine on one thread, for the 1 -> N thread efficiency;
+//   - optionally, the PyTorch reference of the same architecture
+//     (tools/bench/torch_reference.py): tuned, as installed, and bf16 autocast.
 
 #include <cstddef>
 #include <string>
 #include <vector>
 
 #include "bench/bench_hooks.hpp"
+#include "bench/cpu_peak.hpp"
 #include "core/error.hpp"
 #include "learner/model/gpt.hpp"
 
@@ -24,6 +31,8 @@ struct compute_options {
   bool against_torch = false;
   bool profile = false;  // time a step phase by phase (adds timer reads)
   int rounds = 3;        // rounds of (engine, PyTorch) with against_torch
+  bool backends = true;  // also time the Eigen and bf16 backends and the 1-thread engine
+  double peak_s = 0.2;   // seconds per peak loop per round; 0 skips the peaks
   std::string python = "/usr/bin/python3";
   std::string torch_script;  // torch_reference.py; needed with against_torch
 };
@@ -33,30 +42,47 @@ int default_compute_steps(const std::string& model);
 
 /// One PyTorch configuration, run once per round.
 struct torch_run {
-  std::string label;  // "tuned", "as_installed"
+  std::string label;  // "tuned", "as_installed", "bf16_autocast"
   std::string env;    // `env` arguments
   std::string args;   // extra script arguments
   std::vector<double> tokens_per_s;  // per round
-  std::vector<double> ratio;         // engine / this, per round
+  std::vector<double> ratio;         // engine (fp32) / this, per round
+  std::vector<double> ratio_bf16;    // engine (bf16) / this, per round; empty without native bf16
   std::string blas;
   std::string error;  // set when a run failed; the configuration is not run again
 };
 
-/// The two PyTorch configurations: "tuned" (MACHINE.md §6) and "as_installed".
+/// The PyTorch configurations: "tuned" (MACHINE.md §6), "as_installed" and
+/// "bf16_autocast" (tuned, with torch.autocast("cpu", bfloat16)).
 std::vector<torch_run> torch_configurations();
+
+/// The engine timed with one dense backend.
+struct backend_run {
+  dense_backend backend = dense_backend::fp32;
+  std::vector<double> step_s;      // per timed step
+  std::vector<double> round_tps;   // tokens/s per round (median step of the round)
+  std::vector<double> ratio;       // this / the fp32 engine, per round
+};
 
 struct compute_result {
   std::string model;
   std::size_t params = 0;
   int context = 0;
+  int threads = 0;
   std::size_t tokens_per_step = 0;  // batch x context
   std::string simd;  // Eigen's instruction sets
-  std::vector<double> step_s, gemm_s;  // per timed sample
+  std::string onednn_isa;  // what oneDNN dispatches to here
+  std::vector<double> step_s, gemm_s;  // the engine (oneDNN fp32) and the Eigen GEMM, per timed sample
+  std::vector<double> sgemm_s, bf16_gemm_s;  // the same GEMM through oneDNN fp32 / bf16 (empty: not native)
+  std::vector<double> round_tps;  // the engine's tokens/s per round
   double flops_per_step = 0;
   long gemm_n = 0, gemm_k = 0, gemm_m = 0;  // the matched GEMM: [n x k] x [k x m]
   double optimizer_s = 0;  // AdamW's share of the timed steps
   step_profile profile;    // with compute_options::profile
   int rounds = 1;
+  std::vector<backend_run> others;     // eigen, then bf16 where native (with compute_options::backends)
+  std::vector<double> one_thread_step_s;  // the engine on one thread (threads > 1 and backends)
+  std::vector<cpu_peak> peaks;         // per round
   std::vector<torch_run> torch;  // empty without against_torch
 
   double step_median_s() const;
@@ -64,14 +90,24 @@ struct compute_result {
   double gemm_median_s() const;
   double tokens_per_s() const;  // over the median step
   double gflops() const;
-  double gemm_gflops() const;
-  double ratio_vs_gemm() const;  // engine GFLOP/s over the GEMM's
+  double gemm_gflops() const;    // Eigen
+  double sgemm_gflops() const;   // oneDNN fp32; NaN if not measured
+  double bf16_gemm_gflops() const;  // oneDNN bf16; NaN if not measured
+  double best_sgemm_gflops() const;  // the faster fp32 GEMM
+  double ratio_vs_gemm() const;  // engine GFLOP/s over the Eigen GEMM's
+  double ratio_vs_best_sgemm() const;
+  const backend_run* other(dense_backend b) const;  // null if not timed
+  double backend_tokens_per_s(dense_backend b) const;  // NaN if not timed
+  double backend_gflops(dense_backend b) const;
+  double fp32_peak_gflops() const;  // best over rounds; NaN if not measured
+  double bf16_peak_gflops() const;  // NaN if not measured or not native
+  /// tokens/s on `threads` threads over (threads x tokens/s on one); NaN if not measured.
+  double thread_efficiency() const;
 };
 
-/// Measures the engine, the matched GEMM and (optionally) PyTorch, in rounds;
-/// errors: a bad option (invalid_input), a missing script (not_found), a stop
-/// before any sample (internal). A failing PyTorch run is kept in its
-/// torch_run::error, not returned.
+/// Measures the engine and its baselines in rounds; errors: a bad option
+/// (invalid_input), a missing script (not_found), a stop before any sample
+/// (internal). A failing PyTorch run is kept in its torch_run::error, not returned.
 expected<compute_result> run_compute_bench(const compute_options& o, const bench_hooks& hooks);
 
 }  // namespace archipelago

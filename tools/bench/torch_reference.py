@@ -345,6 +345,8 @@ def parse_args():
     ap.add_argument("--mallopt", action="store_true",
                     help="keep freed memory in the process (glibc mallopt) to avoid page faults "
                          "every step; off by default (plain PyTorch behaviour)")
+    ap.add_argument("--autocast-bf16", action="store_true",
+                    help="run forward (and so backward) under torch.autocast('cpu', bfloat16)")
     ap.add_argument("--json", action="store_true", help="print one JSON line (last line)")
     args = ap.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.threads < 1:
@@ -397,7 +399,13 @@ def train_timed(model, args, B, T):
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        if args.autocast_bf16:
+            # Mixed precision as torch does it on CPU: bf16 matmuls (oneDNN), fp32 weights,
+            # optimizer state and the ops autocast keeps in fp32 (softmax, LayerNorm, loss).
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(x, y)
+        else:
+            loss = model(x, y)
         loss.backward()
         clip_grad_norm_foreach_(all_params, 1.0)
         opt.step()
@@ -476,7 +484,9 @@ def make_result(args, shape, params, run, mallopt_ok):
         "loss_first_timed": round(losses[args.warmup], 4) if times else None,
         "loss_last": round(losses[-1], 4),
         "loss_decreased": losses[-1] < losses[0],
-        "blas": blas["short"],
+        "blas": blas["short"] + (" + autocast bf16 (mkldnn %s)" % torch.backends.mkldnn.is_available()
+                                 if args.autocast_bf16 else ""),
+        "autocast_bf16": bool(args.autocast_bf16),
         "blas_detail": blas,
         "torch_version": torch.__version__,
     }

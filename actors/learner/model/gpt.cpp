@@ -7,6 +7,7 @@
 #include <cassert>
 #include <chrono>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/prng.hpp"
@@ -103,6 +104,44 @@ void add_weight_grad(const_matrix_view<S> a, const_matrix_view<S> b, S* out, S* 
     array_view<S> dst(out + e, len);
     for (int t = 0; t < threads; ++t) dst += array_view<S>(scratch + t * m * k + e, len);
   }
+}
+
+/// C[m×n] (+)= op(A)·op(B), row-major, for a dense layer: oneDNN when the model
+/// has kernels (float), else Eigen (the double gradient checks, the eigen backend).
+/// A is stored [m×k], or [k×m] when ta; B [k×n], or [n×k] when tb.
+template <class S>
+void dense(dense_gemm* kernels, bool ta, bool tb, Index m, Index n, Index k, const S* a, Index lda, const S* b,
+           Index ldb, bool accumulate, S* c, Index ldc) {
+  if constexpr (std::is_same_v<S, float>) {
+    if (kernels) {
+      kernels->run(ta, tb, m, n, k, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+      return;
+    }
+  }
+  auto cv = view(c, m, n, ldc);
+  const auto av = view(a, ta ? k : m, ta ? m : k, lda);
+  const auto bv = view(b, tb ? n : k, tb ? k : n, ldb);
+  auto apply = [&](const auto& pa, const auto& pb) {
+    if (accumulate) cv.noalias() += pa * pb;
+    else cv.noalias() = pa * pb;
+  };
+  if (ta && tb) apply(av.transpose(), bv.transpose());
+  else if (ta) apply(av.transpose(), bv);
+  else if (tb) apply(av, bv.transpose());
+  else apply(av, bv);
+}
+
+/// out[m×k] += Aᵀ·B for A [rows×m], B [rows×k]: oneDNN splits the token
+/// dimension itself; Eigen goes through add_weight_grad.
+template <class S>
+void weight_grad(dense_gemm* kernels, const S* a, Index m, const S* b, Index k, Index rows, S* out, S* scratch) {
+  if constexpr (std::is_same_v<S, float>) {
+    if (kernels) {
+      kernels->run(true, false, m, k, rows, a, m, b, k, 1.0f, out, k);
+      return;
+    }
+  }
+  add_weight_grad(view(a, rows, m), view(b, rows, k), out, scratch, omp_get_max_threads());
 }
 
 template <class S>
@@ -288,12 +327,37 @@ struct gpt<S>::workspace {
   }
 };
 
+const char* backend_name(dense_backend b) {
+  switch (b) {
+    case dense_backend::eigen: return "eigen";
+    case dense_backend::fp32: return "onednn_fp32";
+    case dense_backend::bf16: return "onednn_bf16";
+  }
+  return "?";
+}
+
 template <class S>
-gpt<S>::gpt(const param_layout& layout)
+gpt<S>::gpt(const param_layout& layout, dense_backend backend)
     : layout_(layout),
       params_(layout.total_floats),
       grads_(layout.total_floats),
       ws_(std::make_unique<workspace>()) {
+  if constexpr (std::is_same_v<S, float>) {
+    if (backend == dense_backend::bf16) {
+      if (auto k = dense_gemm::make(gemm_precision::bf16)) {
+        kernels_ = std::move(*k);
+        backend_ = dense_backend::bf16;
+      } else {
+        backend = dense_backend::fp32;  // no native bf16 here
+      }
+    }
+    if (backend == dense_backend::fp32) {
+      if (auto k = dense_gemm::make(gemm_precision::fp32)) {
+        kernels_ = std::move(*k);
+        backend_ = dense_backend::fp32;
+      }
+    }
+  }
   auto at = [&](const std::string& name) {
     const tensor_spec* t = layout_.find(name);
     assert(t != nullptr);
@@ -346,6 +410,7 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
   const Index n = static_cast<Index>(batch) * len, c = s.d_model, v = s.vocab, h = s.n_head,
               hd = s.head_dim();
   const S* p = params_.data();
+  dense_gemm* kern = kernels_.get();
   std::copy(inputs, inputs + n, w.tokens.begin());
   phase_timer timer(profile_, phase::embedding);
 
@@ -379,7 +444,7 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
     layernorm_forward(xl, ln1, w.ln1_stats.data() + l * n * 2, p + o.ln1g, p + o.ln1b, n, c);
     timer.next(phase::dense);
     broadcast_rows(qkv, p + o.bqkv, static_cast<const S*>(nullptr), n, 3 * c);
-    view(qkv, n, 3 * c).noalias() += view(static_cast<const S*>(ln1), n, c) * view(p + o.wqkv, c, 3 * c);
+    dense(kern, false, false, n, 3 * c, c, static_cast<const S*>(ln1), c, p + o.wqkv, 3 * c, true, qkv, 3 * c);
 
     // Causal self-attention, one (sequence, head) pair per task.
     timer.next(phase::attention);
@@ -409,29 +474,28 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
 
     timer.next(phase::dense);
     broadcast_rows(xm, p + o.bo, xl, n, c);
-    view(xm, n, c).noalias() += view(static_cast<const S*>(atty), n, c) * view(p + o.wo, c, c);
+    dense(kern, false, false, n, c, c, static_cast<const S*>(atty), c, p + o.wo, c, true, xm, c);
 
     timer.next(phase::layernorm);
     layernorm_forward(static_cast<const S*>(xm), ln2, w.ln2_stats.data() + l * n * 2, p + o.ln2g,
                       p + o.ln2b, n, c);
     timer.next(phase::dense);
     broadcast_rows(hpre, p + o.b1, static_cast<const S*>(nullptr), n, 4 * c);
-    view(hpre, n, 4 * c).noalias() += view(static_cast<const S*>(ln2), n, c) * view(p + o.w1, c, 4 * c);
+    dense(kern, false, false, n, 4 * c, c, static_cast<const S*>(ln2), c, p + o.w1, 4 * c, true, hpre, 4 * c);
     timer.next(phase::gelu);
     gelu_forward(static_cast<const S*>(hpre), hact, n * 4 * c);
     timer.next(phase::dense);
     broadcast_rows(xnext, p + o.b2, static_cast<const S*>(xm), n, c);
-    view(xnext, n, c).noalias() += view(static_cast<const S*>(hact), n, 4 * c) * view(p + o.w2, 4 * c, c);
+    dense(kern, false, false, n, c, 4 * c, static_cast<const S*>(hact), 4 * c, p + o.w2, c, true, xnext, c);
   }
 
   timer.next(phase::layernorm);
   layernorm_forward(static_cast<const S*>(w.x.data() + s.n_layer * n * c), w.lnf.data(),
                     w.lnf_stats.data(), p + w.lnfg, p + w.lnfb, n, c);
   timer.next(phase::dense);
-  auto logits = view(w.logits.data(), n, v);
-  const auto lnf = view(static_cast<const S*>(w.lnf.data()), n, c);
-  if (s.tied) logits.noalias() = lnf * view(p + w.wte, v, c).transpose();
-  else logits.noalias() = lnf * view(p + w.lm_head, c, v);
+  const S* lnf = w.lnf.data();
+  if (s.tied) dense(kern, false, true, n, v, c, lnf, c, p + w.wte, c, false, w.logits.data(), v);
+  else dense(kern, false, false, n, v, c, lnf, c, p + w.lm_head, v, false, w.logits.data(), v);
 }
 
 template <class S>
@@ -444,6 +508,7 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
   const Index n = static_cast<Index>(batch) * len, c = s.d_model, v = s.vocab, h = s.n_head,
               hd = s.head_dim();
   const S* p = params_.data();
+  dense_gemm* kern = kernels_.get();
   S* g = grads_.data();
   phase_timer timer(profile_, phase::loss);
   grads_.zero();
@@ -468,15 +533,14 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
 
   // Unembedding.
   timer.next(phase::dense);
-  const auto dlogits = view(static_cast<const S*>(w.logits.data()), n, v);
-  const auto lnf = view(static_cast<const S*>(w.lnf.data()), n, c);
-  auto dln = view(w.dln.data(), n, c);
+  const S* dlogits = w.logits.data();
+  const S* lnf = w.lnf.data();
   if (s.tied) {
-    add_weight_grad(dlogits, lnf, g + w.wte, w.wgrad.data(), omp_get_max_threads());
-    dln.noalias() = dlogits * view(p + w.wte, v, c);
+    weight_grad(kern, dlogits, v, lnf, c, n, g + w.wte, w.wgrad.data());
+    dense(kern, false, false, n, c, v, dlogits, v, p + w.wte, c, false, w.dln.data(), c);
   } else {
-    add_weight_grad(lnf, dlogits, g + w.lm_head, w.wgrad.data(), omp_get_max_threads());
-    dln.noalias() = dlogits * view(p + w.lm_head, c, v).transpose();
+    weight_grad(kern, lnf, c, dlogits, v, n, g + w.lm_head, w.wgrad.data());
+    dense(kern, false, true, n, c, v, dlogits, v, p + w.lm_head, v, false, w.dln.data(), c);
   }
   timer.next(phase::layernorm);
   w.dx.zero();
@@ -485,7 +549,6 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
                      w.reduce.data());
 
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
-  auto dx = view(w.dx.data(), n, c);
   for (int l = s.n_layer - 1; l >= 0; --l) {
     const auto& o = w.layers[l];
     const S* xl = w.x.data() + l * n * c;
@@ -500,18 +563,17 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
 
     // MLP: dx holds d(x_{l+1}).
     timer.next(phase::dense);
-    auto dh = view(w.dh.data(), n, 4 * c);
-    dh.noalias() = dx * view(p + o.w2, 4 * c, c).transpose();
-    add_weight_grad(view(hact, n, 4 * c), view(static_cast<const S*>(w.dx.data()), n, c), g + o.w2,
-                    w.wgrad.data(), omp_get_max_threads());
+    dense(kern, false, true, n, 4 * c, c, static_cast<const S*>(w.dx.data()), c, p + o.w2, c, false, w.dh.data(),
+          4 * c);
+    weight_grad(kern, hact, 4 * c, static_cast<const S*>(w.dx.data()), c, n, g + o.w2, w.wgrad.data());
     timer.next(phase::bias_grads);
     colsum_add(static_cast<const S*>(w.dx.data()), n, c, g + o.b2, w.reduce.data());
     timer.next(phase::gelu);
     gelu_backward(hpre, w.dh.data(), n * 4 * c);
     timer.next(phase::dense);
-    const auto dh_view = view(static_cast<const S*>(w.dh.data()), n, 4 * c);
-    add_weight_grad(view(ln2, n, c), dh_view, g + o.w1, w.wgrad.data(), omp_get_max_threads());
-    dln.noalias() = dh_view * view(p + o.w1, c, 4 * c).transpose();
+    const S* dh = w.dh.data();
+    weight_grad(kern, ln2, c, dh, 4 * c, n, g + o.w1, w.wgrad.data());
+    dense(kern, false, true, n, c, 4 * c, dh, 4 * c, p + o.w1, 4 * c, false, w.dln.data(), c);
     timer.next(phase::bias_grads);
     colsum_add(static_cast<const S*>(w.dh.data()), n, 4 * c, g + o.b1, w.reduce.data());
     timer.next(phase::layernorm);
@@ -520,10 +582,8 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
 
     // Attention: dx now holds d(xm).
     timer.next(phase::dense);
-    auto datty = view(w.datty.data(), n, c);
-    datty.noalias() = dx * view(p + o.wo, c, c).transpose();
-    add_weight_grad(view(atty, n, c), view(static_cast<const S*>(w.dx.data()), n, c), g + o.wo,
-                    w.wgrad.data(), omp_get_max_threads());
+    dense(kern, false, true, n, c, c, static_cast<const S*>(w.dx.data()), c, p + o.wo, c, false, w.datty.data(), c);
+    weight_grad(kern, atty, c, static_cast<const S*>(w.dx.data()), c, n, g + o.wo, w.wgrad.data());
     timer.next(phase::bias_grads);
     colsum_add(static_cast<const S*>(w.dx.data()), n, c, g + o.bo, w.reduce.data());
     timer.next(phase::attention);
@@ -565,9 +625,9 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
       }
     }
     timer.next(phase::dense);
-    const auto dqkv_view = view(static_cast<const S*>(dqkv), n, 3 * c);
-    add_weight_grad(view(ln1, n, c), dqkv_view, g + o.wqkv, w.wgrad.data(), omp_get_max_threads());
-    dln.noalias() = dqkv_view * view(p + o.wqkv, c, 3 * c).transpose();
+    weight_grad(kern, ln1, c, static_cast<const S*>(dqkv), 3 * c, n, g + o.wqkv, w.wgrad.data());
+    dense(kern, false, true, n, c, 3 * c, static_cast<const S*>(dqkv), 3 * c, p + o.wqkv, 3 * c, false, w.dln.data(),
+          c);
     timer.next(phase::bias_grads);
     colsum_add(static_cast<const S*>(dqkv), n, 3 * c, g + o.bqkv, w.reduce.data());
     timer.next(phase::layernorm);

@@ -13,6 +13,10 @@
 // Templated on the scalar: float is the engine, double exists for the gradient
 // checks against finite differences.
 //
+// The dense layers (QKV, output projection, MLP, unembedding; forward and
+// backward) go through oneDNN (dense_gemm.hpp), fp32 or bf16; attention,
+// LayerNorm, GELU and the loss stay Eigen. gpt<double> always uses Eigen.
+//
 // Determinism: every reduction is split into a fixed number of chunks summed in
 // order, so the same seed and thread count give bit-identical losses.
 
@@ -21,6 +25,7 @@
 
 #include "core/layout.hpp"
 #include "core/aligned_buffer.hpp"
+#include "learner/model/dense_gemm.hpp"
 
 namespace archipelago {
 
@@ -31,16 +36,25 @@ struct step_profile {
   double seconds[phase_count] = {};
 };
 
+/// How the dense layers multiply. eigen: Eigen's GEMM, its ISA fixed at compile
+/// time (the engine before oneDNN, kept as `bench compute`'s comparison);
+/// fp32 / bf16: oneDNN, dispatched at run time (dense_gemm.hpp).
+enum class dense_backend : std::uint8_t { eigen, fp32, bf16 };
+const char* backend_name(dense_backend b);
+
 template <class S>
 class gpt {
  public:
-  explicit gpt(const param_layout& layout);
+  /// bf16 on a CPU without native bf16 runs fp32: backend() says which is in use.
+  explicit gpt(const param_layout& layout, dense_backend backend = dense_backend::fp32);
   ~gpt();
   gpt(const gpt&) = delete;
   gpt& operator=(const gpt&) = delete;
 
   const param_layout& layout() const { return layout_; }
   const model_shape& shape() const { return layout_.shape; }
+
+  dense_backend backend() const { return backend_; }
 
   S* params() { return params_.data(); }
   const S* params() const { return params_.data(); }
@@ -80,6 +94,8 @@ class gpt {
   aligned_buffer<S> params_;
   aligned_buffer<S> grads_;
   std::unique_ptr<workspace> ws_;
+  std::unique_ptr<dense_gemm> kernels_;  // null: Eigen
+  dense_backend backend_ = dense_backend::eigen;
   step_profile* profile_ = nullptr;
 };
 

@@ -19,6 +19,15 @@ void set_compute_threads(int threads) {
   Eigen::setNbThreads(0);
 }
 
+dense_backend dense_backend_for(const train_config& train, std::string& note) {
+  auto p = resolve_precision(train.precision, detect_gemm_cpu(), note);
+  if (!p) {  // the knob is checked when parsed; a config built in code may still carry anything
+    note = p.err().message + "; running fp32";
+    return dense_backend::fp32;
+  }
+  return *p == gemm_precision::bf16 ? dense_backend::bf16 : dense_backend::fp32;
+}
+
 expected<dataset> load_dataset(const data_config& data, int shards, int context, std::uint64_t seed) {
   double floor_bpb = std::numeric_limits<double>::quiet_NaN();
   auto text = [&]() -> expected<corpus> {
@@ -39,12 +48,14 @@ expected<dataset> load_dataset(const data_config& data, int shards, int context,
 engine::engine(const config& cfg, const model_shape& shape, const dataset& data, int shard)
     : cfg_(cfg),
       data_(data),
-      model_(make_layout(shape)),
+      model_(make_layout(shape), dense_backend_for(cfg.train, precision_note_)),
       optimizer_(model_.layout(), cfg.optimizer),
       sampler_(data.text, data.split.shards.at(shard), shape.context,
                derive_seed(cfg.train.seed, 100 + static_cast<std::uint64_t>(shard))),
       eval_windows_(make_eval_windows(data.split.heldout, shape.context, cfg.data.eval_tokens)),
       batch_(cfg.data.batch) {
+  if (cfg.train.precision == "bf16" && model_.backend() != dense_backend::bf16 && precision_note_.empty())
+    precision_note_ = "train.precision = bf16: oneDNN built no bf16 matmul here; running fp32";
   model_.init(derive_seed(cfg.train.seed, 3));
   inputs_.resize(static_cast<std::size_t>(batch_) * shape.context);
   targets_.resize(inputs_.size());

@@ -57,10 +57,15 @@ class engine {
   void start_at_step(std::int64_t step) { steps_ = step; }
   std::int64_t tokens_per_step() const { return static_cast<std::int64_t>(batch_) * model_.shape().context; }
   double last_lr() const { return last_lr_; }
+  /// The dense layers' precision in use ("fp32" or "bf16"), and the one line
+  /// saying why it differs from train.precision = bf16 (empty when it does not).
+  const char* precision() const { return model_.backend() == dense_backend::bf16 ? "bf16" : "fp32"; }
+  const std::string& precision_note() const { return precision_note_; }
 
  private:
   config cfg_;
   const dataset& data_;
+  std::string precision_note_;  // before model_: its constructor fills it
   gpt<float> model_;
   adamw optimizer_;
   batch_sampler sampler_;
@@ -74,6 +79,10 @@ class engine {
 /// The initial global model: the seeded initialisation every shard derives alike
 /// (learner shard 0's engine, before any step).
 std::vector<float> initial_global_params(const config& cfg, const model_shape& shape, const dataset& data);
+
+/// The dense backend for train.precision on this CPU (dense_gemm.hpp's
+/// resolve_precision); `note` gets the one line of a fallback to fp32.
+dense_backend dense_backend_for(const train_config& train, std::string& note);
 
 /// Applies the thread count to OpenMP and Eigen, for the calling thread.
 void set_compute_threads(int threads);

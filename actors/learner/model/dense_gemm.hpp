@@ -1,0 +1,81 @@
+#pragma once
+// The model's dense layers: row-major GEMMs through oneDNN, which picks its
+// kernels for the CPU it runs on (AVX2, AVX-512, AVX512_BF16, AMX) at run
+// time, so one portable build (-march=x86-64-v3) uses the best kernels of
+// every node. Only dense_gemm.cpp sees oneDNN's headers.
+//
+// Two paths:
+//   fp32  dnnl_sgemm.
+//   bf16  both inputs rounded to bfloat16 (nearest even) into scratch owned by
+//         the object, one oneDNN matmul primitive per shape with fp32
+//         accumulation and fp32 output; the caller's buffers (master weights,
+//         gradients, optimizer state) stay fp32.
+//
+// Determinism: on one CPU, with the same thread count, the same inputs give
+// bit-identical outputs (oneDNN's partitioning depends only on the shape, the
+// thread count and the ISA it dispatches to). Across CPUs that dispatch to
+// different ISAs the results differ in the last bits.
+//
+// Threads: oneDNN's OpenMP runtime follows the calling thread's
+// omp_get_max_threads() (set_compute_threads).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/error.hpp"
+
+namespace archipelago {
+
+/// Precision of the dense layers' GEMM inputs (train.precision, resolved).
+enum class gemm_precision : std::uint8_t { fp32, bf16 };
+
+const char* precision_name(gemm_precision p);
+
+/// What oneDNN dispatches to on this CPU, read at run time (it honours
+/// ONEDNN_MAX_CPU_ISA, so `ONEDNN_MAX_CPU_ISA=AVX2` shows the AVX2-only path).
+struct gemm_cpu {
+  std::string isa;    // oneDNN's name of the ISA, e.g. "avx512_core_bf16", "avx2"
+  bool bf16 = false;  // native bf16 dot products: AVX512_BF16 or AMX
+};
+gemm_cpu detect_gemm_cpu();
+
+/// Resolves train.precision ("fp32" | "bf16" | "auto") on `cpu`: auto is bf16
+/// where the CPU has native bf16, fp32 elsewhere; bf16 on a CPU without it
+/// falls back to fp32 and `note` gets one line saying so (empty otherwise).
+/// An unknown value is invalid_input naming it.
+expected<gemm_precision> resolve_precision(std::string_view knob, const gemm_cpu& cpu, std::string& note);
+
+/// C[m×n] = beta·C + op(A)·op(B), all row-major. op(A) is [m×k]: A is stored
+/// [m×k] with leading dimension lda, or [k×m] when trans_a. Likewise B ([k×n],
+/// or [n×k] when trans_b). beta is 0 or 1.
+class dense_gemm {
+ public:
+  /// bf16 needs a CPU whose oneDNN builds a bf16 matmul; otherwise unsupported.
+  static expected<std::unique_ptr<dense_gemm>> make(gemm_precision precision);
+  ~dense_gemm();
+  dense_gemm(const dense_gemm&) = delete;
+  dense_gemm& operator=(const dense_gemm&) = delete;
+
+  gemm_precision precision() const { return precision_; }
+  /// bf16 calls that ran in fp32 because oneDNN built no bf16 matmul for their shape.
+  std::int64_t fp32_fallbacks() const { return fp32_fallbacks_; }
+
+  void run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+
+ private:
+  struct impl;
+  dense_gemm(gemm_precision precision, std::unique_ptr<impl> state);
+  gemm_precision precision_;
+  std::unique_ptr<impl> impl_;
+  std::int64_t fp32_fallbacks_ = 0;
+};
+
+/// Rounds n floats to bfloat16 (nearest even), as the bf16 path does: for tests
+/// and the bench's error figures.
+void round_to_bf16(const float* in, std::uint16_t* out, std::int64_t n);
+float bf16_to_float(std::uint16_t v);
+
+}  // namespace archipelago

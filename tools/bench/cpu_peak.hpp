@@ -1,0 +1,26 @@
+#pragma once
+// The CPU's own limits, for `bench compute` to report the engine against:
+// fp32 FMA and bf16 dot-product peaks, each a short register-resident loop on
+// every thread (independent accumulators, no memory traffic). The loops are
+// compiled in cpu_peak.cpp with per-function target attributes and run only
+// where the CPU has the instructions, so the build stays -march=x86-64-v3.
+
+#include <string>
+
+namespace archipelago {
+
+struct cpu_peak {
+  int threads = 0;
+  double fp32_avx2_gflops = 0;    // 256-bit FMA (AVX2 + FMA)
+  double fp32_avx512_gflops = 0;  // 512-bit FMA; 0 without AVX-512F
+  double bf16_gflops = 0;         // 512-bit VDPBF16PS, 2 multiply-adds per lane; 0 without AVX512_BF16
+  std::string fp32_isa;           // the faster fp32 loop: "avx512f" or "avx2+fma"
+
+  double fp32_gflops() const { return fp32_avx512_gflops > fp32_avx2_gflops ? fp32_avx512_gflops : fp32_avx2_gflops; }
+};
+
+/// Runs each loop the CPU supports on `threads` OpenMP threads for about
+/// `seconds` each (the best of a few repetitions).
+cpu_peak measure_cpu_peak(int threads, double seconds);
+
+}  // namespace archipelago
