@@ -146,14 +146,8 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, broker_actor
     char prefix[64];
     std::snprintf(prefix, sizeof prefix, "archipelago/%016llx",
                   static_cast<unsigned long long>(mesh_agreement_hash(setup.cfg)));
-    const nanos liveness_ns = setup.cfg.wire.heartbeat_interval_ms * 1'000'000 * setup.cfg.wire.liveness;
-    etcd_lease_config lc;
-    lc.endpoints = std::move(*endpoints);
-    lc.prefix = prefix;
-    lc.broker_index = st.args.index;
-    lc.ttl_s = std::max<std::int64_t>(2, (liveness_ns + 999'999'999) / 1'000'000'000);  // etcd counts whole seconds
-    lc.retry_ns = setup.cfg.wire.heartbeat_interval_ms * 1'000'000;
-    st.lease = std::make_unique<etcd_lease>(std::move(lc), *st.args.clock, *st.args.logs);
+    st.lease = std::make_unique<etcd_lease>(etcd_lease_config{std::move(*endpoints), prefix, lease_settings(setup, st.args.index)},
+                                            *st.args.clock, *st.args.logs);
   }
   st.seat = std::make_unique<broker_seat>(setup, broker_settings(setup), st.args.inc, st.args.index, *st.wire,
                                           *st.args.logs,

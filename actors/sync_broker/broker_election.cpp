@@ -64,7 +64,10 @@ std::optional<std::uint64_t> broker_election::candidate(nanos now) const {
     go = now - since_ns_ >= 2 * cfg_.dead_after_ns + stagger;
   }
   if (!go) return std::nullopt;
-  // Above every epoch heard of; its own incarnation when that is higher still.
+  return epoch_to_lead();
+}
+
+std::uint64_t broker_election::epoch_to_lead() const {
   return broker_epoch_of(std::max(incarnation_, (epoch_ >> 8) + 1), cfg_.self);
 }
 

@@ -55,6 +55,9 @@ class broker_election {
   /// would lead in when it should lead now (campaign for the lease with it), then
   /// lead_in() the epoch the lease service granted.
   std::optional<std::uint64_t> candidate(nanos now) const;
+  /// The epoch this broker would lead in, whatever the timings say: above every
+  /// epoch heard of, its own incarnation's when that is higher still.
+  std::uint64_t epoch_to_lead() const;
   void lead_in(std::uint64_t epoch);
   /// The broker stopped leading (deposed, or it could not start).
   void step_down(nanos now);

@@ -8,9 +8,10 @@
 // and across restarts of every broker.
 //
 // The seat (broker_seat) asks for the lease when its election says it should
-// lead, and reads where it stands on every tick: the lease itself renews or
-// campaigns in the background (a thread that talks to the service), never in
-// the broker's loop.
+// lead, or when the service records no leader; it reads where it stands on every
+// tick and before acting on a message: the lease itself renews, campaigns and
+// observes in the background (lease_keeper, driven by a thread that talks to the
+// service), never in the broker's loop.
 
 #include <cstdint>
 #include <string>
@@ -23,6 +24,7 @@ struct lease_state {
   std::uint64_t held_epoch = 0;    // this broker holds the lease and leads in this epoch; 0: it does not
   nanos valid_until = 0;           // while held, on the broker's clock: stop leading then unless renewed
   std::uint64_t leader_epoch = 0;  // the epoch the service records as leading (another broker's too); 0: none
+  nanos observed_at = -1;          // leader_epoch is as the service answered then; -1: never asked
   std::string error;               // the last failure to reach the service (empty: none since the last success)
 };
 

@@ -96,19 +96,34 @@ node_counters broker_seat::counters() const {
   return out;
 }
 
+/// A leader whose lease lapsed (expired unrenewed, or etcd gave it to another)
+/// stops leading before it acts again: on every tick, message and verdict.
+void broker_seat::check_lease(nanos now) {
+  if (!lease_ || !wire_) return;
+  const lease_state ls = lease_->state();
+  if (ls.held_epoch != wire_->epoch() || now >= ls.valid_until) follow_lease(now);
+}
+
 void broker_seat::tick(nanos now) {
   if (election_.on_epoch(port_.broker_epoch(), now) && wire_) follow(now);  // heard in a heartbeat
   if (lease_) {
     const lease_state ls = lease_->state();
     if (election_.on_epoch(ls.leader_epoch, now) && wire_) follow(now);  // etcd knows a newer leader
-    if (wire_ && (ls.held_epoch != wire_->epoch() || now >= ls.valid_until)) follow_lease(now);
+    check_lease(now);
     if (!wire_) {
+      // The service records no leader although one was heard of: it lost its lease
+      // without dying (cut from etcd, or paused), and may still heartbeat, so the
+      // control lane would never call it dead. Ask for the lease at once.
+      const bool leaderless = election_.epoch() != 0 && ls.observed_at >= 0 && ls.leader_epoch == 0;
       if (ls.held_epoch != 0 && campaigning_ && now < ls.valid_until) {
         campaigning_ = false;
         election_.lead_in(ls.held_epoch);
         lead(ls.held_epoch, now);
       } else if (auto epoch = election_.candidate(now)) {
         lease_->campaign(*epoch);  // again each tick: a no-op while it campaigns for as much
+        campaigning_ = true;
+      } else if (leaderless) {
+        lease_->campaign(election_.epoch_to_lead());
         campaigning_ = true;
       } else if (campaigning_ || ls.held_epoch != 0) {  // a leader was heard of meanwhile: follow it
         lease_->release();
@@ -122,6 +137,7 @@ void broker_seat::tick(nanos now) {
 }
 
 void broker_seat::on_peer(node_address peer, bool alive, nanos now) {
+  check_lease(now);
   if (peer.kind == role::sync_broker) election_.on_broker_peer(peer.index, alive, now);
   if (wire_) wire_->on_peer(peer, alive, now);
 }
@@ -132,6 +148,7 @@ void broker_seat::on_message(const transport::decoded_envelope& env, nanos now) 
     return;
   }
   if (election_.on_epoch(env.header().getBrokerEpoch(), now) && wire_) follow(now);
+  check_lease(now);
   if (wire_) return wire_->on_message(env, now);
   // Following: only the leader's copy of its state matters (it is alive, too).
   const auto leader = election_.leader();

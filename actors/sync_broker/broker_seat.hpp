@@ -59,6 +59,7 @@ class broker_seat {
   void lead(std::uint64_t epoch, nanos now);
   void follow(nanos now);
   void follow_lease(nanos now);
+  void check_lease(nanos now);
   void stop_leading(nanos now);
   void keep(const transport::decoded_envelope& env);
 

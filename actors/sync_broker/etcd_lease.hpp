@@ -4,15 +4,10 @@
 //   PREFIX/leader  the leading broker's epoch, attached to its lease (gone when
 //                  the lease expires: the leader stopped renewing it);
 //   PREFIX/epoch   the newest epoch ever granted (no lease: it outlives brokers).
-// A campaign is one transaction: "leader is absent and epoch is unchanged since I
-// read it" → put both with my lease. A holder renews every TTL/3 and stops
-// leading at (send time of its last renewal) + TTL − margin, before etcd can have
-// expired the lease (etcd counts the TTL from when the renewal arrived), so two
-// brokers never lead at once while their clocks run at the same rate.
-//
-// A thread does the talking (blocking HTTP, each call bounded); the broker's loop
-// only reads state(). The request bodies and the reading of the answers are pure
-// functions (etcd_requests.hpp), tested without a server.
+// What to ask and when is lease_keeper's (pure, also driven by the simulation);
+// this class carries its calls on a thread (blocking HTTP, each call bounded), so
+// the broker's loop only reads state(). The request bodies and the reading of the
+// answers are pure functions (etcd_requests.hpp), tested without a server.
 
 #include <condition_variable>
 #include <cstdint>
@@ -28,6 +23,7 @@
 #include "core/log.hpp"
 #include "sync_broker/broker_lease.hpp"
 #include "sync_broker/etcd_requests.hpp"
+#include "sync_broker/lease_keeper.hpp"
 
 namespace httplib {
 class Client;
@@ -38,9 +34,7 @@ namespace archipelago {
 struct etcd_lease_config {
   std::vector<std::string> endpoints;  // http://host:port, tried in turn
   std::string prefix;                  // the mesh's keys: PREFIX/leader, PREFIX/epoch
-  std::uint32_t broker_index = 0;
-  std::int64_t ttl_s = 3;
-  nanos retry_ns = 1'000'000'000;  // between campaigns, and bound of each call
+  lease_keeper_config keeper;          // its retry_ns also bounds each call
 };
 
 class etcd_lease final : public broker_lease {
@@ -56,24 +50,20 @@ class etcd_lease final : public broker_lease {
 
  private:
   void run();
-  std::optional<std::string> post(const std::string& path, const std::string& body);
-  void renew();
-  void try_to_lead(std::uint64_t min_epoch);
-  void revoke();
+  lease_reply carry(const lease_call& call);
+  std::optional<std::string> post(const std::string& path, const std::string& body, std::string& failure);
 
   const etcd_lease_config cfg_;
   const clock_source& clock_;
   logger& log_;
   std::size_t endpoint_ = 0;  // the one that answered last (thread only)
   std::vector<std::unique_ptr<httplib::Client>> clients_;  // per endpoint, its connection kept alive (thread only)
-  std::int64_t lease_id_ = 0;  // held (thread only)
-  nanos next_renewal_ = 0;
+  std::string last_failure_;  // said once per new failure (thread only)
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::uint64_t wanted_epoch_ = 0;  // campaigning for at least this; 0: not
-  bool release_ = false, stop_ = false;
-  lease_state state_;
+  lease_keeper keeper_;
+  bool poked_ = false, stop_ = false;
   std::thread thread_;
 };
 

@@ -14,7 +14,9 @@
 #include "core/prng.hpp"
 #include "learner/learner_wire.hpp"
 #include "parameter_shard/shard_wire.hpp"
+#include "sim/sim_lease_service.hpp"
 #include "sync_broker/broker_seat.hpp"
+#include "sync_broker/lease_keeper.hpp"
 #include "transport/bulk_pacer.hpp"
 #include "transport/codec.hpp"
 #include "transport/message_port.hpp"
@@ -175,9 +177,12 @@ class mesh {
   /// A broker's process: its port, its seat (leading or following) and its store.
   struct broker_process {
     std::unique_ptr<sim_port> port;
+    std::unique_ptr<lease_keeper> lease;  // cfg.lease; the seat holds it, so it outlives the seat
     std::unique_ptr<broker_seat> seat;
     sim_broker_store store;
     bool up = true;
+    bool paused = false;                      // SIGSTOP: what arrives waits in `held`
+    std::vector<std::function<void()>> held;
     bool host_lost = false;  // broker_host_lost: down for good, its store gone
     const broker_wire* led = nullptr;  // the wire it led through when last looked at
   };
@@ -252,6 +257,10 @@ class mesh {
   void note_leadership(std::uint32_t b);
   void broker_tick();
   void crash_broker(std::uint32_t b, bool store_lost = false);
+  void pause_broker(std::uint32_t b, nanos duration);
+  void pump_lease(std::uint32_t b);
+  bool lease_reachable(std::uint32_t b) const;
+  bool stopped(int node) const;
   std::unique_ptr<shard_wire> make_shard(std::uint32_t s, std::vector<std::pair<fragment_index, fragment_outer_state>> restored);
   void on_shard_commit(std::uint32_t s, shard_commit c);
   void restart_shard(std::uint32_t s);
@@ -283,6 +292,7 @@ class mesh {
   std::vector<shard_process> shards_;
   std::vector<broker_process> brokers_;  // the primary, then the standbys
   std::vector<round_record> earlier_history_;
+  sim_lease_service lease_service_;
   std::vector<node_transport_state> transports_;
   // The chaos monkey: its wire layer, its port, the launcher it drives, its record.
   std::unique_ptr<sim_port> chaos_port_;
@@ -394,6 +404,7 @@ mesh::mesh(const sim_config& c) : cfg_(c), setup_(sim_setup(c)), rng_(derive_see
   }
   at(0, [this] { broker_tick(); });
   for (int n = 0; n < nodes(); ++n) at(0, [this, n] { heartbeat(n); });
+  for (const auto& f : c.broker_pauses) at(f.at_ns, [this, f] { pause_broker(f.broker, f.for_ns); });
   for (const auto& f : c.broker_crashes) {
     at(f.at_ns, [this, f] { crash_broker(f.broker, f.store_lost); });
     if (f.restart_at_ns >= f.at_ns) at(f.restart_at_ns, [this, f] { start_broker(f.broker, f.with_store); });
@@ -481,6 +492,13 @@ std::uint64_t mesh::incarnation_of(int node) const {
   return shards_[shard_at(node)].port->inc.value;
 }
 
+/// A paused (SIGSTOP) learner or broker: alive, but it handles nothing.
+bool mesh::stopped(int node) const {
+  if (node < cfg_.learners) return learners_[static_cast<std::size_t>(node)].paused;
+  const int b = broker_at_node(node);
+  return b >= 0 && brokers_[static_cast<std::size_t>(b)].paused;
+}
+
 /// The node's process runs (a paused learner runs not, but is alive).
 bool mesh::running(int node) const {
   if (node < cfg_.learners) return learners_[static_cast<std::size_t>(node)].alive;
@@ -531,8 +549,7 @@ void mesh::pace(int from, int to) {
 /// Every node heartbeats each of its peers (learners never talk to each other)
 /// and declares the peers it has not heard from within the liveness window dead.
 void mesh::heartbeat(int node) {
-  const bool paused = node < cfg_.learners && learners_[static_cast<std::size_t>(node)].paused;
-  if (running(node) && !paused) {
+  if (running(node) && !stopped(node)) {
     for (int peer = 0; peer < nodes(); ++peer) {
       if (peer == node || (peer < cfg_.learners && node < cfg_.learners) || partitioned(node, peer)) continue;
       for (const auto& d : link(node, peer).submit(now_, heartbeat_bytes))
@@ -566,8 +583,10 @@ void mesh::peer_event(int node, int peer, bool alive) {
 /// goes to the node's wire layer, and a control-lane one (no tensors) counts as a sign of life.
 void mesh::deliver(int to, const delivery& d) {
   if (!running(to)) return;
-  if (to < cfg_.learners && learners_[static_cast<std::size_t>(to)].paused) {
-    learners_[static_cast<std::size_t>(to)].held.push_back([this, to, d] { deliver(to, d); });
+  if (stopped(to)) {
+    const int b = broker_at_node(to);
+    (b >= 0 ? brokers_[static_cast<std::size_t>(b)].held : learners_[static_cast<std::size_t>(to)].held)
+        .push_back([this, to, d] { deliver(to, d); });
     return;
   }
   std::unique_ptr<decoded_envelope> env;
@@ -632,10 +651,16 @@ void mesh::observe_broker_send(const std::vector<node_address>& to, const encode
   auto decoded = transport::decode_envelope(frames_of(message));
   assert(decoded);
   const decoded_envelope& env = decoded.value();
-  if (env.body() == wire::Envelope::Body::WELCOME) {
+  const auto body = env.body();
+  if (cfg_.lease && (body == wire::Envelope::Body::ROUND_OPEN || body == wire::Envelope::Body::ROUND_CLOSE)) {
+    const lease_state ls = brokers_[env.sender().index].lease->state();
+    if (ls.held_epoch != env.header().getBrokerEpoch() || now_ >= ls.valid_until) ++result_.rounds_acted_without_lease;
+  }
+  if (body == wire::Envelope::Body::WELCOME) {
     for (node_address peer : to)
       if (peer.kind == role::parameter_shard) result_.welcomes_to_shards.emplace_back(now_, peer.index);
   } else if (env.body() == wire::Envelope::Body::ROUND_CLOSE) {
+    result_.round_closes.emplace_back(now_, env.sender().index, env.header().getBrokerEpoch());
     auto close = env.root().getBody().getRoundClose();
     for (auto m : close.getMembers()) {
       result_.member_incarnations[m.getLearner()].push_back(m.getIncarnation());
@@ -774,6 +799,8 @@ void mesh::start_broker(std::uint32_t b, bool with_store) {
   if (proc.seat) {  // a new process: the next incarnation, a port that knows no epoch yet
     const incarnation next{proc.port->inc.value + 1};
     proc.seat.reset();
+    proc.paused = false;
+    proc.held.clear();
     ++result_.broker_restarts;
     fresh_transport(broker_node(b));
     proc.port = std::make_unique<sim_port>(*this, broker_node(b), broker_at(b), setup_.broker_endpoint_of(b), cfg_.link);
@@ -794,8 +821,9 @@ void mesh::start_broker(std::uint32_t b, bool with_store) {
   };
   proc.up = true;
   proc.led = nullptr;
+  proc.lease = cfg_.lease ? std::make_unique<lease_keeper>(lease_settings(setup_, b)) : nullptr;
   proc.seat = std::make_unique<broker_seat>(setup_, settings, proc.port->inc, b, *proc.port, log_,
-                                            with_store ? &proc.store : nullptr, read_start, now_);
+                                            with_store ? &proc.store : nullptr, read_start, now_, proc.lease.get());
   note_leadership(b);
 }
 
@@ -822,11 +850,15 @@ const broker_wire* mesh::leader() const {
 }
 
 void mesh::broker_tick() {
+  int leading = 0;
   for (std::uint32_t b = 0; b < brokers_.size(); ++b) {
-    if (!brokers_[b].up) continue;
+    if (!brokers_[b].up || brokers_[b].paused) continue;
     brokers_[b].seat->tick(now_);
     note_leadership(b);
+    if (brokers_[b].lease) pump_lease(b);
+    leading += brokers_[b].seat->leading() != nullptr;
   }
+  result_.most_leaders_at_once = std::max(result_.most_leaders_at_once, leading);
   if (const int n = healthy_learners(); result_.healthy_learners.empty() || result_.healthy_learners.back().second != n)
     result_.healthy_learners.emplace_back(now_, n);
   at(now_ + cfg_.tick_ns, [this] { broker_tick(); });
@@ -843,6 +875,52 @@ void mesh::crash_broker(std::uint32_t b, bool store_lost) {
     result_.lost_broker_tapes.emplace_back(b, std::move(proc.store.tape));
     proc.store = sim_broker_store{};
   }
+}
+
+/// SIGSTOP for `duration`, then SIGCONT: what arrived meanwhile is handled in order.
+void mesh::pause_broker(std::uint32_t b, nanos duration) {
+  broker_process& proc = brokers_[b];
+  if (!proc.up || proc.paused) return;
+  proc.paused = true;
+  at(now_ + duration, [this, b, inc = proc.port->inc] {
+    broker_process& proc = brokers_[b];
+    if (!proc.up || proc.port->inc != inc || !proc.paused) return;
+    proc.paused = false;
+    std::vector<std::function<void()>> held = std::move(proc.held);
+    proc.held.clear();
+    for (auto& handle : held) handle();
+  });
+}
+
+bool mesh::lease_reachable(std::uint32_t b) const {
+  for (const lease_outage_fault& f : cfg_.lease_outages)
+    if (now_ >= f.from_ns && now_ < f.to_ns && (f.broker < 0 || f.broker == static_cast<int>(b))) return false;
+  return true;
+}
+
+/// Carries broker b's next lease call, as etcd_lease's thread does: to the model
+/// of etcd half a round trip away, its answer back after the other half — or, when
+/// either way is cut, no answer until the call's bound. An answer reaches only the
+/// process that asked, after it resumes if it is stopped.
+void mesh::pump_lease(std::uint32_t b) {
+  const auto call = brokers_[b].lease->next(now_);
+  if (!call) return;
+  auto answer = [this, b, inc = brokers_[b].port->inc](const lease_reply& reply) {
+    auto give = [this, b, inc, reply] {
+      broker_process& proc = brokers_[b];
+      if (proc.up && proc.port->inc == inc) proc.lease->answer(reply, now_);
+    };
+    if (brokers_[b].paused) brokers_[b].held.push_back(give);
+    else give();
+  };
+  const nanos half = cfg_.lease_rtt_ns / 2, bound = lease_settings(setup_, b).retry_ns;
+  const lease_reply unanswered = lease_reply::failed("the lease service did not answer");
+  if (!lease_reachable(b)) return at(now_ + bound, [answer, unanswered] { answer(unanswered); });
+  at(now_ + half, [this, b, c = *call, answer, half, bound, unanswered] {
+    const lease_reply reply = lease_service_.handle(c, now_);
+    if (!lease_reachable(b)) return at(now_ + bound - half, [answer, unanswered] { answer(unanswered); });
+    at(now_ + half, [answer, reply] { answer(reply); });
+  });
 }
 
 // -- shards -----------------------------------------------------------------------
@@ -1005,7 +1083,7 @@ int mesh::healthy_learners() const {
 
 int mesh::faults_in_place() const {
   int n = 0;
-  for (const broker_process& proc : brokers_) n += !proc.up && !proc.host_lost;  // a lost host is never back
+  for (const broker_process& proc : brokers_) n += (!proc.up && !proc.host_lost) + proc.paused;  // a lost host is never back
   for (const learner& l : learners_) n += !l.alive + l.paused + (l.alive && std::abs(l.wire->slowdown() - 1) > 1e-9);
   for (const auto& [ends, profile] : shaped_) n += !(profile == cfg_.link);
   for (const shard_process& proc : shards_) n += !proc.up + (now_ < proc.storage_failing_until);
@@ -1033,6 +1111,7 @@ void mesh::collect(sim_result& r) const {
   r.final_theta = global_theta();
   r.final_loss = loss(r.final_theta);
   for (const broker_process& proc : brokers_) r.broker_tapes.push_back(proc.store.tape);
+  r.lease_campaigns_won = lease_service_.campaigns_won();
   r.history = earlier_history_;  // the brokers before a restart, then the last one
   if (const broker_wire* lead = leader()) {
     r.history.insert(r.history.end(), lead->core().history().begin(), lead->core().history().end());

@@ -90,6 +90,20 @@ struct broker_partition_fault {
   bool from_brokers_only = false;
 };
 
+/// The lease service (mesh.etcd) unreachable from broker `broker` (-1: down for
+/// everyone) between from_ns and to_ns: its calls get no answer within their bound.
+struct lease_outage_fault {
+  int broker = -1;
+  nanos from_ns, to_ns;
+};
+
+/// Broker `broker`'s process stopped (SIGSTOP) at at_ns for for_ns: it handles
+/// nothing, sends nothing (no heartbeats), and what arrives meanwhile waits.
+struct broker_pause_fault {
+  std::uint32_t broker;
+  nanos at_ns, for_ns;
+};
+
 struct partition_fault {
   std::uint32_t learner;  // cut from the broker and every shard, both ways
   nanos from_ns, to_ns;
@@ -115,6 +129,13 @@ struct sim_config {
   /// Standby brokers beside the primary (node --role broker --standby), each a broker_seat.
   int standbys = 0;
   std::vector<broker_partition_fault> broker_partitions;
+  std::vector<broker_pause_fault> broker_pauses;
+  /// The brokers lead only while holding a lease (mesh.etcd): each broker's real
+  /// lease_keeper, its calls carried lease_rtt_ns there and back to a model of
+  /// etcd (sim_lease_service); a call without an answer fails after its bound.
+  bool lease = false;
+  nanos lease_rtt_ns = 2'000'000;
+  std::vector<lease_outage_fault> lease_outages;
   /// The transport's liveness: a peer silent this long is dead (heartbeats go
   /// every third of it). A learner finds a crashed broker silent this much later.
   nanos broker_silence_ns = 300'000'000;
@@ -162,6 +183,13 @@ struct sim_result {
   /// Each time a broker began to lead: (time, broker index, epoch); and when one stepped down.
   std::vector<std::tuple<nanos, std::uint32_t, std::uint64_t>> leaders;
   std::vector<std::pair<nanos, std::uint32_t>> step_downs;
+  /// Every RoundClose a broker sent: (time, broker index, its epoch), in time order.
+  std::vector<std::tuple<nanos, std::uint32_t, std::uint64_t>> round_closes;
+  /// The most brokers that led at once (running, not stopped), sampled every tick_ns.
+  int most_leaders_at_once = 0;
+  std::uint64_t lease_campaigns_won = 0;  // transactions the lease service let succeed (cfg.lease)
+  /// RoundOpens and RoundCloses a broker sent while it did not hold a valid lease (cfg.lease; must be 0).
+  std::uint64_t rounds_acted_without_lease = 0;
   /// Each broker's stored tape at the end (index: broker), and the tapes of stores lost with their host.
   std::vector<std::vector<storage::tape_record>> broker_tapes;
   std::vector<std::pair<std::uint32_t, std::vector<storage::tape_record>>> lost_broker_tapes;
