@@ -175,6 +175,7 @@ runner add_bench_command(CLI::App& app) {
   add_bench_snapshot(*bench);
   add_bench_wan(*bench);
   add_bench_ablate(*bench);
+  add_bench_parity(*bench);
   CLI::App* compute = bench->add_subcommand(
       "compute", "Learner engine throughput vs its backends, matched GEMMs, the CPU's peaks (and PyTorch)");
   compute->add_option("--model", o.model, "nano, micro or mini")->required();
@@ -198,6 +199,7 @@ runner add_bench_command(CLI::App& app) {
     if (bench->get_subcommand("snapshot")->parsed()) return run_bench_snapshot(log);
     if (bench->get_subcommand("wan")->parsed() || bench->get_subcommand("ddp")->parsed()) return run_bench_wan(log);
     if (bench->get_subcommand("ablate")->parsed()) return run_bench_ablate(log);
+    if (bench->get_subcommand("parity")->parsed()) return run_bench_parity(log);
     return run_bench_wire(log);
   };
 }

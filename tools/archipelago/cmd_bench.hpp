@@ -18,6 +18,7 @@ void add_bench_wire(CLI::App& bench);
 void add_bench_snapshot(CLI::App& bench);
 void add_bench_wan(CLI::App& bench);  // `wan` and `ddp`
 void add_bench_ablate(CLI::App& bench);
+void add_bench_parity(CLI::App& bench);
 
 /// Each runs its subcommand if it was the one parsed; otherwise returns
 /// exit_bad_input, so the bench runner can chain them.
@@ -25,6 +26,7 @@ int run_bench_wire(logger& log);
 int run_bench_snapshot(logger& log);
 int run_bench_wan(logger& log);  // `wan` or `ddp`
 int run_bench_ablate(logger& log);
+int run_bench_parity(logger& log);
 
 /// A bench's hooks on the command line: its status on `progress` (a stage's
 /// first line also in a log), its meshes' lines on `log`, stopped by SIGINT or SIGTERM.

@@ -29,7 +29,8 @@ std::string html_escape(const std::string& s) {
 /// A line chart; bands shade time ranges (the faults).
 std::string chart(const std::string& title, const std::string& x_label, const std::string& y_label,
                   const std::vector<series>& lines, const std::vector<band>& bands, double x_max,
-                  const std::vector<std::pair<double, std::string>>& x_ticks) {
+                  const std::vector<std::pair<double, std::string>>& x_ticks, double x_min,
+                  double y_min) {
   constexpr double w = 860, h = 260, left = 60, right = 20, bottom = 40;
   // The legend sits right-aligned on the title's line, or on a line of its own when both do not fit.
   double legend_width = 0;
@@ -37,23 +38,26 @@ std::string chart(const std::string& title, const std::string& x_label, const st
     if (!s.name.empty()) legend_width += 12 + 7.0 * static_cast<double>(s.name.size());
   const bool legend_below_title = left + 7.5 * static_cast<double>(title.size()) + 20 > w - right - legend_width;
   const double top = legend_below_title ? 44 : 28, legend_y = legend_below_title ? 36 : 18;
-  double x0 = 0, x1 = x_max, y0 = 0, y1 = 0;
+  double x0 = x_min, x1 = x_max, y0 = y_min, y1 = 0;
   for (const auto& s : lines)
-    for (const auto& [x, y] : s.points) {
-      if (x_max < 0) x1 = std::max(x1, x);
-      if (std::isfinite(y)) y1 = std::max(y1, y);
-    }
+    for (const auto* points : {&s.points, &s.area})
+      for (const auto& [x, y] : *points) {
+        if (x_max < 0) x1 = std::max(x1, x);
+        if (std::isfinite(y)) y1 = std::max(y1, y);
+      }
   if (x1 <= x0) x1 = x0 + 1;
   if (y1 <= y0) y1 = y0 + 1;
   // Four y ticks at round numbers: a step of 1, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten.
-  const double raw_step = y1 / 4, decade = std::pow(10, std::floor(std::log10(raw_step)));
-  double y_step = 10 * decade;
-  for (double m : {1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0})
-    if (m * decade >= raw_step) {
-      y_step = m * decade;
-      break;
-    }
-  y1 = 4 * y_step;
+  auto tick_step = [](double span) {
+    const double raw_step = span / 4, decade = std::pow(10, std::floor(std::log10(raw_step)));
+    for (double m : {1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0})
+      if (m * decade >= raw_step) return m * decade;
+    return 10 * decade;
+  };
+  double y_step = tick_step(y1 - y0);
+  y0 = std::floor(y0 / y_step) * y_step;
+  if (y0 + 4 * y_step < y1) y_step = tick_step(y1 - y0);
+  y1 = y0 + 4 * y_step;
   auto X = [&](double x) { return left + (x - x0) / (x1 - x0) * (w - left - right); };
   auto Y = [&](double y) { return top + (1 - (y - y0) / (y1 - y0)) * (h - top - bottom); };
   std::string out = "<svg width=\"" + num(w) + "\" height=\"" + num(h) + "\" xmlns=\"http://www.w3.org/2000/svg\">";
@@ -82,8 +86,16 @@ std::string chart(const std::string& title, const std::string& x_label, const st
          "\" font-size=\"12\" text-anchor=\"middle\">" + html_escape(x_label) + "</text>";
   out += "<text x=\"14\" y=\"" + num((top + h - bottom) / 2) + "\" font-size=\"12\" text-anchor=\"middle\" transform=\"rotate(-90 14 " +
          num((top + h - bottom) / 2) + ")\">" + html_escape(y_label) + "</text>";
+  for (const auto& s : lines) {  // areas under every line
+    if (s.area.empty()) continue;
+    std::string path;
+    for (const auto& [x, y] : s.area)
+      if (std::isfinite(y)) path += (path.empty() ? "M" : " L") + num(X(x), "%.1f") + "," + num(Y(y), "%.1f");
+    out += "<path d=\"" + path + " Z\" fill=\"" + s.color + "\" opacity=\"0.18\" stroke=\"none\"/>";
+  }
   double legend_x = w - right - legend_width;
   for (const auto& s : lines) {
+    if (s.points.empty() && s.name.empty()) continue;  // an area alone
     std::string path;
     bool pen_down = false;  // a non-finite value breaks the line
     for (const auto& [x, y] : s.points) {

@@ -18,6 +18,8 @@ struct series {
   std::string name, color;  // an empty name stays out of the legend
   std::vector<std::pair<double, double>> points;
   bool dashed = false;  // with a dot at every point (a reference beside a measurement)
+  /// A polygon shaded in the series' colour (a band: the upper edge, then the lower one reversed).
+  std::vector<std::pair<double, double>> area = {};
 };
 struct band {
   double from, to;
@@ -26,10 +28,12 @@ struct band {
 };
 
 /// A line chart; bands shade time ranges (faults). x_max < 0: the data's largest x.
-/// x_ticks: labels at chosen x positions instead of five evenly spaced numbers.
+/// x_ticks: labels at chosen x positions instead of five evenly spaced numbers. The
+/// axes start at x_min and y_min (y_min rounded down to a tick).
 std::string chart(const std::string& title, const std::string& x_label, const std::string& y_label,
                   const std::vector<series>& lines, const std::vector<band>& bands, double x_max = -1,
-                  const std::vector<std::pair<double, std::string>>& x_ticks = {});
+                  const std::vector<std::pair<double, std::string>>& x_ticks = {}, double x_min = 0,
+                  double y_min = 0);
 
 /// Charts one above the other in one standalone SVG document (for BENCHMARKS.md).
 std::string stack_charts(const std::vector<std::string>& charts);

@@ -1,0 +1,199 @@
+// archipelago bench parity: every mode against dp at the same token budget, on
+// several seeds and corpora (tools/bench/parity_bench.hpp); the table, the plot,
+// the --json line.
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_stats.hpp"
+#include "bench/parity_bench.hpp"
+#include "cmd_bench.hpp"
+
+namespace archipelago::cli {
+namespace {
+
+struct parity_flags {
+  parity_options bench;
+  std::string model = "nano";
+  bool json = false;
+  std::string plot;
+  config_flags flags;
+  CLI::App* command = nullptr;
+};
+
+parity_flags& options() {
+  static parity_flags o;
+  return o;
+}
+
+std::vector<double> finite(const std::vector<double>& v) {
+  std::vector<double> out;
+  for (double x : v)
+    if (std::isfinite(x)) out.push_back(x);
+  return out;
+}
+
+/// "mean ± half the 95 % CI" (just the mean for one value; "—" for none).
+std::string with_ci(const std::vector<double>& all, const char* format, const char* ci_format = nullptr) {
+  const std::vector<double> v = finite(all);
+  if (v.empty()) return "—";
+  std::string out = fmt(format, mean(v));
+  if (v.size() >= 2) out += " ± " + fmt(ci_format ? ci_format : format, ci95(v));
+  return out;
+}
+
+std::vector<double> relative_pct(const parity_outcome& m, const parity_outcome& dp) {
+  std::vector<double> out;
+  for (std::size_t s = 0; s < m.gap.size() && s < dp.loss.size(); ++s) out.push_back(100 * m.gap[s] / dp.loss[s]);
+  return out;
+}
+
+/// The tokens to dp's final loss: "11.2 M (1.03 ± 0.02)", and how many seeds never reached it.
+std::string reach_text(const parity_outcome& m) {
+  const std::vector<double> reached = finite(m.reach_tokens);
+  const std::size_t missed = m.reach_tokens.size() - reached.size();
+  std::string out;
+  if (!reached.empty())
+    out = fmt("%.2f M", mean(reached) * 1e-6) + " (" + with_ci(m.reach_ratio, "%.3f") + "x)";
+  if (missed > 0) {
+    std::vector<double> gaps;
+    for (std::size_t s = 0; s < m.reach_tokens.size(); ++s)
+      if (std::isnan(m.reach_tokens[s])) gaps.push_back(m.gap[s]);
+    out += (out.empty() ? "" : "; ") + std::string("> budget in ") + std::to_string(missed) + "/" +
+           std::to_string(m.reach_tokens.size()) + " (gap " + fmt("%+.4f", mean(gaps)) + ")";
+  }
+  return out;
+}
+
+void print_table(const parity_flags& f, const config& base, const parity_result& r) {
+  const parity_options& o = f.bench;
+  const parity_outcome& any = r.corpora.front().modes.front();
+  std::printf("bench parity: model %s, %d learners, batch %d, %.2f M tokens per run, %d seed%s (mean ± 95 %% CI, "
+              "Student's t), %u CPUs, load average %.2f before, %.2f after, %.0f s\n",
+              base.model.size.c_str(), o.learners, base.data.batch, mean(any.tokens) * 1e-6, o.seeds,
+              o.seeds == 1 ? "" : "s", std::thread::hardware_concurrency(), r.load_before, r.load_after, r.wall_s);
+  for (const parity_corpus& c : r.corpora) {
+    std::printf("  corpus %s", c.corpus.empty() ? "synthetic" : c.corpus.c_str());
+    if (!std::isnan(c.entropy_floor_bpb)) std::printf(" (entropy floor %.4f bits/byte)", c.entropy_floor_bpb);
+    std::printf("\n  %-10s %-20s %-18s %-44s %-18s %-8s %s\n", "mode", "eval nats/byte", "vs dp",
+                "tokens to dp's final loss (x dp's)", "excess bits/byte", "goodput", "wall s");
+    const parity_outcome& dp = c.modes.front();
+    for (const parity_outcome& m : c.modes) {
+      std::vector<double> goodput_pct = m.goodput;
+      for (double& x : goodput_pct) x *= 100;
+      std::printf("  %-10s %-20s %-18s %-44s %-18s %-8s %.0f%s\n", m.mode.c_str(), with_ci(m.loss, "%.4f").c_str(),
+                  &m == &dp ? "reference" : (with_ci(relative_pct(m, dp), "%+.2f", "%.2f") + " %").c_str(),
+                  reach_text(m).c_str(), with_ci(m.excess_bpb, "%.4f").c_str(),
+                  (fmt("%.1f", mean(goodput_pct)) + "%").c_str(), mean(m.wall_s),
+                  m.ledger_exact ? "" : "  [ledger NOT exact]");
+    }
+  }
+}
+
+std::string mode_json(const parity_outcome& m, const parity_outcome& dp) {
+  const std::vector<double> rel = relative_pct(m, dp);
+  const std::vector<double> reached = finite(m.reach_tokens);
+  json_line j;
+  j.add("mode", m.mode)
+      .add("eval_loss", mean(m.loss))
+      .add("eval_loss_ci95", ci95(m.loss))
+      .add_raw("eval_loss_per_seed", json_array(m.loss))
+      .add("eval_bpb", mean(m.bpb))
+      .add("rel_pct", mean(rel))
+      .add("rel_pct_ci95", ci95(rel))
+      .add_raw("reach_tokens_per_seed", json_array(m.reach_tokens))
+      .add("reach_ratio", mean(finite(m.reach_ratio)))
+      .add("reach_ratio_ci95", ci95(m.reach_ratio))
+      .add("seeds_reached", static_cast<std::int64_t>(reached.size()))
+      .add("excess_bpb", mean(finite(m.excess_bpb)))
+      .add("excess_bpb_ci95", ci95(m.excess_bpb))
+      .add("tokens", mean(m.tokens))
+      .add("goodput", mean(m.goodput))
+      .add("wall_s", mean(m.wall_s))
+      .add("ledger_exact", m.ledger_exact);
+  return j.str();
+}
+
+void print_json(const parity_flags& f, const config& base, const parity_result& r) {
+  std::string corpora = "[";
+  for (std::size_t i = 0; i < r.corpora.size(); ++i) {
+    const parity_corpus& c = r.corpora[i];
+    std::string modes = "[";
+    for (std::size_t k = 0; k < c.modes.size(); ++k) modes += (k ? "," : "") + mode_json(c.modes[k], c.modes.front());
+    json_line one;
+    one.add("corpus", c.corpus.empty() ? "synthetic" : c.corpus)
+        .add("entropy_floor_bpb", c.entropy_floor_bpb)
+        .add_raw("modes", modes + "]");
+    corpora += (i ? "," : "") + one.str();
+  }
+  json_line j;
+  j.add("command", "bench parity")
+      .add("model", base.model.size)
+      .add("learners", f.bench.learners)
+      .add("batch", base.data.batch)
+      .add("seeds", f.bench.seeds)
+      .add("cpus", static_cast<int>(std::thread::hardware_concurrency()))
+      .add("load_before", r.load_before)
+      .add("load_after", r.load_after)
+      .add("wall_s", r.wall_s)
+      .add("ledger_exact", r.ledger_exact)
+      .add_raw("corpora", corpora + "]");
+  std::printf("%s\n", j.str().c_str());
+}
+
+int run_parity(logger& log) {
+  parity_flags& f = options();
+  install_stop_handlers();
+  if (auto ok = check_output_path("--plot", f.plot); !ok) return report(ok.err());
+  config defaults;
+  defaults.model.size = f.model;
+  auto base = f.flags.resolve(defaults);
+  if (!base) return report(base.err());
+  if (auto ok = check_parity(f.bench, *base); !ok) return report(ok.err());
+  progress_line progress(log, 20);
+  auto r = run_parity_bench(f.bench, *base, progress_hooks(progress, log));
+  progress.finish();
+  if (!r) return report(r.err());
+  print_table(f, *base, *r);
+  if (!f.plot.empty()) {
+    if (auto ok = write_text_file("--plot", f.plot, parity_plot(*r)); !ok) return report(ok.err());
+    std::printf("plot: %s\n", f.plot.c_str());
+  }
+  if (f.json) print_json(f, *base, *r);
+  return r->ledger_exact ? exit_ok : exit_failure;
+}
+
+}  // namespace
+
+void add_bench_parity(CLI::App& bench) {
+  parity_flags& f = options();
+  parity_options& o = f.bench;
+  CLI::App* cmd = f.command = bench.add_subcommand(
+      "parity", "Every mode against dp at the same token budget, over seeds and corpora: loss, tokens to dp's loss");
+  cmd->add_option("--modes", o.modes, "Modes compared, dp first (default dp,diloco,streaming,decoupled)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"dp", "diloco", "streaming", "decoupled"}));
+  cmd->add_option("--corpus", o.corpora,
+                  "A text file to train on; repeat for several (default: the synthetic corpus; 'synthetic' names it)")
+      ->transform([](std::string s) { return s == "synthetic" ? std::string() : s; });
+  cmd->add_option("--model", f.model, "Model (default nano)");
+  cmd->add_option("--learners", o.learners, "M (default 4)")->check(CLI::Range(1, 64));
+  cmd->add_option("--seeds", o.seeds, "Seeds per mode, train.seed, +1, ... (default 3)")->check(CLI::Range(1, 20));
+  cmd->add_option("--steps", o.steps, "Inner steps per learner (default: train.steps, the model's budget)")
+      ->check(CLI::Range(std::int64_t{2}, std::int64_t{10000000}));
+  cmd->add_option("--eval-every-s", o.eval_period_s, "Seconds between evaluations of Θ during a run (default 10)")
+      ->check(CLI::Range(0.2, 3600.0));
+  cmd->add_option("--plot", f.plot, "Also draw eval loss against tokens per mode (a band over seeds) as an SVG file");
+  f.flags.add_to(*cmd);
+  cmd->add_flag("--json", f.json, "Print a one-line JSON summary last");
+}
+
+int run_bench_parity(logger& log) {
+  if (options().command == nullptr || !options().command->parsed()) return exit_bad_input;
+  return run_parity(log);
+}
+
+}  // namespace archipelago::cli

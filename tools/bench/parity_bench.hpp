@@ -1,0 +1,79 @@
+#pragma once
+// bench parity: does asynchrony cost quality? Every mode (dp, diloco, streaming,
+// decoupled) trains the same model on the same corpus for the same token budget,
+// on N seeds each, unpaced on the one-process mesh; dp is the reference. Per mode:
+// the final eval loss at equal tokens (mean and 95 % confidence interval over
+// seeds), the tokens it needed to reach dp's final loss of the same seed
+// (interpolated on its eval curve; the ratio to dp's own, paired by seed), the
+// excess over the corpus's entropy floor when it has one (the synthetic corpus),
+// goodput. Modes alternate within each seed, so a drift in the load of this
+// shared machine falls on all of them alike.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench/bench_hooks.hpp"
+#include "core/config.hpp"
+#include "core/error.hpp"
+
+namespace archipelago {
+
+struct parity_options {
+  std::vector<std::string> modes{"dp", "diloco", "streaming", "decoupled"};  // dp runs first: the reference
+  std::vector<std::string> corpora{""};  // "" is the built-in synthetic corpus
+  int learners = 4;
+  int seeds = 3;                // train.seed, +1, ...
+  std::int64_t steps = 0;       // inner steps per learner; 0: the configuration's train.steps
+  double eval_period_s = 10;    // evaluations of Θ during a run (the curve's points)
+};
+
+/// One curve: (tokens, eval loss), tokens ascending.
+using loss_curve = std::vector<std::pair<double, double>>;
+
+/// The tokens at which `curve` first reaches `target` (loss ≤ target), linearly
+/// between its points; NaN when it never does.
+double tokens_to_reach(const loss_curve& curve, double target);
+
+/// A mode's runs on one corpus, one entry per seed.
+struct parity_outcome {
+  std::string mode;
+  std::vector<double> loss, bpb, excess_bpb, tokens, goodput, wall_s;
+  std::vector<double> reach_tokens;  // to the same seed's dp final loss; NaN: never reached
+  std::vector<double> reach_ratio;   // reach_tokens / dp's own, per seed (NaN where not reached)
+  std::vector<double> gap;           // final loss − dp's final loss, per seed
+  std::vector<loss_curve> curves;
+  bool ledger_exact = true;
+};
+
+struct parity_corpus {
+  std::string corpus;  // "" : synthetic
+  double entropy_floor_bpb = 0;  // NaN: unknown (a real text)
+  std::vector<parity_outcome> modes;  // in parity_options::modes order; the first is dp
+};
+
+struct parity_result {
+  std::vector<parity_corpus> corpora;
+  double load_before = 0, load_after = 0, wall_s = 0;
+  bool ledger_exact = true;
+};
+
+/// Half the width of the 95 % confidence interval of the mean (Student's t); 0
+/// for fewer than two values. NaN values are left out.
+double ci95(const std::vector<double>& v);
+
+/// Checks the options and every mode's configuration from `base` before any run.
+status check_parity(const parity_options& o, const config& base);
+
+/// Every seed of every mode on every corpus; then the comparisons with dp.
+expected<parity_result> run_parity_bench(const parity_options& o, const config& base, const bench_hooks& hooks);
+
+/// Fills reach_tokens, reach_ratio and gap of every mode against the corpus's first (dp).
+void compare_with_reference(parity_corpus& c);
+
+/// Eval loss against tokens, one chart per corpus: per mode the mean over seeds and
+/// a band from the lowest to the highest seed, dp's final loss as a dashed line.
+std::string parity_plot(const parity_result& r);
+
+}  // namespace archipelago
