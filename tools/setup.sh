@@ -25,9 +25,10 @@ packages=(
   libeigen3-dev doctest-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcpp-httplib-dev
   nlohmann-json3-dev libsodium-dev libspdlog-dev libdnnl-dev
 )
-# What only the tests need: the one-node Slurm cluster, the network-namespace test bed.
+# What only the tests need: the one-node Slurm cluster, the network-namespace test bed,
+# a browser for the dashboard test.
 if [[ $ACTION == test ]]; then
-  packages+=(slurm-wlm munge iproute2 prometheus etcd-server etcd-client)
+  packages+=(slurm-wlm munge iproute2 prometheus etcd-server etcd-client chromium)
 fi
 if [[ ${WITH_TORCH:-0} == 1 ]]; then
   packages+=(python3-torch libopenblas0-pthread libopenblas0-openmp)

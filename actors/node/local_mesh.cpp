@@ -299,6 +299,10 @@ class local_run {
   status_board board_;
   steady_clock_source clock_;
   mesh_summary out_;
+  /// The eval curve as GET /evals serves it (the HTTP thread reads it).
+  void add_eval_point(std::uint64_t tokens, double loss);
+  std::mutex evals_mutex_;
+  std::string evals_json_ = "[]";
   std::vector<caf::actor> shards_, learners_;
   std::vector<caf::actor> brokers_;  // the primary, then the standbys
   double last_loss_ = std::nan("");
@@ -329,11 +333,24 @@ status local_run::prepare() {
   set_compute_threads(1);
   // The curve starts at the loss of Θ the run starts from (a resumed run's: its snapshot's).
   out_.start_eval_loss = evaluate(origin_.start_params.empty() ? initial_ : origin_.start_params).loss;
-  out_.eval_curve.emplace_back(0, out_.start_eval_loss);
+  add_eval_point(0, out_.start_eval_loss);
   out_.eval_times_s.push_back(0);
   out_.resumed_from = origin_.resumed_version;
   out_.start_step = origin_.start_step;
   return {};
+}
+
+void local_run::add_eval_point(std::uint64_t tokens, double loss) {
+  out_.eval_curve.emplace_back(tokens, loss);
+  std::string json = "[";
+  for (const auto& [t, l] : out_.eval_curve) {
+    char point[64];
+    if (!std::isfinite(l)) continue;  // JSON has no NaN: a failed evaluation is left out
+    std::snprintf(point, sizeof point, "%s[%llu,%.6g]", json.size() > 1 ? "," : "", static_cast<unsigned long long>(t), l);
+    json += point;
+  }
+  std::lock_guard lock(evals_mutex_);
+  evals_json_ = json + "]";
 }
 
 /// Evaluates Θ now. With snapshots, exactly the newest committed version is evaluated, so the
@@ -350,7 +367,7 @@ void local_run::evaluate_now(caf::scoped_actor& self, double elapsed_s, storage:
       }
   last_loss_ = evaluate(theta ? *theta : gather_global(self, shards_, setup_)).loss;
   const std::uint64_t at = head ? head->ledger.processed : tokens;
-  out_.eval_curve.emplace_back(at, last_loss_);
+  add_eval_point(at, last_loss_);
   out_.eval_times_s.push_back(elapsed_s);
   // When Θ was taken, not when its evaluation ended.
   if (eval_.target_loss > 0 && last_loss_ <= eval_.target_loss) out_.target_reached_s = elapsed_s;
@@ -418,7 +435,12 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   served.board = &board_;
   std::unique_ptr<metrics_server> metrics_http;
   if (metrics.port >= 0 && !drill_) {
-    auto started = metrics_server::start(metrics, served.pages(sys, true), log_);
+    metrics_server::handlers pages = served.pages(sys, true);
+    pages.evals = [this] {
+      std::lock_guard lock(evals_mutex_);
+      return evals_json_;
+    };
+    auto started = metrics_server::start(metrics, std::move(pages), log_);
     if (!started) return started.err();
     metrics_http = std::move(*started);
   }
@@ -513,7 +535,7 @@ void local_run::stop_roles(caf::scoped_actor& self, storage::snapshot_writer* wr
   out_.global_params = theta;
   out_.eval_loss = r.loss;
   out_.eval_bpb = r.bits_per_byte;
-  out_.eval_curve.emplace_back(tokens, r.loss);
+  add_eval_point(tokens, r.loss);
   out_.eval_times_s.push_back(out_.wall_s);
 }
 

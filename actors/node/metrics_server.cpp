@@ -4,6 +4,8 @@
 
 #include <thread>
 
+#include "node/dashboard.hpp"
+
 namespace archipelago {
 
 struct metrics_server::impl {
@@ -44,9 +46,18 @@ expected<std::unique_ptr<metrics_server>> metrics_server::start(const metrics_en
   srv.Get("/node", [n = h.nodes](const httplib::Request&, httplib::Response& res) {
     res.set_content(n ? n() : "[]", "application/json");
   });
-  srv.Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("archipelago node: /metrics (Prometheus), /node (this process's roles: their own figures), "
-                    "/status (the broker's view of the mesh)\n",
+  srv.Get("/evals", [e = h.evals](const httplib::Request&, httplib::Response& res) {
+    if (!e) {
+      res.status = 404;
+      res.set_content("this process does not evaluate the model\n", "text/plain");
+      return;
+    }
+    res.set_content(e(), "application/json");
+  });
+  srv.Get("/", [dashboard = static_cast<bool>(h.status)](const httplib::Request&, httplib::Response& res) {
+    if (dashboard) return res.set_content(dashboard_page(), "text/html; charset=utf-8");
+    res.set_content("archipelago node: /metrics (Prometheus), /node (this process's roles: their own figures); "
+                    "the broker's node also serves / (a live dashboard) and /status (its view of the mesh)\n",
                     "text/plain");
   });
   if (port == 0) {

@@ -1,7 +1,9 @@
 #pragma once
 // A node's HTTP side door (`--metrics-port`): GET /metrics serves Prometheus
 // text, GET /node the process's roles' own figures (a JSON array of node
-// statuses, core/node_status.hpp), GET /status the broker's view of the mesh as JSON. It runs on threads
+// statuses, core/node_status.hpp), GET /status the broker's view of the mesh as
+// JSON, and where there is one, GET / the live dashboard over it (dashboard.hpp)
+// and GET /evals the eval curve. It runs on threads
 // of its own and only calls the handlers it was given; httplib stays out of
 // every other translation unit.
 
@@ -29,6 +31,9 @@ class metrics_server {
     std::function<std::optional<std::string>()> status;
     /// A JSON array of the node statuses of this process's roles.
     std::function<std::string()> nodes;
+    /// The global model's eval loss so far, [[tokens, nats/byte], ...]: a process that
+    /// evaluates it (`run`). Empty: 404.
+    std::function<std::string()> evals;
   };
 
   /// Binds host:port (port 0: any free one) and serves until destroyed. A port

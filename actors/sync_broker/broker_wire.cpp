@@ -277,6 +277,7 @@ void broker_wire::on_peer(node_address peer, bool alive, nanos now) {
     return;
   }
   if (peer.kind == role::parameter_shard) {
+    note_event(now, peer.to_string() + (alive ? " heard again" : " fell silent: its fragments pause"));
     if (alive) {
       core_->on_shard_alive(peer.index, now);
     } else {
@@ -287,6 +288,7 @@ void broker_wire::on_peer(node_address peer, bool alive, nanos now) {
     return dispatch(now);
   }
   if (peer.kind != role::learner) return;
+  note_event(now, peer.to_string() + (alive ? " heard again" : " fell silent: dead"));
   if (alive) {
     core_->on_peer_alive({peer.index}, now);
   } else {
@@ -399,6 +401,7 @@ void broker_wire::on_join(const transport::decoded_envelope& env, nanos now) {
                                  : "mesh policy (mesh.mode, fragments, shards, inner_steps, rounds_in_flight or "
                                    "wire.encoding) differs from the mesh's");
     log_.warn("broker.join_refused", "archipelago broker: %s", why.c_str());
+    note_event(now, why);
     refused_.insert({{from.index}, inc});
     auto b = port_.make_envelope();
     auto e = b.body().initError();
@@ -420,6 +423,7 @@ void broker_wire::on_join(const transport::decoded_envelope& env, nanos now) {
   const std::uint64_t schedule_step =
       restarted ? ledger_.totals().steps / static_cast<std::uint64_t>(std::max(1, setup_.cfg.mesh.learners)) : 0;
   send_welcome(from, schedule_step);  // after a broker restart: the learner drops the old broker's rounds
+  note_event(now, from.to_string() + " joined (incarnation " + std::to_string(inc.value) + ")");
   if (first_join_ns_ < 0) first_join_ns_ = now;
   for (auto& [known, rec] : records_)  // a restart ends the earlier incarnations
     if (known.learner.value == from.index && known.inc < inc && rec.left_ns < 0) rec.left_ns = now;
@@ -427,6 +431,7 @@ void broker_wire::on_join(const transport::decoded_envelope& env, nanos now) {
 }
 
 void broker_wire::on_leave(learner_ref who, nanos now) {
+  note_event(now, "learner/" + std::to_string(who.learner.value) + " left");
   core_->on_leave(who.learner, who.inc, now);
   last_leave_ns_ = now;
   records_[who].left_ns = now;
@@ -482,6 +487,11 @@ void broker_wire::on_fragment_update(const transport::decoded_envelope& env, nan
 }
 
 /// The uptime so far: a gap between publications longer than a few planned round intervals is down time.
+void broker_wire::note_event(nanos now, std::string text) {
+  events_.emplace_back(now, std::move(text));
+  if (events_.size() > 40) events_.pop_front();
+}
+
 double broker_wire::uptime_until(nanos end) const {
   const auto stall = static_cast<nanos>(
       std::max(1e9, 4 * setup_.policy.steps_per_round * static_cast<double>(last_xi_step_ns_)));

@@ -7,6 +7,7 @@
 // run it.
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -86,6 +87,8 @@ class broker_wire {
   double uptime_until(nanos end) const;
   std::vector<double> fragment_availability_until(nanos end) const;
   double live_goodput(const ledger_totals& l, nanos now) const;
+  /// A line for the dashboard's recent events (GET /status): the newest 40 are kept.
+  void note_event(nanos now, std::string text);
 
   const mesh_setup& setup_;
   const incarnation inc_;
@@ -115,6 +118,7 @@ class broker_wire {
   tape_log tape_;                                  // the tape as the standbys are sent it (tape_replication.hpp)
   std::map<learner_ref, std::size_t> copied_;      // the hash of each ledger record as last sent to them
   std::uint64_t copies_ = 0;
+  std::deque<std::pair<nanos, std::string>> events_;  // note_event: peers lost and back, joins, refusals, leaves
 };
 
 }  // namespace archipelago

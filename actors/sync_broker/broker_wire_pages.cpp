@@ -105,6 +105,25 @@ std::string broker_wire::status_json(nanos now) const {
   for (std::size_t p = 0; p < fragment_versions_.size(); ++p)
     versions += (p ? "," : "") + std::to_string(fragment_versions_[p]);
   const broker_counters& c = core_->counters();
+  // The dashboard's: the last rounds closed, what fell silent or joined, availability so far.
+  std::string rounds = "[";
+  const auto& history = core_->history();
+  for (std::size_t i = history.size() > 40 ? history.size() - 40 : 0; i < history.size(); ++i) {
+    const round_record& r = history[i];
+    json_line j;
+    j.add("round", r.round.value).add("fragment", static_cast<std::uint64_t>(r.fragment.value))
+        .add("members", static_cast<std::uint64_t>(r.members.size()))
+        .add("quorum_ms", r.quorum_ns < 0 ? -1.0 : static_cast<double>(r.quorum_ns - r.opened_ns) * 1e-6)
+        .add("grace_ms", static_cast<double>(r.grace_ns) * 1e-6).add("reason", to_string(r.reason))
+        .add("closed_s", age_s(r.closed_ns));
+    rounds += (rounds.size() > 1 ? "," : "") + j.str();
+  }
+  std::string events = "[";
+  for (const auto& [t, text] : events_)
+    events += (events.size() > 1 ? "," : "") + json_line().add("ago_s", age_s(t)).add("text", text).str();
+  const std::vector<double> availability = fragment_availability_until(now);
+  double mean_availability = 0;
+  for (double a : availability) mean_availability += a / static_cast<double>(std::max<std::size_t>(1, availability.size()));
   json_line out;
   out.add("mode", setup_.cfg.mesh.mode).add("incarnation", inc_.value).add("uptime_s", age_s(started_ns_))
       .add("broker", static_cast<std::uint64_t>(leader_of_epoch(epoch_))).add("leading", true).add("epoch", epoch_)
@@ -115,7 +134,10 @@ std::string broker_wire::status_json(nanos now) const {
       .add("goodput", live_goodput(led, now))
       .add_raw("ledger", ledger_json(led))
       .add("ledger_balanced", led.balanced())
-      .add_raw("learners", learners + "]").add_raw("shards", shards + "]").add_raw("fragment_versions", versions + "]");
+      .add("uptime", uptime_until(now)).add("fragment_availability", mean_availability)
+      .add("rejected", c.rejected).add("stale", c.stale).add("duplicates", c.duplicates)
+      .add_raw("learners", learners + "]").add_raw("shards", shards + "]").add_raw("fragment_versions", versions + "]")
+      .add_raw("recent_rounds", rounds + "]").add_raw("events", events + "]");
   return out.str();
 }
 
