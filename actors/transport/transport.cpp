@@ -862,6 +862,10 @@ expected<transport_config> transport_config_from(const config& cfg, node_address
   t.seed = derive_seed(cfg.train.seed, (static_cast<std::uint64_t>(self.kind) << 32) | self.index);
   t.check_roles = true;  // a mesh's node: every body from a role that may send it
   if (w.curve && t.bind_endpoint.starts_with("tcp://")) {
+    if (w.key_file.empty() && w.allow.empty())
+      return make_error(errc::invalid_input,
+                        "wire.curve is on for a tcp:// endpoint but wire.key_file is empty "
+                        "(create keys with archipelago keygen, or set wire.curve=false)");
     if (w.allow.empty())
       return make_error(errc::invalid_input,
                         "wire.curve is on for a tcp:// endpoint but wire.allow (the allowed public keys) is empty");
