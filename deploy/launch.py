@@ -11,6 +11,10 @@ SIGTERM, and the launcher prints what the broker saw: rounds, uptime, the token
 ledger, and per restarted learner the time from its restart to its first merged
 contribution.
 
+CURVE is on by default, with a keypair per node made for the run (keygen, in the
+log directory); `--no-curve` turns it off, `--shared-learner-key` gives every
+learner one keypair (with a warning: it binds the role only).
+
 Example:
   deploy/launch.py --learners 3 --steps 300 --kill 1@8 --json
 """
@@ -80,17 +84,45 @@ class Mesh:
         self.broker = ",".join(f"tcp://127.0.0.1:{p}" for p in ports[:brokers])
         self.shards = ",".join(f"tcp://127.0.0.1:{p}" for p in ports[brokers:])
         self.common = ["--broker", self.broker, "--shards", self.shards, "--learners", str(args.learners),
-                       "--steps", str(args.steps), "--mode", args.mode, "--set", "wire.curve=false", "--json"]
+                       "--steps", str(args.steps), "--mode", args.mode, "--json"]
+        self.keys = None
+        if args.curve:
+            # CURVE with a key per node, named as the transport looks them up: broker,
+            # broker-I (standbys), shard-I, learner-I. Each key binds its node's identity,
+            # so no learner can speak for the broker, a shard or another learner.
+            self.keys = os.path.join(self.logs, "keys")
+            os.makedirs(self.keys, mode=0o700)
+            names = ["broker"] + [f"broker-{b}" for b in range(1, brokers)] + \
+                    [f"shard-{s}" for s in range(args.shards)] + \
+                    (["learner"] if args.shared_learner_key else [f"learner-{i}" for i in range(args.learners)])
+            for name in names:
+                subprocess.run([args.binary, "keygen", "--name", name, "--dir", self.keys], check=True,
+                               stdout=subprocess.DEVNULL)
+            self.common += ["--set", "wire.curve=true", "--set", f"wire.allow={self.keys}"]
+        else:
+            self.common += ["--set", "wire.curve=false"]
         for knob in args.set:
             self.common += ["--set", knob]
         self.processes = {}  # name -> (Popen, log path)
         self.starts = 0
+
+    def key_of(self, role, index):
+        """The node's key file (CURVE on), as keygen named it."""
+        if role == "broker":
+            name = "broker" if index == 0 else f"broker-{index}"
+        elif role == "learner" and self.args.shared_learner_key:
+            name = "learner"
+        else:
+            name = f"{role}-{index}"
+        return ["--set", f"wire.key_file={os.path.join(self.keys, name + '.key')}"]
 
     def start(self, role, index=0, *extra):
         name = f"{role}-{index}"
         self.starts += 1
         log = os.path.join(self.logs, f"{name}.{self.starts}.log")
         cmd = [self.args.binary, "node", "--role", role, "--index", str(index), *extra] + self.common
+        if self.keys:
+            cmd += self.key_of(role, index)
         with open(log, "w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         self.processes[name] = (proc, log)
@@ -122,7 +154,14 @@ def main():
     ap.add_argument("--timeout", type=float, default=600, metavar="SECONDS", help="bound on the whole run")
     ap.add_argument("--binary", default=os.path.join(REPO, "build", "archipelago"))
     ap.add_argument("--json", action="store_true", help="print a one-line JSON summary last")
+    ap.add_argument("--no-curve", dest="curve", action="store_false",
+                    help="plain tcp:// (wire.curve=false); default: CURVE with a keypair per node")
+    ap.add_argument("--shared-learner-key", action="store_true",
+                    help="one keypair for every learner (it then binds the learner role only, not an index)")
     args = ap.parse_args()
+    if args.curve and args.shared_learner_key:
+        print("launch.py: warning: one key shared by every learner binds only the role: any learner can "
+              "contribute in another's name", file=sys.stderr)
     if args.mode in ("dp", "diloco"):
         args.shards = 1  # one fragment, one shard
     for learner, at in args.kill:

@@ -155,7 +155,12 @@ enum Verdict {
 struct Member {
   learner @0 :UInt32;        # learner index
   incarnation @1 :UInt64;    # its incarnation
-  weight @2 :Float64;        # merge weight c_tokens² / c_steps
+  weight @2 :Float64;        # merge weight c_tokens² / c_steps (of tokens and steps below, when set)
+  tokens @3 :UInt64;         # the tokens the broker lets this contribution count: its claim cut to what the
+                             # learner's Progress reported and to its steps × batch × context; a shard
+                             # rejects a contribution that claims more and weighs by these. 0 with steps 0:
+                             # a broker of before this field (the claim is taken as is)
+  steps @4 :UInt64;          # ... its steps, cut to the learner's reported steps
 }
 
 enum CloseReason {
@@ -193,6 +198,11 @@ enum ChaosKind {
   shapeLink @3;    # apply link to the links between target and peer
   heal @4;         # undo every fault on target
   storageFault @5; # make target's store fail writes for durationMs
+  impersonate @6;  # attacker drill: target (a learner) sends, with its own key, envelopes claiming to be
+                   # peer (the broker: a RoundClose; a shard: a FragmentUpdate; a learner: a Contribution)
+                   # each step for durationMs; every one must be refused (impersonation)
+  lieTokens @7;    # attacker drill: target (a learner) claims factor × its tokens in every contribution
+                   # for durationMs; the broker's bound must cut them and the shard reject them
 }
 
 struct LinkShape {

@@ -152,6 +152,17 @@ void chaos_wire::carry_out(const chaos_action& a, nanos since_start) {
         command({role::parameter_shard, t.index}, o);
       }
       break;
+    case fault_kind::impersonate:
+    case fault_kind::lie_tokens:  // attackers: the learner carries them out with its own key
+      for (node_address n : addresses(setup_, f.targets)) {
+        chaos_order o;
+        o.kind = f.kind == fault_kind::impersonate ? chaos_order::what::impersonate : chaos_order::what::lie_tokens;
+        o.peer = address_of(f.as);
+        o.duration_ns = inject ? std::max<nanos>(1'000'000, bounded_ns) : 0;
+        o.factor = inject ? std::max(1.0, f.factor) : 1.0;
+        command(n, o);
+      }
+      break;
   }
 }
 
@@ -253,7 +264,8 @@ std::string describe(const planned_fault& f) {
     out += " ";
     out += list(f.targets);
   }
-  if (f.kind == fault_kind::slow) {
+  if (f.kind == fault_kind::impersonate) out += " as " + f.as.to_string();
+  if (f.kind == fault_kind::slow || f.kind == fault_kind::lie_tokens) {
     char factor[24];
     std::snprintf(factor, sizeof factor, " x%g", f.factor);
     out += factor;

@@ -22,6 +22,7 @@ constexpr kind_name kind_names[] = {
     {"link", fault_kind::link},           {"shard_crash", fault_kind::shard_crash},
     {"broker_crash", fault_kind::broker_crash}, {"storage_errors", fault_kind::storage_errors},
     {"broker_host_lost", fault_kind::broker_host_lost},
+    {"impersonate", fault_kind::impersonate}, {"lie_tokens", fault_kind::lie_tokens},
 };
 
 std::string known_kinds() {
@@ -85,7 +86,8 @@ struct reader {
                             (what == "learner" ? "s" : " shards"));
     }
     // The kind decides which targets make sense.
-    const bool learner_kind = kind == fault_kind::crash || kind == fault_kind::pause || kind == fault_kind::slow;
+    const bool learner_kind = kind == fault_kind::crash || kind == fault_kind::pause || kind == fault_kind::slow ||
+                              kind == fault_kind::impersonate || kind == fault_kind::lie_tokens;
     const bool ok = kind == fault_kind::link || kind == fault_kind::partition ||
                     (learner_kind && (out.kind == role::learner || out.every_learner)) ||
                     (kind == fault_kind::shard_crash && out.kind == role::parameter_shard) ||
@@ -150,10 +152,15 @@ struct reader {
         auto target = this->target(value, f.kind);
         if (!target) return target.err();
         f.targets.push_back(*target);
-      } else if (k == "factor" && f.kind == fault_kind::slow) {
+      } else if (k == "factor" && (f.kind == fault_kind::slow || f.kind == fault_kind::lie_tokens)) {
         const auto v = value.value<double>();
         if (!v || !std::isfinite(*v) || *v < 1 || *v > 1000) return at(value, "factor must be a number in [1, 1000]");
         f.factor = *v;
+      } else if (k == "as" && f.kind == fault_kind::impersonate) {
+        auto as = this->target(value, fault_kind::link);  // any one node
+        if (!as) return as.err();
+        if (as->every_learner) return at(value, "as must name one node: broker, shard/N or learner/N");
+        f.as = *as;
       } else if (f.kind == fault_kind::link &&
                  (k == "loss" || k == "duplicate" || k == "reorder" || k == "corrupt" || k == "delay_ms" ||
                   k == "bandwidth_mbit")) {

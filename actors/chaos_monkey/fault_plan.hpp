@@ -20,6 +20,8 @@
 //   loss = 0.1                 # link: loss, duplicate, reorder, corrupt (probabilities),
 //                              #       delay_ms, bandwidth_mbit
 //   groups = [["learner/0", "learner/1"], ["learner/2", "shard/0"]]   # partition
+//   as = "broker"              # impersonate: the learner claims to be broker, shard/N or learner/N
+//   factor = 100.0             # lie_tokens: contributions claim tokens × factor
 //
 //   [[fault]]                  # the primary broker's host is lost: its process killed,
 //   at = "20s"                 # its store removed, never restarted; a standby takes over
@@ -55,6 +57,9 @@ enum class fault_kind : std::uint8_t {
   // SIGKILL of the primary broker's process and its store removed — its host is
   // gone. Never restarted (no `for`): a standby takes over. Needs standbys >= 1.
   broker_host_lost,
+  // Attackers (issue 19), learners only, carried out by the learner itself (wire.accept_chaos):
+  impersonate,     // it forges envelopes claiming to be `as` (broker, shard/N, learner/N) with its own key
+  lie_tokens,      // its contributions claim factor × their tokens
 };
 const char* to_string(fault_kind k);
 
@@ -79,6 +84,7 @@ struct planned_fault {
   nanos every_ns = 0;  // > 0: repeats at at + k × every within the safety phase
   double factor = 1;
   link_fault link;
+  fault_target as;  // impersonate: whom the learner claims to be
   int line = 0;  // where the plan says it (0: drawn from [rates])
 };
 

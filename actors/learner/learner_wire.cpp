@@ -152,16 +152,23 @@ bool learner_wire::on_join_timer(nanos now) {
 }
 
 /// Answers every pending round that is ready (dp: with the gradient of the last step).
-void learner_wire::send_contributions() {
+/// `with_progress`: a Progress goes first (once, if anything is sent): the broker
+/// bounds a contribution's claims by the steps and tokens reported, and the
+/// Progress of steps taken while the broker was cut off never arrived.
+void learner_wire::send_contributions(bool with_progress) {
   const float* gradient = setup_.policy.send_gradients ? model_.gradients : nullptr;
   const auto block = static_cast<std::uint32_t>(setup_.cfg.wire.block_size);
   while (auto c = core_->next_contribution(model_.params, gradient)) {
+    if (with_progress && core_->steps_done() > 0) send_progress();
+    with_progress = false;
     auto cb = port_.make_envelope(c->round.value);
     auto body = cb.body().initContribution();
     body.setFragment(c->fragment.value);
     body.setAnchorVersion(c->anchor_version);
     body.setSteps(c->steps);
-    body.setTokens(c->tokens);
+    // An attacker drill's lie (chaos lie_tokens): the broker's bound cuts it, the shard rejects it.
+    body.setTokens(chaos_.token_lie == 1 ? c->tokens
+                                         : static_cast<std::uint64_t>(static_cast<double>(c->tokens) * chaos_.token_lie));
     body.setStep(c->step);
     body.setBrokerEpoch(broker_.epoch());  // shards refuse rounds of an older epoch
     if (!cb.add_tensor_values("delta/" + std::to_string(c->fragment.value), c->delta.data(), c->delta.size(),
@@ -195,6 +202,48 @@ void learner_wire::after_step(std::uint64_t tokens, nanos step_ns) {
   last_step_ns_ = step_ns;
   send_progress();
   send_contributions();
+  if (chaos_.impersonate) send_forged(*chaos_.impersonate);
+}
+
+/// An attacker drill (chaos impersonate): with this learner's own key, an envelope
+/// whose header claims to come from `as` — as the broker a RoundClose weighing this
+/// learner 10^9, as a shard a committed FragmentUpdate, as another learner a
+/// Contribution. Over CURVE every one is refused (impersonation); in one process,
+/// where no key binds a sender, nothing stops it.
+void learner_wire::send_forged(node_address as) {
+  const fragment_index p{0};
+  transport::envelope_builder b(as, inc_, ++forged_sequence_, 0, broker_.epoch());
+  node_address to = {role::parameter_shard, setup_.shard_of_fragment[p.value]};
+  switch (as.kind) {
+    case role::sync_broker: {
+      auto c = b.body().initRoundClose();
+      c.setFragment(p.value);
+      auto m = c.initMembers(1);
+      m[0].setLearner(index_);
+      m[0].setIncarnation(inc_.value);
+      m[0].setWeight(1e9);
+      break;
+    }
+    case role::parameter_shard: {
+      auto u = b.body().initFragmentUpdate();
+      u.setFragment(p.value);
+      u.setVersion(1'000'000);
+      u.setCommitted(true);
+      to = broker_.leader();
+      break;
+    }
+    default: {
+      auto c = b.body().initContribution();
+      c.setFragment(p.value);
+      c.setSteps(1);
+      c.setTokens(1'000'000);
+      c.setBrokerEpoch(broker_.epoch());
+      std::vector<float> zero(core_->fragment_floats(p), 0.f);
+      if (!b.add_tensor_values("delta/0", zero.data(), zero.size(), tensor_encoding::fp32)) return;
+      break;
+    }
+  }
+  (void)port_.send(to, b.finish());
 }
 
 /// Where this incarnation stands (cumulative: a repeat changes nothing).
@@ -243,7 +292,7 @@ learner_event learner_wire::on_message(const transport::decoded_envelope& env, n
       auto open = body.getRoundOpen();
       if (shard_restarted(open.getShard(), open.getShardIncarnation())) fetch(open.getShard());
       core_->on_round_open(round_number{env.header().getRound()}, {open.getFragment()});
-      send_contributions();
+      send_contributions(true);
       break;
     }
     case wire::Envelope::Body::FRAGMENT_UPDATE:
@@ -258,8 +307,15 @@ learner_event learner_wire::on_fragment_update(const transport::decoded_envelope
   learner_event out;
   auto u = env.root().getBody().getFragmentUpdate();
   const fragment_index p{u.getFragment()};
-  if (env.sender().kind == role::parameter_shard)
-    (void)shard_restarted(env.sender().index, env.header().getIncarnation());
+  // Only the owning shard publishes a fragment (its key binds its index: transport).
+  if (env.sender().kind != role::parameter_shard || p.value >= setup_.shard_of_fragment.size() ||
+      setup_.shard_of_fragment[p.value] != env.sender().index) {
+    refusals_.count("not_owner");
+    log_.warn("learner.not_owner", "archipelago learner/%u: refused fragment %u from %s: not its owner", index_,
+              p.value, env.sender().to_string().c_str());
+    return out;
+  }
+  (void)shard_restarted(env.sender().index, env.header().getIncarnation());
   if (p.value >= core_->fragments() || env.tensor_info(0).getElementCount() != core_->fragment_floats(p)) return out;
   std::vector<float> value(core_->fragment_floats(p));
   if (!env.decode_tensor_values(0, value.data())) return out;
@@ -301,6 +357,15 @@ void learner_wire::add_metrics(prometheus_text& page) const {
                static_cast<double>(counts_.wait_ns) * 1e-9, l);
   page.counter("archipelago_learner_contributions_total", "Fragment contributions sent to the shards.",
                static_cast<double>(counts_.contributions), l);
+  {
+    refusal_counts refused = refusals_;
+    if (chaos_.refused_sender != 0) refused.by_reason["chaos_sender"] += chaos_.refused_sender;
+    refused.add_metrics(page, l);
+  }
+  if (forged_sequence_ != 0)
+    page.counter("archipelago_learner_forged_total",
+                 "Envelopes this learner forged in an attacker drill (chaos impersonate), claiming another sender.",
+                 static_cast<double>(forged_sequence_), l);
   page.gauge("archipelago_learner_pending_rounds", "Rounds opened that this learner has not answered yet.",
              static_cast<double>(core_->pending_rounds()), l);
   for (std::uint32_t p = 0; p < core_->fragments(); ++p) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/refusals.hpp"
 #include "core/broker_follower.hpp"
 #include "core/clock.hpp"
 #include "core/ids.hpp"
@@ -106,7 +107,8 @@ class learner_wire {
   void send_progress();
   bool shard_restarted(std::uint32_t shard, std::uint64_t inc);
   bool follow_broker(const transport::decoded_envelope& env);
-  void send_contributions();
+  void send_contributions(bool with_progress = false);
+  void send_forged(node_address as);
   learner_event on_fragment_update(const transport::decoded_envelope& env, nanos now);
 
   const mesh_setup& setup_;
@@ -119,6 +121,8 @@ class learner_wire {
   std::unique_ptr<learner_core> core_;
   chaos_receiver chaos_;
   node_counters counts_;
+  refusal_counts refusals_;  // by reason (core/refusals.hpp)
+  std::uint64_t forged_sequence_ = 0;  // an attacker drill's forged envelopes (their own sequence)
   std::size_t to_install_ = 0;
   nanos last_install_ns_ = -1;  // joining: when a fragment last arrived (-1: the first timer starts the clock)
   nanos longest_install_gap_ns_ = -1;  // joining: between two arrivals (-1: none yet)

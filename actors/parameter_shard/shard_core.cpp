@@ -87,6 +87,13 @@ contribution_verdict shard_core::on_contribution(round_number r, fragment_index 
 
 expected<std::optional<published_fragment>> shard_core::on_round_close(
     round_number r, fragment_index p, const std::vector<learner_ref>& members) {
+  std::vector<decided_member> decided;
+  for (const learner_ref& m : members) decided.push_back({m, false, 0, 0});
+  return on_round_close(r, p, decided, nullptr);
+}
+
+expected<std::optional<published_fragment>> shard_core::on_round_close(
+    round_number r, fragment_index p, const std::vector<decided_member>& members, std::vector<std::string>* refused) {
   auto it = fragments_.find(p.value);
   if (it == fragments_.end())
     return make_error(errc::invalid_input, "close of round " + std::to_string(r.value) + " for fragment " +
@@ -104,11 +111,22 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
   std::vector<buffered_contribution*> merged;
   std::uint64_t merged_tokens = 0;
   for (auto& c : buffered) {
-    bool member = false;
-    for (const auto& m : members) member |= m.learner == c.from.learner && m.inc == c.from.inc;
+    const decided_member* member = nullptr;
+    for (const auto& m : members)
+      if (m.who.learner == c.from.learner && m.who.inc == c.from.inc) member = &m;
     if (!member) {
       ++ledger_.unmerged;
       ledger_.unmerged_tokens += c.tokens;
+      continue;
+    }
+    if (member->bounded && (c.tokens > member->tokens || c.steps > member->steps)) {
+      ++ledger_.rejected;
+      ledger_.rejected_tokens += c.tokens;
+      if (refused)
+        refused->push_back("learner/" + std::to_string(c.from.learner.value) + " claims " + std::to_string(c.tokens) +
+                           " tokens in " + std::to_string(c.steps) + " steps; the broker bounds it to " +
+                           std::to_string(member->tokens) + " tokens in " + std::to_string(member->steps) +
+                           " steps (its Progress, batch x context)");
       continue;
     }
     // Gradients are averaged per token: steps = tokens makes the weight tokens²/steps = tokens.

@@ -103,6 +103,19 @@ class shard_core {
   /// publishes nothing (nullopt) and leaves Θ_p unchanged.
   expected<std::optional<published_fragment>> on_round_close(round_number r, fragment_index p,
                                                              const std::vector<learner_ref>& members);
+  /// The same, with the broker's bound on each member's claims (RoundClose's
+  /// Member.tokens/steps: what the learner's Progress and its batch × context allow).
+  /// A buffered contribution that claims more tokens or steps than its bound is
+  /// rejected (ledger: rejected), its reason appended to `refused` if given; the
+  /// others are weighed by their bounded counts.
+  struct decided_member {
+    learner_ref who;
+    bool bounded = false;  // false: no bound (a broker of before the bound), the claim as is
+    std::uint64_t tokens = 0, steps = 0;
+  };
+  expected<std::optional<published_fragment>> on_round_close(round_number r, fragment_index p,
+                                                             const std::vector<decided_member>& members,
+                                                             std::vector<std::string>* refused);
 
   /// The broker restarted (a higher incarnation): the rounds the old one opened
   /// will never close. Every buffered contribution is dropped (unmerged: the

@@ -162,14 +162,25 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
   auto close = env.root().getBody().getRoundClose();
   const round_number r{env.header().getRound()};
   const fragment_index p{close.getFragment()};
-  std::vector<learner_ref> members;
+  std::vector<shard_core::decided_member> members;
   // A fragment whose newest version is not durable yet merges nothing more: its
   // next version would build on one a crash may take back (the broker pauses it).
   const bool paused = pending_.count(p.value) != 0;
   if (close.getQuorumNs() >= 0 && !paused)
-    for (auto mb : close.getMembers()) members.push_back({{mb.getLearner()}, incarnation{mb.getIncarnation()}});
+    for (auto mb : close.getMembers()) {
+      // A broker of before the bound sends neither count (0, 0): the claim stands.
+      const bool bounded = mb.getTokens() != 0 || mb.getSteps() != 0 || mb.getWeight() == 0;
+      members.push_back({{{mb.getLearner()}, incarnation{mb.getIncarnation()}}, bounded, mb.getTokens(), mb.getSteps()});
+    }
   if (paused && close.getQuorumNs() >= 0) ++deferred_rounds_;
-  auto published = core_->on_round_close(r, p, members);
+  std::vector<std::string> refused;
+  auto published = core_->on_round_close(r, p, members, &refused);
+  for (const std::string& why : refused) {
+    ++counts_.rejected;
+    refusals_.count("claim_exceeds_bound");
+    log_.warn("shard.claim_refused", "archipelago shard %u: round %llu: %s", index_,
+              static_cast<unsigned long long>(r.value), why.c_str());
+  }
   if (!published) {
     log_.warn("shard.not_merged", "archipelago shard %u: round %llu not merged: %s", index_,
               static_cast<unsigned long long>(r.value), published.err().message.c_str());
@@ -260,6 +271,11 @@ void shard_wire::add_metrics(prometheus_text& page) const {
   }
   page.counter("archipelago_shard_published_total", "Fragment versions this incarnation merged and published.",
                static_cast<double>(counts_.published), l);
+  {
+    refusal_counts refused = refusals_;
+    if (chaos_.refused_sender != 0) refused.by_reason["chaos_sender"] += chaos_.refused_sender;
+    refused.add_metrics(page, l);
+  }
   page.gauge("archipelago_shard_subscribers", "Learners the shard broadcasts new versions to.",
              static_cast<double>(learners_.size()), l);
   page.gauge("archipelago_shard_undurable_fragments", "Fragments whose newest version is not durable yet (paused).",

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/refusals.hpp"
 #include "core/broker_follower.hpp"
 #include "core/clock.hpp"
 #include "core/ids.hpp"
@@ -110,6 +111,7 @@ class shard_wire {
   std::unique_ptr<shard_core> core_;
   chaos_receiver chaos_;
   node_counters counts_;
+  refusal_counts refusals_;  // by reason (core/refusals.hpp)
   std::vector<node_address> learners_;  // broadcast list (learners that fetched)
   std::map<node_address, std::pair<std::string, std::uint64_t>> endpoints_;  // learner → (endpoint, incarnation)
   broker_follower broker_;  // which broker leads (the newest epoch heard of)

@@ -127,11 +127,52 @@ void broker_core::on_leave(learner_index learner, incarnation inc, nanos now) {
   check_closes(now);  // open rounds stop waiting for it
 }
 
+claim_bound bound_claim(std::uint64_t claimed_tokens, std::uint64_t claimed_steps, std::uint64_t reported_steps,
+                        std::uint64_t reported_tokens, std::uint64_t tokens_per_step_max) {
+  // One step of slack: the Progress of the step a contribution was sent at may
+  // still be on its way (or lost) when the round closes; an honest learner's claim
+  // is never cut, a liar gains at most one step's tokens.
+  claim_bound b;
+  b.steps = std::min(claimed_steps, reported_steps + 1);
+  b.tokens = claimed_tokens;
+  if (tokens_per_step_max != 0 && b.steps <= UINT64_MAX / tokens_per_step_max) {
+    b.tokens = std::min(b.tokens, b.steps * tokens_per_step_max);
+    b.tokens = std::min(b.tokens, reported_tokens + tokens_per_step_max);
+  } else {
+    b.tokens = std::min(b.tokens, reported_tokens);
+  }
+  return b;
+}
+
+std::uint64_t broker_core::tokens_per_step_max(learner_index learner) const {
+  const auto& v = cfg_.tokens_per_step_max;
+  if (v.empty()) return 0;
+  return learner.value < v.size() ? v[learner.value] : v.back();
+}
+
+void broker_core::bound_members(std::vector<round_member>& members) {
+  for (round_member& m : members) {
+    m.bounded_tokens = m.tokens;
+    m.bounded_steps = m.steps;
+    if (!cfg_.bound_claims) continue;
+    auto it = learners_.find(m.learner);
+    const bool known = it != learners_.end() && it->second.inc == m.inc;
+    const claim_bound b = bound_claim(m.tokens, m.steps, known ? it->second.steps_done : 0,
+                                      known ? it->second.tokens_done : 0, tokens_per_step_max(m.learner));
+    if (b.tokens != m.tokens || b.steps != m.steps) ++counters_.claims_cut;
+    m.bounded_tokens = b.tokens;
+    m.bounded_steps = b.steps;
+    const auto t = static_cast<double>(b.tokens);
+    m.weight = b.steps == 0 ? 0.0 : t * t / static_cast<double>(b.steps);
+  }
+}
+
 void broker_core::on_progress(learner_index learner, incarnation inc, std::uint64_t steps_done,
-                              nanos step_time_ns, nanos now) {
+                              nanos step_time_ns, nanos now, std::uint64_t tokens_done) {
   learner_state* st = admit(learner, inc, now);
   if (st == nullptr) return;
   st->steps_done = std::max(st->steps_done, steps_done);
+  st->tokens_done = std::max(st->tokens_done, tokens_done);
   if (step_time_ns < 0) return;
   const auto sample = static_cast<double>(step_time_ns);
   update_ema(st->step_ema_ns, st->has_step_ema, sample);
@@ -305,6 +346,7 @@ std::map<std::uint64_t, broker_core::round_state>::iterator broker_core::close(
   rec.grace_ns = rs.grace_ns;
   rec.closed_ns = now;
   rec.reason = reason;
+  bound_members(rs.members);
   rec.members = rs.members;
   history_.push_back(std::move(rec));
   if (history_.size() > history_capacity) history_.pop_front();

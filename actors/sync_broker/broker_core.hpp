@@ -36,7 +36,27 @@ struct broker_config {
   /// after every round its predecessor opened (its tape and round lease). Rounds
   /// below it belong to an earlier broker: a contribution for one is late.
   std::uint64_t first_round = 0;
+  /// Tokens one inner step of learner i processes at most (its batch × context);
+  /// learners beyond the list: the last entry. Empty: unbounded (claims_bound).
+  std::vector<std::uint64_t> tokens_per_step_max;
+  /// Cut every member's claims to bound_claim when its round closes (the mesh's
+  /// broker: on). Off: the claims as the shards reported them.
+  bool bound_claims = false;
 };
+
+/// What the broker lets a member's contribution claim: its steps at most what the
+/// learner's Progress reported for its incarnation, its tokens at most those steps ×
+/// its batch × context and what its Progress reported — each with one step of slack
+/// (the Progress of the step a contribution was sent at may still be on its way). Pure; a claim above either
+/// bound is cut to it here and rejected by the shard (shard_core::on_round_close).
+struct claim_bound {
+  std::uint64_t tokens = 0;
+  std::uint64_t steps = 0;
+};
+/// `reported_steps` / `reported_tokens`: the learner's Progress (this incarnation);
+/// `tokens_per_step_max` 0: unbounded per step.
+claim_bound bound_claim(std::uint64_t claimed_tokens, std::uint64_t claimed_steps, std::uint64_t reported_steps,
+                        std::uint64_t reported_tokens, std::uint64_t tokens_per_step_max);
 
 /// Checks every field; the error names the offending one.
 status validate(const broker_config& cfg);
@@ -47,9 +67,13 @@ const char* to_string(close_reason reason);
 struct round_member {
   learner_index learner;
   incarnation inc;
-  double weight = 0;          // tokens² / steps (ALGORITHM.md §6); the shard normalises
-  std::uint64_t tokens = 0;
+  double weight = 0;          // tokens² / steps (ALGORITHM.md §6), of the bounded counts; the shard normalises
+  std::uint64_t tokens = 0;   // as claimed (the shard's arrival notice)
   std::uint64_t steps = 0;
+  /// What the broker lets it count (bound_claim at close: the learner's Progress, its
+  /// batch × context); the shard rejects a contribution that claims more.
+  std::uint64_t bounded_tokens = 0;
+  std::uint64_t bounded_steps = 0;
 };
 
 // ---- effects -------------------------------------------------------------
@@ -124,6 +148,9 @@ struct broker_counters {
   /// in flight, or its last merge not yet durable. The other fragments keep their pace.
   std::uint64_t rounds_skipped = 0;
   std::uint64_t shards_lost = 0;  // shards declared silent
+  /// Members whose claimed tokens or steps were above what the broker saw them
+  /// report (or their batch × context): cut to the bound in the decision.
+  std::uint64_t claims_cut = 0;
   std::uint64_t rounds_closed() const {
     return closed_all_eligible + closed_grace_expired + closed_timeout;
   }
@@ -152,8 +179,10 @@ class broker_core {
   // ---- inputs (each may append effects) ----
   void on_join(learner_index learner, incarnation inc, nanos now);
   void on_leave(learner_index learner, incarnation inc, nanos now);
+  /// `tokens_done`: the tokens this incarnation reports (Progress.tokens); it bounds
+  /// the claims of its contributions (bound_claim), as steps_done does.
   void on_progress(learner_index learner, incarnation inc, std::uint64_t steps_done,
-                   nanos step_time_ns, nanos now);
+                   nanos step_time_ns, nanos now, std::uint64_t tokens_done = 0);
   void on_contribution(round_number round, learner_index learner, incarnation inc,
                        std::uint64_t tokens, std::uint64_t steps, nanos now);
   void on_published(round_number round, fragment_index fragment, std::uint64_t version, nanos now);
@@ -207,9 +236,13 @@ class broker_core {
     bool departed = false;  // left on purpose: this incarnation is finished
     nanos last_heard_ns = 0;
     std::uint64_t steps_done = 0;  // of this incarnation
+    std::uint64_t tokens_done = 0; // of this incarnation, as its Progress reported
     double step_ema_ns = 0;
     bool has_step_ema = false;
   };
+  std::uint64_t tokens_per_step_max(learner_index learner) const;
+  /// At close: every member's counts cut to what the broker saw (bound_claim).
+  void bound_members(std::vector<round_member>& members);
   struct round_state {
     std::uint64_t round = 0;
     std::uint32_t fragment = 0;

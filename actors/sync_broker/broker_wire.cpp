@@ -69,6 +69,10 @@ broker_config broker_settings(const mesh_setup& s) {
   b.liveness_timeout_ns = std::max<nanos>(s.cfg.wire.heartbeat_interval_ms * s.cfg.wire.liveness * 1'000'000,
                                           b.round_timeout_ns);
   b.shard_of_fragment = s.shard_of_fragment;
+  // A learner's claims are bounded by its Progress and its batch × context (issue 19).
+  b.bound_claims = true;
+  for (int l = 0; l < s.cfg.mesh.learners; ++l)
+    b.tokens_per_step_max.push_back(static_cast<std::uint64_t>(learner_profile_of(s.cfg, l).batch) * s.shape.context);
   return b;
 }
 
@@ -324,7 +328,11 @@ void broker_wire::dispatch(nanos now) {
         members[i].setLearner(c->members[i].learner.value);
         members[i].setIncarnation(c->members[i].inc.value);
         members[i].setWeight(c->members[i].weight);
-        refs.push_back({c->members[i].learner, c->members[i].inc});
+        members[i].setTokens(c->members[i].bounded_tokens);
+        members[i].setSteps(c->members[i].bounded_steps);
+        // A member whose claim was cut is rejected by the shard: its window is not credited as merged.
+        if (c->members[i].bounded_tokens == c->members[i].tokens && c->members[i].bounded_steps == c->members[i].steps)
+          refs.push_back({c->members[i].learner, c->members[i].inc});
       }
       ledger_.on_round_closed(c->round, refs, c->merge());  // merged once the shard publishes it
       last_grace_ns_ = c->grace_ns;
@@ -373,7 +381,7 @@ void broker_wire::on_message(const transport::decoded_envelope& env, nanos now) 
       // went nowhere. The ledger counts it (Progress is cumulative); a learner follows
       // every Join with its latest Progress, which the core then hears.
       if (std::find(learners_.begin(), learners_.end(), from) != learners_.end())
-        core_->on_progress(who.learner, who.inc, p.getStep(), static_cast<nanos>(p.getStepTimeNs()), now);
+        core_->on_progress(who.learner, who.inc, p.getStep(), static_cast<nanos>(p.getStepTimeNs()), now, p.getTokens());
       ledger_.on_progress(who, p.getStep(), p.getTokens(), static_cast<nanos>(p.getStepTimeNs()));
       break;
     }
@@ -465,6 +473,13 @@ void broker_wire::on_arrival(const transport::decoded_envelope& env, nanos now) 
 /// The round's members' work is merged now.
 void broker_wire::on_fragment_update(const transport::decoded_envelope& env, nanos now) {
   auto u = env.root().getBody().getFragmentUpdate();
+  if (u.getFragment() >= setup_.shard_of_fragment.size() ||
+      setup_.shard_of_fragment[u.getFragment()] != env.sender().index) {
+    refusals_.count("not_owner");
+    log_.warn("broker.not_owner", "archipelago broker: refused fragment %u's publication from %s: not its owner",
+              u.getFragment(), env.sender().to_string().c_str());
+    return;
+  }
   const round_number round{env.header().getRound()};
   const round_record* r = core_->find_record(round);
   if (u.getCommitted()) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/refusals.hpp"
 #include "core/clock.hpp"
 #include "core/ids.hpp"
 #include "core/log.hpp"
@@ -101,6 +102,7 @@ class broker_wire {
   std::unique_ptr<broker_core> core_;
   token_ledger ledger_;
   node_counters counts_;
+  refusal_counts refusals_;  // by reason (core/refusals.hpp)
   std::vector<nanos> published_at_;
   std::vector<std::vector<nanos>> fragment_published_at_;  // per fragment
   nanos first_join_ns_ = -1, last_leave_ns_ = -1, first_open_ns_ = -1, last_grace_ns_ = 0;

@@ -6,7 +6,9 @@ std::unique_ptr<transport::node_transport> start_actor_wire(caf::scheduled_actor
                                                             transport::io_context io, node_address address,
                                                             incarnation inc, const std::string& endpoint,
                                                             const clock_source& clock, logger& log) {
-  auto settings = transport::transport_config_from(cfg, address, inc, endpoint);
+  std::string warning;
+  auto settings = transport::transport_config_from(cfg, address, inc, endpoint, &warning);
+  if (!warning.empty()) log.warn("transport.shared_key", "archipelago %s: %s", address.to_string().c_str(), warning.c_str());
   if (settings) {
     settings->context = std::move(io);
     // The handlers hold the actor handle: the shell's state owns the transport, which goes before it.

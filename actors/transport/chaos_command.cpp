@@ -34,6 +34,15 @@ void encode_chaos_order(envelope_builder& b, node_address target, const chaos_or
       c.setDurationMs(static_cast<std::uint64_t>(order.duration_ns / 1'000'000));
       break;
     case chaos_order::what::heal: c.setKind(wire::ChaosKind::HEAL); break;
+    case chaos_order::what::impersonate:
+      c.setKind(wire::ChaosKind::IMPERSONATE);
+      transport::set_address(c.initPeer(), order.peer);
+      c.setDurationMs(static_cast<std::uint64_t>(order.duration_ns / 1'000'000));
+      break;
+    case chaos_order::what::lie_tokens:
+      c.setKind(wire::ChaosKind::LIE_TOKENS);
+      c.setFactor(order.factor);
+      break;
   }
 }
 
@@ -72,6 +81,22 @@ expected<chaos_order> decode_chaos_order(const decoded_envelope& env) {
       o.duration_ns = static_cast<nanos>(c.getDurationMs()) * 1'000'000;
       break;
     case wire::ChaosKind::HEAL: o.kind = chaos_order::what::heal; break;
+    case wire::ChaosKind::IMPERSONATE: {
+      o.kind = chaos_order::what::impersonate;
+      const auto peer = c.getPeer();
+      if (static_cast<std::uint16_t>(peer.getRole()) > static_cast<std::uint16_t>(wire::Role::CHAOS_MONKEY))
+        return make_error(errc::invalid_input, "ChaosCommand names a peer of unknown role");
+      o.peer = {static_cast<role>(peer.getRole()), peer.getIndex()};
+      if (c.getDurationMs() > 86'400'000) return make_error(errc::invalid_input, "ChaosCommand impersonation longer than a day");
+      o.duration_ns = static_cast<nanos>(c.getDurationMs()) * 1'000'000;
+      break;
+    }
+    case wire::ChaosKind::LIE_TOKENS:
+      o.kind = chaos_order::what::lie_tokens;
+      o.factor = c.getFactor();
+      if (!std::isfinite(o.factor) || o.factor < 1 || o.factor > 1e6)
+        return make_error(errc::invalid_input, "ChaosCommand token lie factor must be in [1, 10^6]");
+      break;
     default:  // crash and pause are the launcher's, never a node's own business
       return make_error(errc::invalid_input, "ChaosCommand of a kind a node does not carry out itself");
   }
@@ -87,6 +112,10 @@ std::optional<chaos_order> chaos_receiver::on_command(const decoded_envelope& en
              env.sender().to_string().c_str(), why.c_str());
     return std::nullopt;
   };
+  if (env.sender().kind != role::chaos_monkey) {
+    ++refused_sender;
+    return refuse("only the chaos monkey sends chaos commands");
+  }
   if (!accept) return refuse("wire.accept_chaos is off (only fault drills obey the chaos monkey)");
   auto order = decode_chaos_order(env);
   if (!order) return refuse(order.err().message);
@@ -105,7 +134,14 @@ std::optional<chaos_order> chaos_receiver::on_command(const decoded_envelope& en
       shaped.clear();
       slowdown = 1;
       storage_failing_until = 0;
+      impersonate.reset();
+      token_lie = 1;
       break;
+    case chaos_order::what::impersonate:
+      if (order->duration_ns > 0) impersonate = order->peer;
+      else impersonate.reset();
+      break;
+    case chaos_order::what::lie_tokens: token_lie = order->factor; break;
   }
   ++obeyed;
   return *order;

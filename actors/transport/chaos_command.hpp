@@ -22,12 +22,14 @@
 namespace archipelago {
 
 struct chaos_order {
-  enum class what : std::uint8_t { shape_link, slow_down, storage_fault, heal };
+  /// impersonate, lie_tokens: attacker drills (issue 19) — a learner that forges
+  /// envelopes claiming to be `peer` with its own key, or claims factor × its tokens.
+  enum class what : std::uint8_t { shape_link, slow_down, storage_fault, heal, impersonate, lie_tokens };
   what kind = what::heal;
-  node_address peer;          // shape_link: the link from the receiver to this peer
+  node_address peer;          // shape_link: the link from the receiver to this peer; impersonate: whom to claim to be
   link_profile link;          // shape_link
-  double factor = 1;          // slow_down: step time × factor (1: normal)
-  nanos duration_ns = 0;      // storage_fault: writes fail this long
+  double factor = 1;          // slow_down: step time × factor (1: normal); lie_tokens: claims × factor (1: honest)
+  nanos duration_ns = 0;      // storage_fault: writes fail this long; impersonate: > 0 on, 0 off
 };
 
 /// Encodes `order` for `target` into a ChaosCommand envelope.
@@ -42,6 +44,9 @@ struct chaos_receiver {
   nanos storage_failing_until = 0;     // snapshot writes fail before this time (shards)
   std::set<node_address> shaped;       // links shaped by the chaos monkey, reset by heal
   std::uint64_t obeyed = 0, refused = 0;
+  std::uint64_t refused_sender = 0;    // of refused: not sent by the chaos monkey (its key binds role chaos)
+  std::optional<node_address> impersonate;  // attacker drill (learners): forge envelopes claiming to be this node
+  double token_lie = 1;                // attacker drill (learners): contributions claim tokens × this
 
   /// Handles a ChaosCommand envelope: shapes links through `port` (heal restores
   /// the node's default link), updates the fields above. Returns the order

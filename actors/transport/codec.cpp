@@ -46,6 +46,8 @@ const char* to_string(reject_reason reason) {
     case reject_reason::tensor_length: return "tensor_length";
     case reject_reason::tensor_encoding: return "tensor_encoding";
     case reject_reason::tensor_checksum: return "tensor_checksum";
+    case reject_reason::impersonation: return "impersonation";
+    case reject_reason::not_permitted: return "not_permitted";
     case reject_reason::count_: break;
   }
   return "unknown";

@@ -43,6 +43,8 @@ enum class reject_reason : std::uint8_t {
   tensor_length,      // a frame's length differs from its descriptor
   tensor_encoding,    // unknown encoding, bad block size, or size that does not fit
   tensor_checksum,    // checksum mismatch: corrupted in flight
+  impersonation,      // the header's sender is not the identity the connection's CURVE key is bound to
+  not_permitted,      // the sender's role may not send this body (peer_identity.hpp)
   count_              // number of reasons
 };
 const char* to_string(reject_reason reason);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -21,6 +22,7 @@
 #include "core/prng.hpp"
 #include "transport/bulk_pacer.hpp"
 #include "transport/bulk_window.hpp"
+#include "transport/peer_identity.hpp"
 
 namespace archipelago::transport {
 
@@ -170,6 +172,7 @@ struct node_transport::impl {
   std::map<node_address, peer> peers;
   std::unique_ptr<zmq::socket_t> router;
   std::unique_ptr<zmq::socket_t> zap;  // ZAP handler (CURVE allow-list), if this transport serves it
+  bool curve_on = false;               // the ROUTER is a CURVE server: its messages carry the client key's name
   std::priority_queue<scheduled_send, std::vector<scheduled_send>, std::greater<>> schedule;
   std::uint64_t schedule_order = 0;
   std::uint64_t pacer_ids = 0;
@@ -505,6 +508,26 @@ struct node_transport::impl {
     }
   }
 
+  /// The sender a message claims against what its connection proves: over a CURVE
+  /// link, the ROUTER's messages carry the client key's allow-list name (the ZAP
+  /// handler's User-Id), and the header must claim the identity that name binds
+  /// (peer_identity.hpp). A DEALER's messages come from the server whose key it
+  /// pinned. Then, with check_roles, the body must be one the sender's role may send.
+  std::optional<std::pair<reject_reason, std::string>> admit(bool on_router, zmq::message_t& first,
+                                                             const decoded_envelope& env) {
+    if (on_router && curve_on) {
+      const char* user = zmq_msg_gets(first.handle(), "User-Id");
+      if (user == nullptr)
+        return std::pair{reject_reason::impersonation, std::string("no authenticated key on a CURVE connection")};
+      if (auto no = check_sender(user, env.sender(), env.body()); no && no->impersonation)
+        return std::pair{reject_reason::impersonation, no->message};
+    }
+    if (cfg.check_roles && !role_may_send(env.sender().kind, env.body()))
+      return std::pair{reject_reason::not_permitted, std::string(to_string(env.sender().kind)) + " may not send " +
+                                                         body_name(env.body())};
+    return std::nullopt;
+  }
+
   void handle(zmq::socket_t& socket, const std::string* identity, std::shared_ptr<inbound_message> in,
               nanos now) {
     std::vector<frame_view> views;
@@ -521,6 +544,11 @@ struct node_transport::impl {
     in->envelope = r.take();
     const decoded_envelope& env = *in->envelope;
     const node_address sender = env.sender();
+    if (auto refused = admit(identity != nullptr, in->frames[0], env)) {
+      count([&](auto& c) { ++c.rejected[static_cast<int>(refused->first)]; });
+      log_reject(refused->first, from, refused->second);
+      return;
+    }
     count([&](auto& c) {
       link_counters& link = c.links[sender];
       ++link.received_messages;
@@ -771,6 +799,7 @@ expected<std::unique_ptr<node_transport>> node_transport::start(transport_config
         p->zap.reset();
       }
       p->router->set(zmq::sockopt::curve_server, 1);
+      p->curve_on = true;
       p->router->set(zmq::sockopt::curve_secretkey, p->cfg.curve.own.secret_z85);
       p->router->set(zmq::sockopt::zap_domain, "archipelago");
     }
@@ -805,7 +834,7 @@ expected<std::unique_ptr<node_transport>> node_transport::start(transport_config
 }
 
 expected<transport_config> transport_config_from(const config& cfg, node_address self, incarnation inc,
-                                                 std::string bind_endpoint) {
+                                                 std::string bind_endpoint, std::string* warning) {
   constexpr nanos ms = 1'000'000;
   const wire_config& w = cfg.wire;
   transport_config t;
@@ -831,18 +860,46 @@ expected<transport_config> transport_config_from(const config& cfg, node_address
   t.default_link.reorder = l.reorder;
   t.default_link.corrupt = l.corrupt;
   t.seed = derive_seed(cfg.train.seed, (static_cast<std::uint64_t>(self.kind) << 32) | self.index);
+  t.check_roles = true;  // a mesh's node: every body from a role that may send it
   if (w.curve && t.bind_endpoint.starts_with("tcp://")) {
-    if (w.key_file.empty())
+    if (w.key_file.empty() && w.allow.empty())
       return make_error(errc::invalid_input,
                         "wire.curve is on for a tcp:// endpoint but wire.key_file is empty "
                         "(create keys with archipelago keygen, or set wire.curve=false)");
     if (w.allow.empty())
       return make_error(errc::invalid_input,
                         "wire.curve is on for a tcp:// endpoint but wire.allow (the allowed public keys) is empty");
-    auto keys = load_keypair(w.key_file);
+    // No wire.key_file: the node's own key beside the public keys, by its name
+    // (learner-I before a shared learner.key).
+    std::string key_file = w.key_file;
+    std::error_code ec;
+    for (const std::string& name : curve_key_names(self))
+      if (key_file.empty() && std::filesystem::is_directory(w.allow, ec) &&
+          std::filesystem::exists(std::filesystem::path(w.allow) / (name + ".key"), ec))
+        key_file = (std::filesystem::path(w.allow) / (name + ".key")).string();
+    if (key_file.empty())
+      return make_error(errc::invalid_input,
+                        "wire.curve is on for a tcp:// endpoint but wire.key_file is empty and wire.allow holds no " +
+                            curve_key_names(self).front() +
+                            ".key (create keys with archipelago keygen, or set wire.curve=false)");
+    auto keys = load_keypair(key_file);
     if (!keys) return keys.err();
     auto allowed = key_allow_list::load(w.allow);
     if (!allowed) return allowed.err();
+    // The node's own key, if listed, must be bound to this node: its peers hold it to that identity.
+    if (allowed->allows_z85(keys->public_z85)) {
+      const std::string listed = allowed->name_of_z85(keys->public_z85);
+      auto id = identity_of_key_name(listed);
+      if (!id || !identity_admits(*id, self))
+        return make_error(errc::invalid_input,
+                          key_file + " holds the key listed on wire.allow as '" + listed.substr(0, 64) + "', which " +
+                              (id ? "is bound to " + id->name() : std::string("binds no identity")) + ", not to " +
+                              self.to_string() + " (archipelago keygen --name " + key_name_of(self) + ")");
+      if (!id->index && self.kind == role::learner && warning != nullptr)
+        *warning = "the key '" + listed + "' is shared by every learner: it binds the learner role only, so any "
+                   "learner can contribute in another's name (give each learner its own: keygen --name " +
+                   key_name_of(self) + ")";
+    }
     t.curve = {true, std::move(*keys), std::make_shared<const key_allow_list>(std::move(*allowed))};
   }
   return t;

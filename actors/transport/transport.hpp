@@ -86,6 +86,10 @@ struct transport_config {
   link_profile default_link;           // applied to every new peer link
   std::uint64_t seed = 1;              // shaping and backoff jitter
   curve_config curve;
+  /// Refuse (reject_reason::not_permitted) a body the sender's role may not send
+  /// (role_may_send in peer_identity.hpp). On in every mesh node (transport_config_from);
+  /// off for bare transports (tests, bench wire) that send any body between any two.
+  bool check_roles = false;
 };
 
 /// A received, validated message; its frames stay alive as long as it does.
@@ -126,15 +130,21 @@ struct transport_counters {
 };
 
 /// The names under which the allow-list holds a node's public key, in order of
-/// preference: "broker", "shard-I", "learner-I" then "learner" (one keypair may
-/// serve every learner, so that learners can come and go), "chaos".
+/// preference: "broker" (standbys "broker-I"), "shard-I", "learner-I" then "learner"
+/// (one keypair may serve every learner, so that learners can come and go; it then
+/// binds the role only), "chaos". A name is also the identity its key is bound to:
+/// with CURVE on, a message whose header claims another sender than its
+/// connection's key is refused (reject_reason::impersonation, peer_identity.hpp).
 std::vector<std::string> curve_key_names(node_address node);
 
 /// The transport settings of a node from the configuration knobs (wire.*, link.*).
 /// With wire.curve on and a tcp:// endpoint it loads the node's keypair
-/// (wire.key_file) and allow-list (wire.allow); a missing one is invalid_input.
+/// (wire.key_file; empty: NAME.key in the wire.allow directory, by curve_key_names)
+/// and allow-list (wire.allow); a missing one is invalid_input, and so is a keypair
+/// whose public key the allow-list binds to another identity. A learner key shared
+/// by every learner (named "learner") is accepted with `*warning` set (it binds the role only).
 expected<transport_config> transport_config_from(const config& cfg, node_address self, incarnation inc,
-                                                 std::string bind_endpoint);
+                                                 std::string bind_endpoint, std::string* warning = nullptr);
 
 class node_transport final : public message_port {
  public:

@@ -45,8 +45,15 @@ void add_node_metrics(prometheus_text& page, node_address self, incarnation inc,
                  static_cast<double>(link.bulk_queue_delay_max_ns) * 1e-9, l);
     }
   }
-  page.counter("archipelago_wire_rejected_total", "Inbound messages refused as malformed, oversized or foreign.",
-               static_cast<double>(wire.rejected_total()), me);
+  for (int r = 0; r < static_cast<int>(transport::reject_reason::count_); ++r) {
+    metric_labels l = me;
+    l.emplace_back("reason", transport::to_string(static_cast<transport::reject_reason>(r)));
+    page.counter("archipelago_wire_rejected_total",
+                 "Inbound messages refused, by reason: malformed, oversized or corrupt; impersonation (the header "
+                 "claims another sender than the connection's CURVE key is bound to); not_permitted (a body the "
+                 "sender's role may not send).",
+                 static_cast<double>(wire.rejected[r]), l);
+  }
   page.counter("archipelago_wire_duplicates_total", "Inbound messages dropped as duplicates or from an old incarnation.",
                static_cast<double>(wire.duplicates + wire.stale_incarnation + wire.too_old), me);
   page.counter("archipelago_wire_peers_lost_total", "Peers declared silent (no control message or heartbeat within the liveness window).",

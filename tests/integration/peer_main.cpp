@@ -2,15 +2,19 @@
 //
 //   archipelago_test_peer --self learner/1 --bind tcp://127.0.0.1:PORT
 //                         --peer sync_broker/0=tcp://127.0.0.1:PORT2 [--incarnation N]
-//                         [--curve-secret Z85 --curve-public Z85 --server-key Z85 --allow Z85]...
+//                         [--curve-secret Z85 --curve-public Z85 --server-key Z85 --allow [NAME=]Z85]...
+//                         [--send round_close|round_open|fragment_update|contribution [--claim ROLE/I]]
 //
 // Prints "endpoint <bound endpoint>" once bound; answers every delivered message
-// with an Ack of its sequence; exits 0 on SIGTERM.
+// with an Ack of its sequence; exits 0 on SIGTERM. With --send, it also sends
+// such a message to the peer every 100 ms, in an envelope whose header claims to
+// come from --claim (default: --self): an attacker with its own key (issue 19).
 
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -44,7 +48,8 @@ int main(int argc, char** argv) {
   cfg.backoff.initial_ns = 20'000'000;
   cfg.backoff.max_ns = 200'000'000;
   node_address peer{};
-  std::string peer_endpoint, server_key;
+  std::string peer_endpoint, server_key, send_body;
+  std::optional<node_address> claim;
   auto allow = std::make_shared<key_allow_list>();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -59,7 +64,16 @@ int main(int argc, char** argv) {
     if (flag == "--curve-secret") cfg.curve.own.secret_z85 = value, cfg.curve.enabled = true;
     if (flag == "--curve-public") cfg.curve.own.public_z85 = value;
     if (flag == "--server-key") server_key = value;
-    if (flag == "--allow" && !allow->add(value)) return 2;
+    if (flag == "--allow") {
+      const auto eq = value.find('=');
+      if (!(eq == std::string::npos ? allow->add(value) : allow->add(value.substr(eq + 1), value.substr(0, eq)))) return 2;
+    }
+    if (flag == "--send") send_body = value;
+    if (flag == "--claim") {
+      node_address a;
+      if (!parse_address(value, a)) return 2;
+      claim = a;
+    }
   }
   cfg.curve.allowed = allow;
   std::signal(SIGTERM, on_term);
@@ -81,7 +95,37 @@ int main(int argc, char** argv) {
   if (!peer_endpoint.empty() && !(*t)->add_peer(peer, peer_endpoint, server_key)) return 2;
   std::printf("endpoint %s\n", (*t)->endpoint().c_str());
   std::fflush(stdout);
-  while (!stop_flag) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::uint64_t sequence = 0;
+  for (int tick = 0; !stop_flag; ++tick) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (send_body.empty() || tick % 10 != 0) continue;
+    envelope_builder b(claim.value_or(cfg.self), cfg.self_incarnation, ++sequence, 1);
+    if (send_body == "round_close") {
+      auto c = b.body().initRoundClose();
+      c.setFragment(0);
+      auto m = c.initMembers(1);
+      m[0].setLearner(1);
+      m[0].setIncarnation(1);
+      m[0].setWeight(1e9);
+    } else if (send_body == "round_open") {
+      b.body().initRoundOpen().setFragment(0);
+    } else if (send_body == "fragment_update") {
+      auto u = b.body().initFragmentUpdate();
+      u.setFragment(0);
+      u.setVersion(1000);
+      u.setCommitted(true);
+    } else if (send_body == "contribution") {
+      auto c = b.body().initContribution();
+      c.setFragment(0);
+      c.setSteps(1);
+      c.setTokens(1'000'000);
+      const float delta[4] = {1, 2, 3, 4};
+      (void)b.add_tensor_values("delta/0", delta, 4, tensor_encoding::fp32);
+    } else {
+      return 2;
+    }
+    (void)(*t)->send(peer, b.finish());
+  }
   (*t)->stop();
   return 0;
 }

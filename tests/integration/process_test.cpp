@@ -177,7 +177,7 @@ TEST_CASE("processes: CURVE between processes admits the allowed key and refuses
     return std::vector<std::string>{"--self", self, "--bind", "tcp://127.0.0.1:0", "--peer",
                                     "sync_broker/0=" + node->endpoint(), "--curve-secret", k.secret_z85,
                                     "--curve-public", k.public_z85, "--server-key", broker_keys->public_z85,
-                                    "--allow", broker_keys->public_z85};
+                                    "--allow", "broker=" + broker_keys->public_z85};
   };
   peer_process good(curve_args(*child_keys, "learner/1"));
   peer_process bad(curve_args(*stranger_keys, "learner/2"));

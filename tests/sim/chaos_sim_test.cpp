@@ -78,6 +78,9 @@ sim_config drill_config(const fault_plan_spec& plan, std::uint64_t seed) {
   c.drain_ns = 1 * sec;
   c.commit_delay_ns = 2 * ms;
   c.standbys = plan.standbys;
+  // As the mesh's broker does (broker_settings): claims bounded by Progress and batch × context.
+  c.broker.bound_claims = true;
+  c.broker.tokens_per_step_max = {c.tokens_per_step};
   return c;
 }
 
@@ -233,6 +236,9 @@ void check_ledger(const sim_result& r, const sim_config& c) {
   CHECK(summed.lost == r.ledger.lost);
   CHECK(r.ledger.merged > 0);
   CHECK(r.ledger.rejected == 0);  // corrupted messages never reach a core
+  // No honest claim is cut by the broker's bound, whatever the faults (a lost or late Progress included).
+  CHECK(r.broker.claims_cut == 0);
+  for (const shard_ledger& s : r.shards) CHECK(s.rejected == 0);
   constexpr nanos step_ns = 10 * ms;  // the learners' fastest step
   // A standby that took over continues from its copy of the ledger, at most one copy old, as a restart would.
   const std::uint64_t takeovers = r.leaders.empty() ? 0 : r.leaders.size() - 1;
@@ -352,6 +358,8 @@ void check_faults_took_effect(const sim_result& r, const std::vector<planned_fau
                                until) == 0);
         break;
       case fault_kind::broker_host_lost: break;  // check_takeovers
+      case fault_kind::impersonate:
+      case fault_kind::lie_tokens: break;  // attackers: the impersonation test and the shard's claim checks
       case fault_kind::broker_crash:  // the closes it sent before still publish at once (default link: no delay)
         ++broker_crashes;
         CHECK(versions_between(version_event::what::published, 0, true, f.at_ns + 10 * ms, f.at_ns + c.restart_ns) == 0);
@@ -750,4 +758,29 @@ every = "1.3s"
     CHECK(r.learner_versions[i] == r.shard_versions);
   }
   CHECK(r.final_loss < 0.2 * r.initial_loss);
+}
+
+// An attacker (deploy/drills/attacks/lie_tokens.toml): learner 1 claims 100 × its tokens
+// for 20 s. The broker cuts its claims to what its Progress reported (and batch ×
+// context), the shards reject those contributions, and the others train on.
+TEST_CASE("sim: attacker lie_tokens.toml is cut by the broker and rejected by the shards") {
+  const fault_plan_spec plan = load_plan("attacks/lie_tokens.toml");
+  INFO("plan attacks/lie_tokens.toml, seed " << plan.seed);
+  sim_config c = drill_config(plan, plan.seed);
+  c.timeline = expand_fault_plan(plan, drill_learners);
+  const sim_result r = run_mesh(c);
+  std::uint64_t rejected = 0, rejected_tokens = 0, merged_tokens = 0;
+  for (const shard_ledger& s : r.shards) {
+    rejected += s.rejected;
+    rejected_tokens += s.rejected_tokens;
+    merged_tokens += s.merged_tokens;
+  }
+  MESSAGE("lie_tokens: " << r.broker.claims_cut << " claims cut, " << rejected << " contributions rejected ("
+                         << rejected_tokens << " claimed tokens), " << merged_tokens << " tokens merged; final loss "
+                         << r.final_loss << " (initial " << r.initial_loss << ")");
+  CHECK(r.broker.claims_cut > 0);
+  CHECK(rejected > 0);
+  CHECK(rejected <= r.broker.claims_cut);  // a cut member of a round closed without a merge is dropped, not rejected
+  CHECK(merged_tokens > 0);
+  CHECK(r.final_loss < r.initial_loss);
 }

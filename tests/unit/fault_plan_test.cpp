@@ -134,7 +134,7 @@ TEST_CASE("fault plan: an unknown fault, target, negative duration or malformed 
   const std::string head = "duration = \"60s\"\n[[fault]]\n";  // the fault's keys start on line 3
   CHECK(error_of(head + "at = \"1s\"\nkind = \"explode\"\ntarget = \"learner/0\"\nfor = \"1s\"\n") ==
         "plan.toml:4: unknown fault kind 'explode' (crash, pause, slow, partition, link, shard_crash, broker_crash, "
-        "storage_errors, broker_host_lost)");
+        "storage_errors, broker_host_lost, impersonate, lie_tokens)");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"learner/9\"\nfor = \"1s\"\n") ==
         "plan.toml:5: unknown target 'learner/9': the mesh has 4 learners");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"robot/1\"\nfor = \"1s\"\n") ==
@@ -319,4 +319,22 @@ TEST_CASE("fault plan: a plan whose timeline would pass max_plan_faults is refus
   auto soak = parse_fault_plan("duration = \"1800s\"\n[rates]\nlearner_mtbf = \"5s\"\n", "plan.toml", 8, 2);
   REQUIRE_MESSAGE(soak, soak.err().message);
   CHECK(expand_fault_plan(*soak, 8).size() <= max_plan_faults);
+}
+
+TEST_CASE("fault plan: the attacker kinds impersonate and lie_tokens target one learner") {
+  const std::string text = "seed = 1\nduration = \"30s\"\nliveness = \"5s\"\n"
+                           "[[fault]]\nat = \"1s\"\nkind = \"impersonate\"\ntarget = \"learner/1\"\nas = \"shard/0\"\nfor = \"5s\"\n"
+                           "[[fault]]\nat = \"2s\"\nkind = \"lie_tokens\"\ntarget = \"learner/2\"\nfactor = 100.0\nfor = \"5s\"\n";
+  auto plan = parse_fault_plan(text, "plan.toml", 4, 2);
+  REQUIRE_MESSAGE(plan, plan.err().message);
+  REQUIRE(plan->schedule.size() == 2);
+  CHECK(plan->schedule[0].kind == fault_kind::impersonate);
+  CHECK(plan->schedule[0].as.kind == role::parameter_shard);
+  CHECK(plan->schedule[0].as.index == 0);
+  CHECK(plan->schedule[1].kind == fault_kind::lie_tokens);
+  CHECK(plan->schedule[1].factor == 100.0);
+  // Attackers are learners.
+  CHECK_FALSE(parse_fault_plan("seed = 1\nduration = \"30s\"\nliveness = \"5s\"\n[[fault]]\nat = \"1s\"\nkind = "
+                               "\"lie_tokens\"\ntarget = \"shard/0\"\nfor = \"5s\"\n",
+                               "plan.toml", 4, 2));
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "transport/peer_identity.hpp"
 #include "transport/tensor_encoding.hpp"
 
 namespace archipelago {
@@ -55,8 +56,9 @@ expected<pair_keys> make_pair_keys(bool curve) {
   if (!kb) return kb.err();
   k.a = *ka;
   k.b = *kb;
-  if (auto s = k.allowed->add(k.a.public_z85, "bench-a"); !s) return s.err();
-  if (auto s = k.allowed->add(k.b.public_z85, "bench-b"); !s) return s.err();
+  // Named after the identities the two ends claim (peer_identity.hpp): another name is an impersonation.
+  if (auto s = k.allowed->add(k.a.public_z85, transport::key_name_of(wire_node_a)); !s) return s.err();
+  if (auto s = k.allowed->add(k.b.public_z85, transport::key_name_of(wire_node_b)); !s) return s.err();
   return k;
 }
 

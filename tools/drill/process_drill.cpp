@@ -30,16 +30,17 @@ struct process_mesh {
   std::vector<std::string> shard_dbs, broker_dbs;
 };
 
-/// With wire.curve, every node gets a keypair of its own (the learners share one, as
-/// learners that come and go would; standby I is broker-I) and the chaos monkey one
-/// too; every node allows the public keys of the run's key directory and finds its
-/// peers' there by name.
-status make_keys(const fs::path& keys, int shards, int standbys) {
+/// With wire.curve, every node gets a keypair of its own (learner-I, standby I is
+/// broker-I: each key binds its node's identity, so a learner cannot speak for
+/// another) and the chaos monkey one too; every node allows the public keys of the
+/// run's key directory and finds its peers' there by name.
+status make_keys(const fs::path& keys, int shards, int standbys, int learners) {
   std::error_code ec;
   fs::create_directories(keys, ec);
   if (ec) return make_error(errc::io_error, "cannot create " + keys.string() + ": " + ec.message());
   fs::permissions(keys, fs::perms::owner_all, ec);
-  std::vector<std::string> names{"broker", "learner", "chaos"};
+  std::vector<std::string> names{"broker", "chaos"};
+  for (int l = 0; l < learners; ++l) names.push_back("learner-" + std::to_string(l));
   for (int s = 0; s < shards; ++s) names.push_back("shard-" + std::to_string(s));
   for (int b = 1; b <= standbys; ++b) names.push_back("broker-" + std::to_string(b));
   for (const auto& name : names) {
@@ -79,7 +80,7 @@ expected<process_mesh> lay_out(const config& cfg, const sync_policy& policy, int
   for (int l = 0; l < m; ++l) setup.learner_endpoints.push_back(tcp((*ports)[brokers + shards + l]));
   const fs::path keys = dir / "keys";
   if (cfg.wire.curve) {
-    if (auto ok = make_keys(keys, shards, standbys); !ok) return ok.err();
+    if (auto ok = make_keys(keys, shards, standbys, m); !ok) return ok.err();
     setup.cfg.wire.key_file = (keys / "chaos.key").string();
     setup.cfg.wire.allow = keys.string();
   }
@@ -93,7 +94,7 @@ expected<process_mesh> lay_out(const config& cfg, const sync_policy& policy, int
               shard_list, "--metrics-host", "127.0.0.1", "--metrics-port", std::to_string(c.metrics_port), "--json"};
     if (kind == role::sync_broker && index > 0) c.argv.push_back("--standby");
     if (cfg.wire.curve)
-      c.argv.insert(c.argv.end(), {"--set", "wire.key_file=" + (keys / ((kind == role::learner ? "learner" : c.name) + ".key")).string(),
+      c.argv.insert(c.argv.end(), {"--set", "wire.key_file=" + (keys / (c.name + ".key")).string(),
                                    "--set", "wire.allow=" + keys.string()});
     if (kind == role::learner) {
       c.argv.insert(c.argv.end(), {"--listen", setup.learner_endpoints[index]});
