@@ -193,6 +193,15 @@ enum ChaosKind {
   shapeLink @3;    # apply link to the links between target and peer
   heal @4;         # undo every fault on target
   storageFault @5; # make target's store fail writes for durationMs
+  attack @6;       # a learner poisons its contributions (attack, factor) until healed or attack = none
+}
+
+enum AttackKind {
+  none @0;         # honest contributions
+  scaled @1;       # the delta × factor
+  signFlip @2;     # −delta
+  random @3;       # Gaussian noise with the delta's RMS, seeded by (learner, round, fragment)
+  stale @4;        # a replay of the learner's first delta to that fragment under attack
 }
 
 struct LinkShape {
@@ -212,6 +221,7 @@ struct ChaosCommand {
   durationMs @3 :UInt64;       # 0 = until healed
   factor @4 :Float64;          # slow-down factor
   link @5 :LinkShape;          # for shapeLink
+  attack @6 :AttackKind;       # for attack
 }
 
 enum ErrorCode {

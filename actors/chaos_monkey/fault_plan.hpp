@@ -16,7 +16,7 @@
 //                              # learners (each one), storage/N
 //   for = "5s"                 # until it is repaired (the process restarted, the link healed)
 //   every = "60s"              # optional: again every 60 s until the safety phase ends
-//   factor = 2.0               # slow: step time × factor
+//   factor = 2.0               # slow: step time × factor; attack_scaled: the delta × factor (default 1000)
 //   loss = 0.1                 # link: loss, duplicate, reorder, corrupt (probabilities),
 //                              #       delay_ms, bandwidth_mbit
 //   groups = [["learner/0", "learner/1"], ["learner/2", "shard/0"]]   # partition
@@ -55,8 +55,20 @@ enum class fault_kind : std::uint8_t {
   // SIGKILL of the primary broker's process and its store removed — its host is
   // gone. Never restarted (no `for`): a standby takes over. Needs standbys >= 1.
   broker_host_lost,
+  // A malicious learner (mesh.robust's drills): its contributions, for `for`, are
+  // scaled by `factor` (default 1000), sign-flipped, replaced by Gaussian noise of
+  // the same RMS, or replays of its first contribution to each fragment (stale).
+  attack_scaled,
+  attack_sign_flip,
+  attack_random,
+  attack_stale,
 };
 const char* to_string(fault_kind k);
+/// The four attacker kinds: a learner that poisons its own contributions.
+inline bool is_attack(fault_kind k) {
+  return k == fault_kind::attack_scaled || k == fault_kind::attack_sign_flip || k == fault_kind::attack_random ||
+         k == fault_kind::attack_stale;
+}
 
 struct fault_target {
   role kind = role::learner;

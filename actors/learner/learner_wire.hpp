@@ -23,6 +23,7 @@
 #include "core/prometheus_text.hpp"
 #include "learner/learner_core.hpp"
 #include "transport/chaos_command.hpp"
+#include "learner/contribution_attack.hpp"
 #include "transport/codec.hpp"
 #include "transport/message_port.hpp"
 #include "transport/tensor_encoding.hpp"
@@ -118,6 +119,7 @@ class learner_wire {
   const tensor_encoding encoding_;
   std::unique_ptr<learner_core> core_;
   chaos_receiver chaos_;
+  contribution_attacker attacker_;  // the chaos monkey's attack_* faults (drills only)
   node_counters counts_;
   std::size_t to_install_ = 0;
   nanos last_install_ns_ = -1;  // joining: when a fragment last arrived (-1: the first timer starts the clock)

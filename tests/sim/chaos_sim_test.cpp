@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "chaos_monkey/fault_plan.hpp"
 #include "sim/mesh_sim.hpp"
@@ -352,6 +353,10 @@ void check_faults_took_effect(const sim_result& r, const std::vector<planned_fau
                                until) == 0);
         break;
       case fault_kind::broker_host_lost: break;  // check_takeovers
+      case fault_kind::attack_scaled:  // the model's damage is measured by drills, not here
+      case fault_kind::attack_sign_flip:
+      case fault_kind::attack_random:
+      case fault_kind::attack_stale: break;
       case fault_kind::broker_crash:  // the closes it sent before still publish at once (default link: no delay)
         ++broker_crashes;
         CHECK(versions_between(version_event::what::published, 0, true, f.at_ns + 10 * ms, f.at_ns + c.restart_ns) == 0);
@@ -750,4 +755,57 @@ every = "1.3s"
     CHECK(r.learner_versions[i] == r.shard_versions);
   }
   CHECK(r.final_loss < 0.2 * r.initial_loss);
+}
+
+// -- attackers (deploy/drills/attacks/, mesh.robust) --------------------------------
+
+namespace {
+
+/// One attacker of four (the plan in deploy/drills/attacks/), robust merge off and
+/// on, beside the fault-free mesh; returns the final losses (off, on, clean).
+std::tuple<double, double, double> run_attack(const std::string& kind) {
+  fault_plan_spec plan = load_plan("attacks/" + kind + ".toml");
+  if (const std::uint64_t seed = seed_override()) plan.seed = seed;
+  sim_config c = drill_config(plan, plan.seed);
+  c.timeline = expand_fault_plan(plan, drill_learners);
+  sim_config clean_config = c;
+  clean_config.timeline.clear();
+  const sim_result clean = run_mesh(clean_config);
+  const sim_result off = run_mesh(c);
+  c.robust.enabled = true;
+  const sim_result on = run_mesh(c);
+  CHECK(on.faults_injected == 1);
+  CHECK(on.faults_in_place == 0);
+  MESSAGE("attack " << kind << " seed " << plan.seed << ": final loss robust off " << off.final_loss << ", on "
+                    << on.final_loss << ", fault-free " << clean.final_loss << " (initial " << clean.initial_loss
+                    << "); shards' rejected on " << on.shards[0].screened_out + on.shards[1].screened_out
+                    << ", clipped " << on.shards[0].clipped + on.shards[1].clipped);
+  return {off.final_loss, on.final_loss, clean.final_loss};
+}
+
+}  // namespace
+
+TEST_CASE("sim: attack scaled x1000, the robust merge rejects it") {
+  INFO("rerun: SIM_CHAOS_SEED=<seed> -tc=\"sim: attack scaled*\"");
+  const auto [off, on, clean] = run_attack("scaled");
+  CHECK(off > 10 * clean);  // without it the mesh is wrecked
+  CHECK(std::abs(on - clean) <= loss_tolerance * clean);
+}
+
+TEST_CASE("sim: attack sign_flip, the robust merge holds") {
+  const auto [off, on, clean] = run_attack("sign_flip");
+  (void)off;
+  CHECK(std::abs(on - clean) <= loss_tolerance * clean);
+}
+
+TEST_CASE("sim: attack random, the robust merge holds") {
+  const auto [off, on, clean] = run_attack("random");
+  (void)off;
+  CHECK(std::abs(on - clean) <= loss_tolerance * clean);
+}
+
+TEST_CASE("sim: attack stale, the robust merge holds") {
+  const auto [off, on, clean] = run_attack("stale");
+  (void)off;
+  CHECK(std::abs(on - clean) <= loss_tolerance * clean);
 }
