@@ -255,16 +255,16 @@ std::vector<knob> make_knobs() {
                   return "unknown merge '" + std::string(v) + "' (rda or mean)";
                 }),
       bool_knob("mesh.robust", h, &mesh_config::robust,
-                "Robust merge on the shards: every member of a round is screened by its delta's norm "
+                "Robust merge on the shards: every member of a round is screened by its delta's norm per sqrt(step) "
                 "against mesh.robust_norm_factor x the lower median of the fragment's recent norms "
                 "(rejected or clipped, mesh.robust_screen), and the merge takes coordinate-wise trimmed "
                 "means (mesh.robust_trim). Default: false."),
       number_knob("mesh.robust_norm_factor", h, &mesh_config::robust_norm_factor, 1.0, 1e6,
-                  "mesh.robust: a member whose delta norm exceeds this times the lower median of the "
-                  "fragment's recent norms (the last mesh.robust_window accepted, with the round's) is "
+                  "mesh.robust: a member whose delta norm per sqrt(step) exceeds this times the lower "
+                  "median of the fragment's recent ones (the last mesh.robust_window accepted, with the round's) is "
                   "screened. Default: 3."),
       number_knob("mesh.robust_window", h, &mesh_config::robust_window, 1, 4096,
-                  "mesh.robust: accepted delta norms remembered per fragment. Default: 32."),
+                  "mesh.robust: accepted norms (per sqrt(step)) remembered per fragment. Default: 32."),
       text_knob("mesh.robust_screen", h, &mesh_config::robust_screen, "reject | clip",
                 "mesh.robust: what happens to a member above the norm bound: rejected (the ledger "
                 "counts it rejected, with the reason in the log) or clipped to the bound and merged. "

@@ -4,8 +4,9 @@
 // randomness, a fixed order), like the rest of the merge.
 //
 // Two layers, both per fragment:
-// - Norm screening: each member's delta norm ‖d_m‖ (the whole fragment) is
-//   compared with a robust statistic of recent contributions — the lower median
+// - Norm screening: each member's delta norm per √step, ‖d_m‖ / √c_steps (the
+//   whole fragment; per √step so that a learner back from a pause, whose delta
+//   holds many steps, is not taken for an attacker), is compared with a robust statistic of recent contributions — the lower median
 //   of the last `window` accepted norms of this fragment together with this
 //   round's members — times `norm_factor`. Above it the contribution is rejected
 //   (counted in the shard's ledger as rejected, with the reason) or clipped to
@@ -45,7 +46,7 @@ double lower_median(std::vector<double> values);
 struct screen_decision {
   enum class action : std::uint8_t { accept, clip, reject };
   action what = action::accept;
-  double norm = 0;   // ‖d_m‖ over the fragment
+  double norm = 0;   // the screened figure: ‖d_m‖ / √c_steps over the fragment
   double bound = 0;  // norm_factor × the reference statistic (0: nothing to compare with)
   /// The factor to multiply the delta by (clip: bound / norm; accept: 1; reject: 0).
   double scale() const { return what == action::clip ? bound / norm : what == action::accept ? 1.0 : 0.0; }

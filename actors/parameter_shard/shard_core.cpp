@@ -18,8 +18,8 @@ const char* to_string(contribution_verdict v) {
 
 std::string screened_contribution::reason() const {
   char text[200];
-  std::snprintf(text, sizeof text, "delta norm %.6g above the robust bound %.6g (mesh.robust_norm_factor x the lower "
-                "median of the fragment's recent norms)", decision.norm, decision.bound);
+  std::snprintf(text, sizeof text, "delta norm per sqrt(step) %.6g above the robust bound %.6g (mesh.robust_norm_factor x "
+                "the lower median of the fragment's recent ones)", decision.norm, decision.bound);
   return text;
 }
 
@@ -132,7 +132,9 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
     for (const buffered_contribution* c : merged) {
       double squares = 0;  // finite: on_contribution refused non-finite values
       for (float x : c->delta) squares += static_cast<double>(x) * x;
-      norms.push_back(std::sqrt(squares));
+      // Per √step: a learner back from a pause contributes many steps at once, and
+      // its delta grows with them; a per-step figure would punish it for that.
+      norms.push_back(std::sqrt(squares / static_cast<double>(std::max<std::uint64_t>(1, c->steps))));
     }
     const auto decisions = f.screen->screen(norms);
     std::vector<contribution_view> kept_views;

@@ -64,7 +64,7 @@ struct screened_contribution {
   fragment_index fragment;
   std::uint64_t tokens = 0, steps = 0, learner_step = 0;
   screen_decision decision;
-  std::string reason() const;  // "delta norm 812.3 above the bound 2.41 (3 x the lower median of recent norms)"
+  std::string reason() const;  // "delta norm per sqrt(step) 812.3 above the robust bound 2.41 (...)"
 };
 
 /// One contribution as merged, in merge order (recorded for `replay verify`).
