@@ -767,6 +767,7 @@ namespace {
 /// any damage within a second of honest steps, so a liveness phase would hide it.
 struct attack_losses {
   double off = 0, on = 0, clean = 0, clean_on = 0;
+  ledger_totals ledger_on, attacker_on;  // the broker's ledger with robust on: all, and learner/3's
 };
 
 attack_losses run_attack(const std::string& kind) {
@@ -785,7 +786,15 @@ attack_losses run_attack(const std::string& kind) {
   c.robust.enabled = true;
   const sim_result on = run_mesh(c);
   out.on = on.final_loss;
+  out.ledger_on = on.ledger;
+  for (const auto& [who, totals] : on.ledger_by_incarnation)
+    if (who.learner.value == 3) {
+      out.attacker_on.processed += totals.processed;
+      out.attacker_on.merged += totals.merged;
+      out.attacker_on.rejected += totals.rejected;
+    }
   CHECK(on.faults_injected == 1);
+  CHECK(on.ledger.balanced());
   MESSAGE("attack " << kind << " seed " << plan.seed << " (rerun: SIM_CHAOS_SEED=" << plan.seed
                     << "): final loss robust off " << out.off << ", on " << out.on << "; fault-free off " << out.clean
                     << ", on " << out.clean_on << "; the shards rejected " << on.shards[0].screened_out + on.shards[1].screened_out
@@ -795,25 +804,37 @@ attack_losses run_attack(const std::string& kind) {
 
 }  // namespace
 
+// What the robust merge does here, measured (seed 19; the quadratic's learners have
+// non-IID targets, so leaving one learner out — its work rejected — itself moves the
+// optimum): it stops the scaled attacker (robust off: the loss explodes); it does not
+// stop a sign-flipped or random one of honest norm (README "Robust merge": known
+// limits), where rounds of 2 members (K = 2 here) cannot be trimmed at all. The checks
+// pin what holds and bound the rest, so that a change that makes it worse fails.
 TEST_CASE("sim: attack scaled x1000, the robust merge rejects it") {
   const attack_losses l = run_attack("scaled");
-  CHECK(l.off > 10 * l.clean);  // without it the mesh is wrecked
-  CHECK(std::abs(l.on - l.clean_on) <= loss_tolerance * l.clean_on);
+  CHECK(l.off > 1000 * l.clean);  // without it the mesh is wrecked
+  CHECK(l.on < 1.5 * l.clean_on);  // with it: the cost of one learner's (non-IID) work missing
+  // The broker's ledger never credits the screened-out work as merged: the
+  // attacker's token-shares are rejected (it attacks from 1 s of 60 on).
+  INFO("attacker: processed " << l.attacker_on.processed << ", merged " << l.attacker_on.merged << ", rejected "
+                              << l.attacker_on.rejected);
+  CHECK(l.attacker_on.rejected > l.attacker_on.processed / 2);
+  CHECK(l.attacker_on.merged < l.attacker_on.processed / 20);
 }
 
-TEST_CASE("sim: attack sign_flip, the robust merge holds") {
+TEST_CASE("sim: attack sign_flip takes effect, the robust merge bounds it no worse than off") {
   const attack_losses l = run_attack("sign_flip");
-  CHECK(l.off != l.clean);  // the attack took effect
-  CHECK(std::abs(l.on - l.clean_on) <= loss_tolerance * l.clean_on);
+  CHECK(l.off > 1.5 * l.clean);  // the attack took effect
+  CHECK(l.on <= l.off);
 }
 
-TEST_CASE("sim: attack random, the robust merge holds") {
+TEST_CASE("sim: attack random takes effect, the robust merge stays within 1.5x its fault-free loss") {
   const attack_losses l = run_attack("random");
-  CHECK(l.off != l.clean);
-  CHECK(std::abs(l.on - l.clean_on) <= loss_tolerance * l.clean_on);
+  CHECK(l.off > 1.2 * l.clean);
+  CHECK(l.on < 1.5 * l.clean_on);
 }
 
-TEST_CASE("sim: attack stale, the robust merge holds") {
+TEST_CASE("sim: attack stale, the robust merge stays within 10 percent of its fault-free loss") {
   const attack_losses l = run_attack("stale");
   CHECK(l.off != l.clean);
   CHECK(std::abs(l.on - l.clean_on) <= loss_tolerance * l.clean_on);
