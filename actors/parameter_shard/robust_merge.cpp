@@ -32,8 +32,12 @@ const char* to_string(screen_decision::action a) {
 
 std::vector<screen_decision> norm_screen::screen(std::span<const double> norms) {
   std::vector<screen_decision> out(norms.size());
-  std::vector<double> reference(window_.begin(), window_.end());
-  reference.insert(reference.end(), norms.begin(), norms.end());
+  // A round of 3 or more members is its own reference: the window lags when norms
+  // grow (the learning-rate warm-up), and an attacker's small figures in it (a
+  // stale replay of an early delta) drag it down until honest members look large.
+  // Smaller rounds have too few to outvote one attacker: the window joins them.
+  std::vector<double> reference(norms.begin(), norms.end());
+  if (norms.size() < min_round_reference) reference.insert(reference.end(), window_.begin(), window_.end());
   // One value alone is its own median: it would always pass, so say so plainly.
   const bool comparable = reference.size() >= 2;
   const double bound = comparable ? config_.norm_factor * lower_median(std::move(reference)) : 0;

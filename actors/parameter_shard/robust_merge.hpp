@@ -6,9 +6,10 @@
 // Two layers, both per fragment:
 // - Norm screening: each member's delta norm per √step, ‖d_m‖ / √c_steps (the
 //   whole fragment; per √step so that a learner back from a pause, whose delta
-//   holds many steps, is not taken for an attacker), is compared with a robust statistic of recent contributions — the lower median
-//   of the last `window` accepted norms of this fragment together with this
-//   round's members — times `norm_factor`. Above it the contribution is rejected
+//   holds many steps, is not taken for an attacker), is compared with a robust
+//   statistic times `norm_factor`: the lower median of the round's members when
+//   there are 3 or more, else of them together with the last `window` accepted
+//   figures of this fragment. Above it the contribution is rejected
 //   (counted in the shard's ledger as rejected, with the reason) or clipped to
 //   the bound (mesh.robust_screen). The median of a set where honest learners
 //   are the majority is an honest norm, so a ×1000 delta cannot move it.
@@ -53,13 +54,18 @@ struct screen_decision {
 };
 const char* to_string(screen_decision::action a);
 
+/// A round with at least this many members is screened against its own lower
+/// median alone (one attacker cannot move it); a smaller one also against the window.
+inline constexpr std::size_t min_round_reference = 3;
+
 /// One fragment's screening state: a bounded window of recently accepted norms.
 class norm_screen {
  public:
   explicit norm_screen(const robust_config& config) : config_(config) {}
 
   /// Screens one round's members (their norms, in merge order). The reference
-  /// is the lower median of the window and these norms together; a norm above
+  /// is the lower median of these norms when there are at least
+  /// min_round_reference of them, else of the window and these norms together; a norm above
   /// norm_factor × reference is clipped or rejected. Accepted norms then enter
   /// the window (the oldest leave beyond `window`); clipped and rejected ones never
   /// do, so an attacker cannot drag the statistic up. With a single member and an
