@@ -261,10 +261,11 @@ std::vector<knob> make_knobs() {
                 "means (mesh.robust_trim). Default: false."),
       number_knob("mesh.robust_norm_factor", h, &mesh_config::robust_norm_factor, 1.0, 1e6,
                   "mesh.robust: a member whose delta norm per sqrt(step) exceeds this times the lower "
-                  "median of the fragment's recent ones (the last mesh.robust_window accepted, with the round's) is "
-                  "screened. Default: 3."),
+                  "median of the round's members (3 or more; else of them and the last mesh.robust_window "
+                  "accepted of the fragment) is screened. Default: 3."),
       number_knob("mesh.robust_window", h, &mesh_config::robust_window, 1, 4096,
-                  "mesh.robust: accepted norms (per sqrt(step)) remembered per fragment. Default: 32."),
+                  "mesh.robust: accepted norms (per sqrt(step)) remembered per fragment, the reference of "
+                  "rounds of fewer than 3 members. Default: 32."),
       text_knob("mesh.robust_screen", h, &mesh_config::robust_screen, "reject | clip",
                 "mesh.robust: what happens to a member above the norm bound: rejected (the ledger "
                 "counts it rejected, with the reason in the log) or clipped to the bound and merged. "
