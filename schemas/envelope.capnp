@@ -203,6 +203,15 @@ enum ChaosKind {
                    # each step for durationMs; every one must be refused (impersonation)
   lieTokens @7;    # attacker drill: target (a learner) claims factor × its tokens in every contribution
                    # for durationMs; the broker's bound must cut them and the shard reject them
+  attack @8;       # a learner poisons its contributions (attack, factor) until healed or attack = none
+}
+
+enum AttackKind {
+  none @0;         # honest contributions
+  scaled @1;       # the delta × factor
+  signFlip @2;     # −delta
+  random @3;       # Gaussian noise with the delta's RMS, seeded by (learner, round, fragment)
+  stale @4;        # a replay of the learner's first delta to that fragment under attack
 }
 
 struct LinkShape {
@@ -222,6 +231,7 @@ struct ChaosCommand {
   durationMs @3 :UInt64;       # 0 = until healed
   factor @4 :Float64;          # slow-down factor
   link @5 :LinkShape;          # for shapeLink
+  attack @6 :AttackKind;       # for attack
 }
 
 enum ErrorCode {

@@ -143,7 +143,11 @@ void chaos_wire::carry_out(const chaos_action& a, nanos since_start) {
       break;
     case fault_kind::slow:
     case fault_kind::partition:
-    case fault_kind::link: shape(f, inject, std::nullopt); break;
+    case fault_kind::link:
+    case fault_kind::attack_scaled:
+    case fault_kind::attack_sign_flip:
+    case fault_kind::attack_random:
+    case fault_kind::attack_stale: shape(f, inject, std::nullopt); break;
     case fault_kind::storage_errors:
       for (const auto& t : f.targets) {
         chaos_order o;
@@ -178,6 +182,22 @@ void chaos_wire::shape(const planned_fault& f, bool inject, std::optional<node_a
         chaos_order o;
         o.kind = chaos_order::what::slow_down;
         o.factor = inject ? std::max(1.0, f.factor) : 1.0;
+        command(n, o);
+      }
+      break;
+    case fault_kind::attack_scaled:
+    case fault_kind::attack_sign_flip:
+    case fault_kind::attack_random:
+    case fault_kind::attack_stale:
+      for (node_address n : with(addresses(setup_, f.targets))) {
+        chaos_order o;
+        o.kind = chaos_order::what::attack;
+        o.attack = !inject                                    ? contribution_attack::none
+                   : f.kind == fault_kind::attack_scaled    ? contribution_attack::scaled
+                   : f.kind == fault_kind::attack_sign_flip ? contribution_attack::sign_flip
+                   : f.kind == fault_kind::attack_random    ? contribution_attack::random
+                                                            : contribution_attack::stale;
+        o.factor = f.factor;
         command(n, o);
       }
       break;
@@ -265,7 +285,7 @@ std::string describe(const planned_fault& f) {
     out += list(f.targets);
   }
   if (f.kind == fault_kind::impersonate) out += " as " + f.as.to_string();
-  if (f.kind == fault_kind::slow || f.kind == fault_kind::lie_tokens) {
+  if (f.kind == fault_kind::slow || f.kind == fault_kind::lie_tokens || f.kind == fault_kind::attack_scaled) {
     char factor[24];
     std::snprintf(factor, sizeof factor, " x%g", f.factor);
     out += factor;

@@ -23,6 +23,8 @@ constexpr kind_name kind_names[] = {
     {"broker_crash", fault_kind::broker_crash}, {"storage_errors", fault_kind::storage_errors},
     {"broker_host_lost", fault_kind::broker_host_lost},
     {"impersonate", fault_kind::impersonate}, {"lie_tokens", fault_kind::lie_tokens},
+    {"attack_scaled", fault_kind::attack_scaled}, {"attack_sign_flip", fault_kind::attack_sign_flip},
+    {"attack_random", fault_kind::attack_random}, {"attack_stale", fault_kind::attack_stale},
 };
 
 std::string known_kinds() {
@@ -87,7 +89,7 @@ struct reader {
     }
     // The kind decides which targets make sense.
     const bool learner_kind = kind == fault_kind::crash || kind == fault_kind::pause || kind == fault_kind::slow ||
-                              kind == fault_kind::impersonate || kind == fault_kind::lie_tokens;
+                              kind == fault_kind::impersonate || kind == fault_kind::lie_tokens || is_attack(kind);
     const bool ok = kind == fault_kind::link || kind == fault_kind::partition ||
                     (learner_kind && (out.kind == role::learner || out.every_learner)) ||
                     (kind == fault_kind::shard_crash && out.kind == role::parameter_shard) ||
@@ -109,6 +111,7 @@ struct reader {
   expected<planned_fault> fault(const toml::table& t) const {
     planned_fault f;
     f.line = static_cast<int>(t.source().begin.line);
+    bool factor_given = false;
     const toml::node* kind = t.get("kind");
     if (!kind) return at(t, "a [[fault]] needs kind = \"...\" (" + known_kinds() + ")");
     const auto kind_text = kind->value_exact<std::string>();
@@ -161,6 +164,12 @@ struct reader {
         if (!as) return as.err();
         if (as->every_learner) return at(value, "as must name one node: broker, shard/N or learner/N");
         f.as = *as;
+      } else if (k == "factor" && f.kind == fault_kind::attack_scaled) {
+        const auto v = value.value<double>();
+        if (!v || !std::isfinite(*v) || std::fabs(*v) > 1e6)
+          return at(value, "factor must be a number in [-1e6, 1e6]");
+        f.factor = *v;
+        factor_given = true;
       } else if (f.kind == fault_kind::link &&
                  (k == "loss" || k == "duplicate" || k == "reorder" || k == "corrupt" || k == "delay_ms" ||
                   k == "bandwidth_mbit")) {
@@ -188,6 +197,7 @@ struct reader {
         return at(value, "'" + k + "' is not a setting of a " + to_string(f.kind) + " fault");
       }
     }
+    if (f.kind == fault_kind::attack_scaled && !factor_given) f.factor = 1000;
     if (f.kind == fault_kind::partition ? f.groups.empty() : f.targets.empty())
       return at(t, std::string("a ") + to_string(f.kind) + " fault needs " +
                        (f.kind == fault_kind::partition ? "groups = [[...], [...]]" : "target = \"...\""));

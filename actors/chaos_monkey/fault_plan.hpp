@@ -16,7 +16,7 @@
 //                              # learners (each one), storage/N
 //   for = "5s"                 # until it is repaired (the process restarted, the link healed)
 //   every = "60s"              # optional: again every 60 s until the safety phase ends
-//   factor = 2.0               # slow: step time × factor
+//   factor = 2.0               # slow: step time × factor; attack_scaled: the delta × factor (default 1000)
 //   loss = 0.1                 # link: loss, duplicate, reorder, corrupt (probabilities),
 //                              #       delay_ms, bandwidth_mbit
 //   groups = [["learner/0", "learner/1"], ["learner/2", "shard/0"]]   # partition
@@ -60,8 +60,20 @@ enum class fault_kind : std::uint8_t {
   // Attackers (issue 19), learners only, carried out by the learner itself (wire.accept_chaos):
   impersonate,     // it forges envelopes claiming to be `as` (broker, shard/N, learner/N) with its own key
   lie_tokens,      // its contributions claim factor × their tokens
+  // A malicious learner (mesh.robust's drills): its contributions, for `for`, are
+  // scaled by `factor` (default 1000), sign-flipped, replaced by Gaussian noise of
+  // the same RMS, or replays of its first contribution to each fragment (stale).
+  attack_scaled,
+  attack_sign_flip,
+  attack_random,
+  attack_stale,
 };
 const char* to_string(fault_kind k);
+/// The four attacker kinds: a learner that poisons its own contributions.
+inline bool is_attack(fault_kind k) {
+  return k == fault_kind::attack_scaled || k == fault_kind::attack_sign_flip || k == fault_kind::attack_random ||
+         k == fault_kind::attack_stale;
+}
 
 struct fault_target {
   role kind = role::learner;

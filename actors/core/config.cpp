@@ -254,6 +254,29 @@ std::vector<knob> make_knobs() {
                   if (v == "rda" || v == "mean") return "";
                   return "unknown merge '" + std::string(v) + "' (rda or mean)";
                 }),
+      bool_knob("mesh.robust", h, &mesh_config::robust,
+                "Robust merge on the shards: every member of a round is screened by its delta's norm per sqrt(step) "
+                "against mesh.robust_norm_factor x the lower median of the fragment's recent norms "
+                "(rejected or clipped, mesh.robust_screen), and the merge takes coordinate-wise trimmed "
+                "means (mesh.robust_trim). Default: false."),
+      number_knob("mesh.robust_norm_factor", h, &mesh_config::robust_norm_factor, 1.0, 1e6,
+                  "mesh.robust: a member whose delta norm per sqrt(step) exceeds this times the lower "
+                  "median of the round's members (3 or more; else of them and the last mesh.robust_window "
+                  "accepted of the fragment) is screened. Default: 3."),
+      number_knob("mesh.robust_window", h, &mesh_config::robust_window, 1, 4096,
+                  "mesh.robust: accepted norms (per sqrt(step)) remembered per fragment, the reference of "
+                  "rounds of fewer than 3 members. Default: 32."),
+      text_knob("mesh.robust_screen", h, &mesh_config::robust_screen, "reject | clip",
+                "mesh.robust: what happens to a member above the norm bound: rejected (the ledger "
+                "counts it rejected, with the reason in the log) or clipped to the bound and merged. "
+                "Default: reject.",
+                [](std::string_view v) -> std::string {
+                  if (v == "reject" || v == "clip") return "";
+                  return "unknown robust_screen '" + std::string(v) + "' (reject or clip)";
+                }),
+      number_knob("mesh.robust_trim", h, &mesh_config::robust_trim, 0, 64,
+                  "mesh.robust: contributions dropped per side per coordinate in the merge's weighted "
+                  "means (at most (members - 1) / 2; 0: no trimming, screening only). Default: 1."),
       text_knob("mesh.etcd", h, &mesh_config::etcd, "http://HOST:PORT[,http://HOST:PORT...]",
                 "etcd's client URLs: a broker leads only while it holds the mesh's lease there, in "
                 "an epoch etcd allocates, so two brokers never lead at once (brokers only; not part "

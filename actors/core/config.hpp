@@ -70,6 +70,13 @@ struct mesh_config {
   double outer_lr = 0.6;           // η_out
   double outer_momentum = 0.6;     // μ
   std::string merge = "rda";       // shards' merge of deltas: rda | mean (the weighted-mean ablation)
+  // The robust merge (shards only; README "Robust merge"): norm screening of each
+  // member against the lower median of recent norms, then a trimmed merge.
+  bool robust = false;
+  double robust_norm_factor = 3;   // bound = lower median of recent norms × this
+  int robust_window = 32;          // accepted norms remembered per fragment
+  std::string robust_screen = "reject";  // reject | clip
+  int robust_trim = 1;             // contributions trimmed per side per coordinate
   double mix = -1;                 // α_mix; -1: the mode's (0, streaming 0.5)
   int inner_steps = 50;            // H for diloco and streaming (paper 500, scaled)
   bool elastic = true;             // synchronous modes: stop waiting for a dead learner (false: stall)

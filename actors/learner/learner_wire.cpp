@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/prng.hpp"
+
 
 namespace archipelago {
 
@@ -18,6 +20,7 @@ learner_wire::learner_wire(const mesh_setup& setup, learner_sync_config sync, st
     : setup_(setup), index_(index), inc_(inc), port_(port), log_(log), model_(model),
       encoding_(*parse_tensor_encoding(setup.cfg.wire.encoding)),
       core_(std::make_unique<learner_core>(setup.layout, setup.plan, sync)),
+      attacker_(derive_seed(setup.cfg.train.seed, 0xa77ac0000ULL + index)),
       to_install_(setup.fragments()), shard_incarnations_(setup.shard_endpoints.size(), 0) {
   chaos_.accept = setup.cfg.wire.accept_chaos;
 }
@@ -161,6 +164,9 @@ void learner_wire::send_contributions(bool with_progress) {
   while (auto c = core_->next_contribution(model_.params, gradient)) {
     if (with_progress && core_->steps_done() > 0) send_progress();
     with_progress = false;
+    if (attacker_.apply(chaos_.attack, chaos_.attack_factor, c->round, c->fragment, c->delta))
+      log_.info("learner.attack", "archipelago learner %u: sending a %s contribution to round %llu (chaos drill)",
+                index_, to_string(chaos_.attack), static_cast<unsigned long long>(c->round.value));
     auto cb = port_.make_envelope(c->round.value);
     auto body = cb.body().initContribution();
     body.setFragment(c->fragment.value);

@@ -24,6 +24,7 @@
 #include "core/prometheus_text.hpp"
 #include "learner/learner_core.hpp"
 #include "transport/chaos_command.hpp"
+#include "learner/contribution_attack.hpp"
 #include "transport/codec.hpp"
 #include "transport/message_port.hpp"
 #include "transport/tensor_encoding.hpp"
@@ -120,6 +121,7 @@ class learner_wire {
   const tensor_encoding encoding_;
   std::unique_ptr<learner_core> core_;
   chaos_receiver chaos_;
+  contribution_attacker attacker_;  // the chaos monkey's attack_* faults (drills only)
   node_counters counts_;
   refusal_counts refusals_;  // by reason (core/refusals.hpp)
   std::uint64_t forged_sequence_ = 0;  // an attacker drill's forged envelopes (their own sequence)

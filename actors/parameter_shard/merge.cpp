@@ -68,6 +68,34 @@ void accumulate(std::vector<double>& acc, std::span<const contribution_view> con
   }
 }
 
+// Σ w x / Σ w over the values left once the `trim` smallest and largest are
+// dropped (ties by index). `order` is scratch of the values' count.
+double trimmed_mean(const double* x, const double* w, std::size_t n, std::size_t trim,
+                    std::vector<std::size_t>& order) {
+  for (std::size_t m = 0; m < n; ++m) order[m] = m;
+  std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n),
+            [&](std::size_t a, std::size_t b) { return x[a] < x[b] || (x[a] == x[b] && a < b); });
+  double sum = 0, weight = 0;
+  for (std::size_t k = trim; k + trim < n; ++k) {
+    sum += w[order[k]] * x[order[k]];
+    weight += w[order[k]];
+  }
+  return weight > 0 ? sum / weight : 0.0;
+}
+
+// acc[i] = trimmed weighted mean over m of coef_m · v_m[i] (v_m = −d_m).
+void accumulate_trimmed(std::vector<double>& acc, std::span<const contribution_view> contributions,
+                        const std::vector<double>& coef, const std::vector<double>& share, std::size_t offset,
+                        std::size_t size, std::size_t trim) {
+  const std::size_t n = contributions.size();
+  std::vector<double> x(n);
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < size; ++i) {
+    for (std::size_t m = 0; m < n; ++m) x[m] = -coef[m] * static_cast<double>(contributions[m].delta[offset + i]);
+    acc[i] = trimmed_mean(x.data(), share.data(), n, trim, order);
+  }
+}
+
 }  // namespace
 
 double merge_weight(double tokens, double steps) {
@@ -77,9 +105,10 @@ double merge_weight(double tokens, double steps) {
 
 status merge_outer_gradient(std::span<const fragment_tensor> tensors,
                             std::span<const contribution_view> contributions,
-                            std::size_t fragment_size, float* delta_out) {
+                            std::size_t fragment_size, float* delta_out, const merge_options& options) {
   assert(delta_out != nullptr || fragment_size == 0);
   const std::size_t count = contributions.size();
+  const std::size_t trim = count == 0 ? 0 : std::min(options.trim, (count - 1) / 2);
   if (count == 0) return make_error(errc::invalid_input, "merge: no contributions");
 
   // Weights, normalised once: p_m = w_m / Σ w.
@@ -136,6 +165,8 @@ status merge_outer_gradient(std::span<const fragment_tensor> tensors,
 
   std::vector<double> acc(largest);
   std::vector<double> coef(count);
+  const std::vector<double> ones(count, 1.0);
+  std::vector<std::size_t> order(count);
   bool overflow = false;
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const auto& tensor = tensors[t];
@@ -154,7 +185,18 @@ status merge_outer_gradient(std::span<const fragment_tensor> tensors,
         coef[m] = norm[m] > 0 ? share[m] / norm[m] : 0.0;
         if (norm[m] > 0) aligned += share[m];
       }
-      accumulate(acc, contributions, coef, tensor.offset, tensor.size);
+      if (trim > 0) {
+        // The same formula with trimmed means: radius over the norms, direction
+        // over the unit vectors u(v_m) coordinate by coordinate.
+        radius = trimmed_mean(norm, share.data(), count, trim, order);
+        aligned = 0;
+        for (std::size_t m = 0; m < count; ++m) coef[m] = norm[m] > 0 ? 1.0 / norm[m] : 0.0;
+        for (std::size_t m = 0; m < count; ++m)
+          if (norm[m] > 0) aligned = 1;  // a mean of unit-vector coordinates is at most 1 in norm
+        accumulate_trimmed(acc, contributions, coef, share, tensor.offset, tensor.size, trim);
+      } else {
+        accumulate(acc, contributions, coef, tensor.offset, tensor.size);
+      }
       double squares = 0;
       for (std::size_t i = 0; i < tensor.size; ++i) squares += acc[i] * acc[i];
       const double direction_norm = std::sqrt(squares);
@@ -166,7 +208,8 @@ status merge_outer_gradient(std::span<const fragment_tensor> tensors,
       }
     }
     if (use_mean) {
-      accumulate(acc, contributions, share, tensor.offset, tensor.size);
+      if (trim > 0) accumulate_trimmed(acc, contributions, ones, share, tensor.offset, tensor.size, trim);
+      else accumulate(acc, contributions, share, tensor.offset, tensor.size);
       scale = 1;
     }
     // Δ = scale · acc: RDA's radius / ‖Σ p u(v)‖ applied to the direction sum,

@@ -56,9 +56,21 @@ inline constexpr double rda_cancellation_epsilon = 1e-9;
 /// weights zero (or their sum overflows); a tensor outside the fragment or
 /// overlapping another; a non-finite value (the message names the contribution
 /// index, the tensor and the element); a merged value not representable in fp32.
+///
+/// With options.trim = t > 0 (mesh.robust), every weighted mean above becomes a
+/// coordinate-wise trimmed one: per coordinate the t smallest and t largest values
+/// are dropped (ties by contribution order) and the rest averaged with their
+/// weights renormalised — the embedding mean over v_m, RDA's direction over
+/// u(v_m) and its radius over ‖v_m‖. t is capped at (count − 1) / 2, so at least
+/// one value stays: two contributions are never trimmed, three or four lose one
+/// per side. The RDA fallback (directions cancel) takes the trimmed mean too.
+struct merge_options {
+  std::size_t trim = 0;
+};
+
 status merge_outer_gradient(std::span<const fragment_tensor> tensors,
                             std::span<const contribution_view> contributions,
-                            std::size_t fragment_size, float* delta_out);
+                            std::size_t fragment_size, float* delta_out, const merge_options& options = {});
 
 /// Outer optimizer hyper-parameters (ALGORITHM.md §2 defaults: DiLoCo).
 struct nesterov_config {

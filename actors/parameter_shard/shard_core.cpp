@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace archipelago {
 
@@ -13,6 +14,13 @@ const char* to_string(contribution_verdict v) {
     case contribution_verdict::rejected: return "rejected";
   }
   return "?";
+}
+
+std::string screened_contribution::reason() const {
+  char text[200];
+  std::snprintf(text, sizeof text, "delta norm per sqrt(step) %.6g above the robust bound %.6g (mesh.robust_norm_factor x "
+                "the lower median of the fragment's recent ones)", decision.norm, decision.bound);
+  return text;
 }
 
 shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, std::vector<fragment_index> owned,
@@ -38,6 +46,7 @@ shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, st
       offset += ts.size();
     }
     f.momentum.assign(f.theta.size(), 0.f);
+    if (config.robust.enabled) f.screen.emplace(config.robust);
     if (config.gradient_mode) {
       fragment_layout.total_floats = fragment_layout.param_count = offset;
       f.gradient_optimizer = std::make_unique<adamw>(fragment_layout, config.adamw_outer);
@@ -47,7 +56,8 @@ shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, st
 
 contribution_verdict shard_core::on_contribution(round_number r, fragment_index p, learner_ref from,
                                                  std::uint64_t steps, std::uint64_t tokens,
-                                                 std::vector<float> delta, std::string* reason) {
+                                                 std::vector<float> delta, std::string* reason,
+                                                 std::uint64_t learner_step) {
   auto reject = [&](std::string why) {
     ++ledger_.rejected;
     ledger_.rejected_tokens += tokens;
@@ -81,7 +91,7 @@ contribution_verdict shard_core::on_contribution(round_number r, fragment_index 
     }
   if (round->second.size() >= config_.max_contributions_per_round)
     return reject("round " + std::to_string(r.value) + " already holds the maximum of contributions");
-  round->second.push_back({from, steps, tokens, std::move(delta)});
+  round->second.push_back({from, steps, tokens, std::move(delta), learner_step});
   return contribution_verdict::buffered;
 }
 
@@ -135,10 +145,47 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
     merged.push_back(&c);
     merged_tokens += c.tokens;
   }
+  if (f.screen && !views.empty()) {
+    std::vector<double> norms;
+    for (const buffered_contribution* c : merged) {
+      double squares = 0;  // finite: on_contribution refused non-finite values
+      for (float x : c->delta) squares += static_cast<double>(x) * x;
+      // Per √step: a learner back from a pause contributes many steps at once, and
+      // its delta grows with them; a per-step figure would punish it for that.
+      norms.push_back(std::sqrt(squares / static_cast<double>(std::max<std::uint64_t>(1, c->steps))));
+    }
+    const auto decisions = f.screen->screen(norms);
+    std::vector<contribution_view> kept_views;
+    std::vector<buffered_contribution*> kept;
+    for (std::size_t m = 0; m < decisions.size(); ++m) {
+      buffered_contribution& c = *merged[m];
+      const screen_decision& d = decisions[m];
+      if (d.what != screen_decision::action::accept) screened_.push_back({c.from, r, p, c.tokens, c.steps, c.learner_step, d});
+      if (d.what == screen_decision::action::reject) {
+        ++ledger_.rejected;
+        ledger_.rejected_tokens += c.tokens;
+        ++ledger_.screened_out;
+        ledger_.screened_out_tokens += c.tokens;
+        merged_tokens -= c.tokens;
+        continue;
+      }
+      if (d.what == screen_decision::action::clip) {
+        ++ledger_.clipped;
+        const double scale = d.scale();
+        for (float& x : c.delta) x = static_cast<float>(x * scale);
+      }
+      kept_views.push_back(views[m]);
+      kept.push_back(&c);
+    }
+    views = std::move(kept_views);
+    merged = std::move(kept);
+  }
   if (views.empty()) return std::optional<published_fragment>{};
 
   std::vector<float> outer_gradient(f.theta.size());
-  if (auto ok = merge_outer_gradient(f.tensors, views, f.theta.size(), outer_gradient.data()); !ok)
+  merge_options options;
+  if (config_.robust.enabled) options.trim = config_.robust.trim;
+  if (auto ok = merge_outer_gradient(f.tensors, views, f.theta.size(), outer_gradient.data(), options); !ok)
     return ok.err();
   if (f.gradient_optimizer)
     f.gradient_optimizer->step(f.theta.data(), outer_gradient.data(),

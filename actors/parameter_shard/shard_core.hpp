@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -18,6 +19,7 @@
 #include "core/layout.hpp"
 #include "core/adamw.hpp"
 #include "parameter_shard/merge.hpp"
+#include "parameter_shard/robust_merge.hpp"
 
 namespace archipelago {
 
@@ -33,6 +35,9 @@ struct shard_config {
   std::size_t max_open_rounds = 16;           // rounds with buffered contributions
   std::size_t max_contributions_per_round = 256;
   bool record_merges = false;  // hand every merged contribution back in published_fragment
+  /// mesh.robust: members screened by norm at close (rejected or clipped), then a
+  /// coordinate-wise trimmed merge (robust_merge.hpp).
+  robust_config robust;
 };
 
 /// Which bucket a contribution's tokens end in (ALGORITHM.md §9).
@@ -47,6 +52,19 @@ const char* to_string(contribution_verdict v);
 struct shard_ledger {
   std::uint64_t merged_tokens = 0, late_tokens = 0, rejected_tokens = 0, unmerged_tokens = 0;
   std::uint64_t merged = 0, late = 0, rejected = 0, duplicates = 0, unmerged = 0;
+  /// Of the merged: contributions merged scaled down to the robust norm bound.
+  /// Of the rejected: contributions the robust screening rejected at close.
+  std::uint64_t clipped = 0, screened_out = 0, screened_out_tokens = 0;
+};
+
+/// A member the robust screening clipped or rejected (for the shell's log and metrics).
+struct screened_contribution {
+  learner_ref from;
+  round_number round;
+  fragment_index fragment;
+  std::uint64_t tokens = 0, steps = 0, learner_step = 0;
+  screen_decision decision;
+  std::string reason() const;  // "delta norm per sqrt(step) 812.3 above the robust bound 2.41 (...)"
 };
 
 /// One contribution as merged, in merge order (recorded for `replay verify`).
@@ -91,11 +109,13 @@ class shard_core {
   status restore(fragment_index p, fragment_outer_state state);
 
   /// A learner's delta for round r. `reason` (optional) receives why it was rejected.
+  /// `learner_step` (the learner's steps when it sent it) only travels back in
+  /// screened_contribution, for the broker's ledger.
   /// When max_open_rounds rounds are buffered, the oldest is dropped (unmerged) to
   /// make room: a round that old was closed while this shard was away, or never will be.
   contribution_verdict on_contribution(round_number r, fragment_index p, learner_ref from,
                                        std::uint64_t steps, std::uint64_t tokens, std::vector<float> delta,
-                                       std::string* reason = nullptr);
+                                       std::string* reason = nullptr, std::uint64_t learner_step = 0);
 
   /// The broker closed round r of fragment p with these members: merge exactly
   /// them (those buffered), step, publish version + 1. Buffered contributions of
@@ -130,12 +150,15 @@ class shard_core {
   contribution_verdict on_earlier_broker_round(std::uint64_t tokens);
 
   const shard_ledger& ledger() const { return ledger_; }
+  /// The members screened (clipped or rejected) since the last call, oldest first.
+  std::vector<screened_contribution> take_screened() { return std::exchange(screened_, {}); }
 
  private:
   struct buffered_contribution {
     learner_ref from;
     std::uint64_t steps, tokens;
     std::vector<float> delta;
+    std::uint64_t learner_step = 0;
   };
   struct fragment_state {
     std::vector<std::string> names;        // owned: tensors' name views point here
@@ -146,6 +169,7 @@ class shard_core {
     std::map<std::uint64_t, std::vector<buffered_contribution>> open;  // round → contributions
     std::uint64_t closed_through = 0;  // rounds below this are closed
     std::uint64_t round = 0;           // the round that produced the current version
+    std::optional<norm_screen> screen;  // mesh.robust
   };
 
   void drop_oldest_round();
@@ -155,6 +179,7 @@ class shard_core {
   outer_optimizer outer_;
   shard_ledger ledger_;
   std::size_t open_rounds_ = 0;
+  std::vector<screened_contribution> screened_;
 };
 
 }  // namespace archipelago

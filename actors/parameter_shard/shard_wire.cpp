@@ -19,6 +19,11 @@ shard_config shard_settings(const mesh_setup& setup, bool record_merges) {
   sc.adamw_outer = setup.cfg.optimizer;
   sc.schedule_steps = setup.cfg.train.steps;
   sc.record_merges = record_merges;
+  sc.robust.enabled = setup.cfg.mesh.robust;
+  sc.robust.norm_factor = setup.cfg.mesh.robust_norm_factor;
+  sc.robust.window = static_cast<std::size_t>(setup.cfg.mesh.robust_window);
+  sc.robust.clip = setup.cfg.mesh.robust_screen == "clip";
+  sc.robust.trim = static_cast<std::size_t>(setup.cfg.mesh.robust_trim);
   return sc;
 }
 
@@ -134,7 +139,7 @@ void shard_wire::on_contribution(const transport::decoded_envelope& env) {
     if (env.decode_tensor_values(0, delta.data()))
       verdict = core_->on_contribution(round_number{env.header().getRound()}, p,
                                        {{from.index}, incarnation{env.header().getIncarnation()}}, c.getSteps(),
-                                       c.getTokens(), std::move(delta), &why);
+                                       c.getTokens(), std::move(delta), &why, c.getStep());
   }
   if (verdict == contribution_verdict::rejected) {
     // Counted for /metrics; the logger's rate limit keeps a bad learner from flooding the log.
@@ -181,6 +186,7 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
     log_.warn("shard.claim_refused", "archipelago shard %u: round %llu: %s", index_,
               static_cast<unsigned long long>(r.value), why.c_str());
   }
+  report_screened();
   if (!published) {
     log_.warn("shard.not_merged", "archipelago shard %u: round %llu not merged: %s", index_,
               static_cast<unsigned long long>(r.value), published.err().message.c_str());
@@ -192,6 +198,31 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
   pending_commit& pc = pending_[p.value];
   pc.commit = {std::move(**published), core_->outer_state(p), core_->ledger()};
   store_->commit(pc.commit);
+}
+
+/// mesh.robust: the members the last close clipped or rejected, logged; a rejected
+/// one is announced to the broker as a rejected arrival (before the version it was
+/// left out of), so its ledger credits that work as rejected, never as merged.
+void shard_wire::report_screened() {
+  for (const screened_contribution& s : core_->take_screened()) {
+    const bool rejected = s.decision.what == screen_decision::action::reject;
+    log_.warn(rejected ? "shard.screened_out" : "shard.clipped",
+              "archipelago shard %u: %s round %llu fragment %u from learner/%u: %s", index_,
+              rejected ? "rejected" : "clipped", static_cast<unsigned long long>(s.round.value), s.fragment.value,
+              s.from.learner.value, s.reason().c_str());
+    if (!rejected) continue;
+    auto b = port_.make_envelope(s.round.value);
+    auto notice = b.body().initContribution();
+    notice.setFragment(s.fragment.value);
+    notice.setSteps(s.steps);
+    notice.setTokens(s.tokens);
+    notice.setLearner(s.from.learner.value);
+    notice.setLearnerIncarnation(s.from.inc.value);
+    notice.setStep(s.learner_step);
+    notice.setBrokerEpoch(broker_.epoch());
+    notice.setVerdict(wire::Verdict::REJECTED);
+    (void)port_.send(broker_.leader(), b.finish());
+  }
 }
 
 /// A version becomes visible: broadcast to the learners, announced to the broker.
@@ -296,6 +327,15 @@ void shard_wire::add_metrics(prometheus_text& page) const {
                  static_cast<double>(contributions), b);
     page.counter("archipelago_shard_contribution_tokens_total", "Tokens of the contributions received, by outcome.",
                  static_cast<double>(tokens), b);
+  }
+  const std::pair<const char*, std::uint64_t> screened[] = {{"clip", led.clipped}, {"reject", led.screened_out}};
+  for (const auto& [action, n] : screened) {
+    metric_labels b = l;
+    b.emplace_back("action", action);
+    page.counter("archipelago_shard_screened_total",
+                 "mesh.robust: members whose delta norm exceeded the robust bound at close, by action "
+                 "(rejects are also in the rejected outcome; clipped ones merged scaled down).",
+                 static_cast<double>(n), b);
   }
 }
 

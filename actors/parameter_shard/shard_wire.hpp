@@ -97,6 +97,7 @@ class shard_wire {
   bool follow_broker(const transport::decoded_envelope& env);
   void on_contribution(const transport::decoded_envelope& env);
   void on_round_close(const transport::decoded_envelope& env);
+  void report_screened();
   void on_fetch(const transport::decoded_envelope& env);
   void publish(fragment_index p, std::uint64_t version, round_number round, std::vector<float> theta, bool committed);
 

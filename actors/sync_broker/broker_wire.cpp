@@ -464,7 +464,10 @@ void broker_wire::on_arrival(const transport::decoded_envelope& env, nanos now) 
       core_->on_contribution(round, who.learner, who.inc, c.getTokens(), c.getSteps(), now);
       break;
     case wire::Verdict::LATE: ledger_.on_outcome(who, p, c.getStep(), c.getSteps(), ledger_bucket::late); break;
-    case wire::Verdict::REJECTED: ledger_.on_outcome(who, p, c.getStep(), c.getSteps(), ledger_bucket::rejected); break;
+    case wire::Verdict::REJECTED:
+      ledger_.withdraw(round, p, who);  // a member screened out at its round's close (mesh.robust)
+      ledger_.on_outcome(who, p, c.getStep(), c.getSteps(), ledger_bucket::rejected);
+      break;
   }
 }
 

@@ -158,6 +158,16 @@ void token_ledger::on_round_published(round_number round) {
   awaiting_.erase(it);
 }
 
+void token_ledger::withdraw(round_number round, fragment_index p, learner_ref who) {
+  auto drop = [&](std::map<std::uint64_t, std::vector<arrival>>& rounds) {
+    auto it = rounds.find(round.value);
+    if (it == rounds.end()) return;
+    std::erase_if(it->second, [&](const arrival& a) { return a.who == who && a.fragment == p.value; });
+  };
+  drop(open_);
+  drop(awaiting_);
+}
+
 ledger_tail token_ledger::tail_of(learner_ref who, std::uint64_t max_steps) const {
   ledger_tail tail;
   auto it = learners_.find(who);

@@ -63,6 +63,10 @@ class token_ledger {
   /// The version round r merged is durable and visible: its members' windows are merged.
   /// A merge that never becomes durable (its shard died first) credits nothing.
   void on_round_published(round_number round);
+  /// A buffered contribution of `who` to fragment p in round r was refused after
+  /// all (mesh.robust screened it out at the close): it leaves the round, so the
+  /// round's publish does not credit it as merged. Nothing when it is not there.
+  void withdraw(round_number round, fragment_index p, learner_ref who);
 
   /// The steps of `who` whose shares an outcome may still raise: from the
   /// lowest window start of its fragments (where it last installed each) to its

@@ -8,6 +8,17 @@ namespace archipelago {
 using transport::decoded_envelope;
 using transport::envelope_builder;
 
+const char* to_string(contribution_attack a) {
+  switch (a) {
+    case contribution_attack::none: return "none";
+    case contribution_attack::scaled: return "scaled";
+    case contribution_attack::sign_flip: return "sign_flip";
+    case contribution_attack::random: return "random";
+    case contribution_attack::stale: return "stale";
+  }
+  return "?";
+}
+
 void encode_chaos_order(envelope_builder& b, node_address target, const chaos_order& order) {
   auto c = b.body().initChaosCommand();
   transport::set_address(c.initTarget(), target);
@@ -41,6 +52,11 @@ void encode_chaos_order(envelope_builder& b, node_address target, const chaos_or
       break;
     case chaos_order::what::lie_tokens:
       c.setKind(wire::ChaosKind::LIE_TOKENS);
+      c.setFactor(order.factor);
+      break;
+    case chaos_order::what::attack:
+      c.setKind(wire::ChaosKind::ATTACK);
+      c.setAttack(static_cast<wire::AttackKind>(order.attack));
       c.setFactor(order.factor);
       break;
   }
@@ -97,6 +113,15 @@ expected<chaos_order> decode_chaos_order(const decoded_envelope& env) {
       if (!std::isfinite(o.factor) || o.factor < 1 || o.factor > 1e6)
         return make_error(errc::invalid_input, "ChaosCommand token lie factor must be in [1, 10^6]");
       break;
+    case wire::ChaosKind::ATTACK:
+      o.kind = chaos_order::what::attack;
+      if (static_cast<std::uint16_t>(c.getAttack()) > static_cast<std::uint16_t>(wire::AttackKind::STALE))
+        return make_error(errc::invalid_input, "ChaosCommand of an unknown attack kind");
+      o.attack = static_cast<contribution_attack>(c.getAttack());
+      o.factor = c.getFactor();
+      if (!std::isfinite(o.factor) || std::fabs(o.factor) > 1e6)
+        return make_error(errc::invalid_input, "ChaosCommand attack factor must be in [-1e6, 1e6]");
+      break;
     default:  // crash and pause are the launcher's, never a node's own business
       return make_error(errc::invalid_input, "ChaosCommand of a kind a node does not carry out itself");
   }
@@ -129,10 +154,17 @@ std::optional<chaos_order> chaos_receiver::on_command(const decoded_envelope& en
       break;
     case chaos_order::what::slow_down: slowdown = order->factor; break;
     case chaos_order::what::storage_fault: storage_failing_until = now + order->duration_ns; break;
+    case chaos_order::what::attack:
+      if (self.kind != role::learner) return refuse("only a learner carries out an attack");
+      attack = order->attack;
+      attack_factor = order->factor;
+      break;
     case chaos_order::what::heal:
       for (node_address peer : shaped) (void)wire.set_link(peer, wire.default_link());
       shaped.clear();
       slowdown = 1;
+      attack = contribution_attack::none;
+      attack_factor = 1;
       storage_failing_until = 0;
       impersonate.reset();
       token_lie = 1;

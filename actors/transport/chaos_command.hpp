@@ -21,14 +21,21 @@
 
 namespace archipelago {
 
+/// A learner's attack on its own contributions (the chaos monkey's attacker kinds).
+enum class contribution_attack : std::uint8_t { none, scaled, sign_flip, random, stale };
+const char* to_string(contribution_attack a);
+
 struct chaos_order {
   /// impersonate, lie_tokens: attacker drills (issue 19) — a learner that forges
-  /// envelopes claiming to be `peer` with its own key, or claims factor × its tokens.
-  enum class what : std::uint8_t { shape_link, slow_down, storage_fault, heal, impersonate, lie_tokens };
+  /// envelopes claiming to be `peer` with its own key, or claims factor × its tokens;
+  /// attack: a learner that poisons its contributions (`attack`, `factor`).
+  enum class what : std::uint8_t { shape_link, slow_down, storage_fault, heal, impersonate, lie_tokens, attack };
   what kind = what::heal;
   node_address peer;          // shape_link: the link from the receiver to this peer; impersonate: whom to claim to be
   link_profile link;          // shape_link
-  double factor = 1;          // slow_down: step time × factor (1: normal); lie_tokens: claims × factor (1: honest)
+  double factor = 1;          // slow_down: step time × factor (1: normal); lie_tokens: claims × factor (1: honest);
+                              // attack scaled: delta × factor
+  contribution_attack attack = contribution_attack::none;  // attack
   nanos duration_ns = 0;      // storage_fault: writes fail this long; impersonate: > 0 on, 0 off
 };
 
@@ -41,6 +48,8 @@ expected<chaos_order> decode_chaos_order(const transport::decoded_envelope& env)
 struct chaos_receiver {
   bool accept = false;                 // wire.accept_chaos
   double slowdown = 1;                 // step time × this (learners)
+  contribution_attack attack = contribution_attack::none;  // learners: how they poison their contributions
+  double attack_factor = 1;            // attack scaled: delta × this
   nanos storage_failing_until = 0;     // snapshot writes fail before this time (shards)
   std::set<node_address> shaped;       // links shaped by the chaos monkey, reset by heal
   std::uint64_t obeyed = 0, refused = 0;

@@ -929,7 +929,9 @@ std::unique_ptr<shard_wire> mesh::make_shard(std::uint32_t s,
                                              std::vector<std::pair<fragment_index, fragment_outer_state>> restored) {
   const std::vector<float> init(setup_.layout.total_floats, 0.f);
   shard_process& proc = shards_[s];
-  return std::make_unique<shard_wire>(setup_, s, proc.port->inc, *proc.port, log_, proc.store.get(), shard_config{},
+  shard_config sc;
+  sc.robust = cfg_.robust;
+  return std::make_unique<shard_wire>(setup_, s, proc.port->inc, *proc.port, log_, proc.store.get(), sc,
                                       init.data(), std::move(restored));
 }
 

@@ -159,6 +159,8 @@ struct sim_config {
   /// After duration_ns the learners stop stepping and the mesh runs this much
   /// longer, so that every message in flight is delivered. Default: 0.
   nanos drain_ns = 0;
+  /// The shards' robust merge (mesh.robust): off by default, as in the product.
+  robust_config robust;
 };
 
 /// A shard's fragment version as it changes: merged (handed to the store),

@@ -177,10 +177,13 @@ void add_bench_ablate(CLI::App& bench) {
   ablate_flags& f = options();
   ablate_options& o = f.bench;
   CLI::App* cmd = f.command = bench.add_subcommand(
-      "ablate", "The paper's ablations on the one-process mesh: merge, encoding, quorum or fragments");
-  cmd->add_option("which", o.which, "merge (RDA vs mean), encoding (fp32..int2), quorum (K, grace), fragments (P)")
+      "ablate", "The paper's ablations on the one-process mesh: merge, encoding, quorum or fragments; and "
+                "robust (mesh.robust's fault-free cost)");
+  cmd->add_option("which", o.which,
+                  "merge (RDA vs mean), encoding (fp32..int2), quorum (K, grace), fragments (P), robust (mesh.robust "
+                  "off vs on)")
       ->required()
-      ->check(CLI::IsMember({"merge", "encoding", "quorum", "fragments"}));
+      ->check(CLI::IsMember({"merge", "encoding", "quorum", "fragments", "robust"}));
   cmd->add_option("--model", f.model, "Model (default nano)");
   cmd->add_option("--batch", f.batch, "Sequences per step (default 8)")->check(CLI::Range(1, 4096));
   cmd->add_option("--steps", o.steps,

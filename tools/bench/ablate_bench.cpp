@@ -81,6 +81,14 @@ void plan_fragments(ablate_plan& plan, const ablate_options& o) {
   ensure_reference(plan);
 }
 
+void plan_robust(ablate_plan& plan, const ablate_options& o) {
+  // The fault-free cost of mesh.robust: the same seeds with and without it.
+  const std::int64_t steps = o.steps > 0 ? o.steps : 1000;
+  add(plan, "", "robust off", "", "", true, o.learners, steps, [](config& c) { c.mesh.robust = false; });
+  add(plan, "", "robust on", "--set mesh.robust=true", "", false, o.learners, steps,
+      [](config& c) { c.mesh.robust = true; });
+}
+
 /// The compute budget per step for every M the variants use: given, or calibrated.
 std::map<int, double> step_budgets(const ablate_plan& plan, const ablate_options& o, const config& base,
                                    const bench_hooks& hooks) {
@@ -150,6 +158,7 @@ ablate_plan plan_ablation(const ablate_options& o) {
   if (o.which == "merge") plan_merge(plan, o);
   else if (o.which == "encoding") plan_encoding(plan, o);
   else if (o.which == "quorum") plan_quorum(plan, o);
+  else if (o.which == "robust") plan_robust(plan, o);
   else plan_fragments(plan, o);
   return plan;
 }

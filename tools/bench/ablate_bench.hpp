@@ -28,7 +28,7 @@
 namespace archipelago {
 
 struct ablate_options {
-  std::string which;        // merge, encoding, quorum or fragments
+  std::string which;        // merge, encoding, quorum, fragments or robust (mesh.robust off vs on)
   std::int64_t steps = 0;   // 0: the ablation's default (merge 600 at the smallest M, the others 1000)
   int learners = 4;         // encoding, quorum, fragments
   std::vector<int> merge_learners{8, 16};

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 
 #include "bench/ablate_bench.hpp"
 #include "bench/bench_stats.hpp"
@@ -44,6 +45,26 @@ void encoding_claims(std::vector<ablate_claim>& out, const ablate_plan& plan,
   if (const ablate_outcome* int2 = find(plan, outcomes, "", "int2"); int2 && !int2->rel_second.empty())
     out.push_back({said("2-bit breaks (worse than bf16 by more than 5 %%): %+.2f %% vs bf16", mean(int2->rel_second)),
                    mean(int2->rel_second) > 5});
+}
+
+/// Student's t two-sided 95 % quantile for n − 1 degrees of freedom (n paired seeds).
+double t95(std::size_t n) {
+  static const double table[] = {0, 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262};
+  return n >= 2 && n - 1 < std::size(table) ? table[n - 1] : 1.96;
+}
+
+void robust_claims(std::vector<ablate_claim>& out, const ablate_plan& plan, const std::vector<ablate_outcome>& outcomes) {
+  const ablate_outcome* on = find(plan, outcomes, "", "robust on");
+  if (!on || on->rel.empty()) return;
+  // Paired by seed: rel is robust-on's loss vs the same seed's robust-off run, in %.
+  const double m = mean(on->rel);
+  double var = 0;
+  for (double x : on->rel) var += (x - m) * (x - m);
+  const std::size_t n = on->rel.size();
+  const double half = n >= 2 ? t95(n) * std::sqrt(var / static_cast<double>(n - 1) / static_cast<double>(n)) : NAN;
+  out.push_back({said("mesh.robust costs at most 0.5 %% eval loss fault-free: %+.3f %% ", m) +
+                     said("(95 %% CI +/- %.3f %%, paired over ", half) + std::to_string(n) + " seeds)",
+                 m <= 0.5});
 }
 
 void quorum_claims(std::vector<ablate_claim>& out, const ablate_plan& plan,
@@ -106,6 +127,7 @@ std::vector<ablate_claim> ablate_claims(const ablate_options& o, const ablate_pl
   if (o.which == "merge") merge_claims(out, o, plan, outcomes);
   else if (o.which == "encoding") encoding_claims(out, plan, outcomes);
   else if (o.which == "quorum") quorum_claims(out, plan, outcomes);
+  else if (o.which == "robust") robust_claims(out, plan, outcomes);
   return out;
 }
 

@@ -1,0 +1,59 @@
+#include "parameter_shard/robust_merge.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace archipelago {
+
+status validate(const robust_config& config) {
+  if (!std::isfinite(config.norm_factor) || config.norm_factor < 1)
+    return make_error(errc::invalid_input,
+                      "robust norm_factor " + std::to_string(config.norm_factor) + " (need finite, >= 1)");
+  if (config.window < 1) return make_error(errc::invalid_input, "robust window 0 (need >= 1)");
+  return status::ok();
+}
+
+double lower_median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const std::size_t k = (values.size() - 1) / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(k), values.end());
+  return values[k];
+}
+
+const char* to_string(screen_decision::action a) {
+  switch (a) {
+    case screen_decision::action::accept: return "accept";
+    case screen_decision::action::clip: return "clip";
+    case screen_decision::action::reject: return "reject";
+  }
+  return "?";
+}
+
+std::vector<screen_decision> norm_screen::screen(std::span<const double> norms) {
+  std::vector<screen_decision> out(norms.size());
+  // A round of 3 or more members is its own reference: the window lags when norms
+  // grow (the learning-rate warm-up), and an attacker's small figures in it (a
+  // stale replay of an early delta) drag it down until honest members look large.
+  // Smaller rounds have too few to outvote one attacker: the window joins them.
+  std::vector<double> reference(norms.begin(), norms.end());
+  if (norms.size() < min_round_reference) reference.insert(reference.end(), window_.begin(), window_.end());
+  // One value alone is its own median: it would always pass, so say so plainly.
+  const bool comparable = reference.size() >= 2;
+  const double bound = comparable ? config_.norm_factor * lower_median(std::move(reference)) : 0;
+  for (std::size_t m = 0; m < norms.size(); ++m) {
+    screen_decision& d = out[m];
+    d.norm = norms[m];
+    d.bound = bound;
+    if (comparable && d.norm > bound)
+      d.what = config_.clip && bound > 0 ? screen_decision::action::clip : screen_decision::action::reject;
+  }
+  for (const auto& d : out) {
+    if (d.what != screen_decision::action::accept) continue;
+    window_.push_back(d.norm);
+    if (window_.size() > config_.window) window_.pop_front();
+  }
+  return out;
+}
+
+}  // namespace archipelago
