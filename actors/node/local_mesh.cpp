@@ -111,6 +111,7 @@ expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_s
     storage::commit_job first = initial_commit(setup, initial);
     if (out.source) {
       first.fragments = std::move(out.from_states);  // read once, by pick_resume_point
+      out.from_states.clear();
       first.learner_steps = out.from->learner_steps;
       first.ledger = out.from->ledger;
     }
@@ -392,6 +393,7 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   roles.writer = writer.get();
   roles.record_contributions = snapshots_.record_contributions;
   roles.restore_store = origin_.source.get();
+  roles.restored = &origin_.from_states;  // the resumed manifest's states where already read
   roles.learner_steps = [this, first = origin_.start_step] {
     return static_cast<std::uint64_t>(first) + board_.total(role::learner).steps / static_cast<std::uint64_t>(m_);
   };
