@@ -287,8 +287,9 @@ int run_mesh_list(const replay_cli& c, const mesh_view& v) {
   std::printf("%zu shard stores, tape: %s (%zu rounds)\n", v.parts.size(),
               v.tape_db.empty() ? "none given (only the head cut is known)" : v.tape_db.c_str(), v.tape.size());
   for (std::size_t i = 0; i < v.parts.size(); ++i)
-    std::printf("  store %zu: %s (fragments %u-%u, %zu manifests)\n", i, v.parts[i].db.c_str(), v.parts[i].fragments.front(),
-                v.parts[i].fragments.back(), v.parts[i].manifests);
+    std::printf("  store %zu: %s (%zu fragments, %u to %u; %zu manifests)\n", i, v.parts[i].db.c_str(),
+                v.parts[i].fragments.size(), v.parts[i].fragments.front(), v.parts[i].fragments.back(),
+                v.parts[i].manifests);
   std::printf("%8s  %-19s  %-8s  %12s  %7s  %s\n", "cut", "time (UTC)", "complete", "tokens", "steps",
               "manifest per store (- none kept)");
   std::string json_rows;
