@@ -14,9 +14,13 @@ contribution.
 CURVE is on by default, with a keypair per node made for the run (keygen, in the
 log directory); `--no-curve` turns it off, `--shared-learner-key` gives every
 learner one keypair (with a warning: it binds the role only).
+With --db DIR every broker and shard keeps its store under DIR, laid out as the
+Slurm job lays out ARCH_DB: DIR/broker (the primary's tape), DIR/broker-I (standby
+I's copy), DIR/shard-I; `archipelago replay --db DIR ...` reads the whole model back.
 
 Example:
   deploy/launch.py --learners 3 --steps 300 --kill 1@8 --json
+  deploy/launch.py --db run1 && build/archipelago replay --db run1 export head --out model
 """
 
 import argparse
@@ -123,6 +127,9 @@ class Mesh:
         cmd = [self.args.binary, "node", "--role", role, "--index", str(index), *extra] + self.common
         if self.keys:
             cmd += self.key_of(role, index)
+        if self.args.db and role != "learner":
+            store = role if role == "shard" or index == 0 else f"broker-{index}"
+            cmd += ["--db", os.path.join(self.args.db, f"{store}-{index}" if role == "shard" else store)]
         with open(log, "w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         self.processes[name] = (proc, log)
@@ -153,6 +160,8 @@ def main():
     ap.add_argument("--restart-after", type=float, default=2.0, metavar="SECONDS")
     ap.add_argument("--timeout", type=float, default=600, metavar="SECONDS", help="bound on the whole run")
     ap.add_argument("--binary", default=os.path.join(REPO, "build", "archipelago"))
+    ap.add_argument("--db", metavar="DIR", help="keep the brokers' and shards' stores under DIR (broker, broker-I, "
+                    "shard-I), for `archipelago replay --db DIR`")
     ap.add_argument("--json", action="store_true", help="print a one-line JSON summary last")
     ap.add_argument("--no-curve", dest="curve", action="store_false",
                     help="plain tcp:// (wire.curve=false); default: CURVE with a keypair per node")
@@ -250,7 +259,7 @@ def main():
                           "rounds": broker.get("rounds", 0), "uptime": broker.get("uptime", 0),
                           "ledger": ledger, "ledger_balanced": broker.get("ledger_balanced", False),
                           "ledger_matches_learners": matches, "kills": killed, "rejoin_s": rejoin,
-                          "failure": failure, "logs": mesh.logs}))
+                          "failure": failure, "logs": mesh.logs, "db": args.db}))
     return 1 if failure or interrupted else 0
 
 

@@ -8,10 +8,10 @@
 
 #include "storage/rocksdb_options.hpp"
 
+#include <stdlib.h>
+
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
-#include <thread>
 
 #include "storage/kv_store.hpp"
 
@@ -31,9 +31,9 @@ rocksdb::DBOptions db_options(open_mode mode) {
   // Flushes and compactions are background work too: below the actors' threads.
   o.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::LOW, rocksdb::CpuPriority::kLow);
   o.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::HIGH, rocksdb::CpuPriority::kLow);
-  // A read-only instance opens every table file up front, so files that a
-  // read-write process (another one) compacts away stay readable through the
-  // open descriptors.
+  // A reader is a secondary instance (RocksDB's supported way to read beside a
+  // live primary in another process); it must keep every table file open
+  // (RocksDB requires it), so files the writer compacts away stay readable.
   if (mode == open_mode::read_only) o.max_open_files = -1;
   return o;
 }
@@ -84,10 +84,12 @@ std::string_view view(const rocksdb::Slice& s) { return {s.data(), s.size()}; }
 rocksdb::Slice slice(std::string_view s) { return {s.data(), s.size()}; }
 
 
-/// An open database and its family handles, torn down handles first, then the db.
+/// An open database and its family handles, torn down handles first, then the
+/// db, then a secondary instance's own directory.
 struct open_db {
   rocksdb::DB* db = nullptr;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  std::string secondary_dir;  // a reader's: its info log and MANIFEST state, removed at close
 
   open_db() = default;
   open_db(const open_db&) = delete;
@@ -95,18 +97,39 @@ struct open_db {
   ~open_db() {
     for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
     delete db;
+    std::error_code ec;
+    if (!secondary_dir.empty()) fs::remove_all(secondary_dir, ec);
   }
 };
 
+/// A fresh directory for a secondary instance's own files (outside the store: a reader writes nothing there).
+expected<std::string> make_secondary_dir(const std::string& path) {
+  std::string templ = (fs::temp_directory_path() / "archipelago-reader-XXXXXX").string();
+  if (!::mkdtemp(templ.data()))
+    return make_error(errc::io_error, "rocksdb at " + path + ": cannot create a reader's directory in " +
+                                          fs::temp_directory_path().string());
+  return templ;
+}
+
+/// `secondary`: a reader beside a possible live writer (OpenAsSecondary, caught
+/// up with the primary at open); otherwise the plain read-only open, for a store
+/// nobody writes, or read-write.
 expected<std::unique_ptr<open_db>> open_families(const std::string& path, open_mode mode,
-                                                 const std::vector<std::string>& names) {
+                                                 const std::vector<std::string>& names, bool secondary = true) {
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
   for (const auto& n : names) families.emplace_back(n, family_options());
   auto out = std::make_unique<open_db>();
-  const rocksdb::Status s =
-      mode == open_mode::read_only
-          ? rocksdb::DB::OpenForReadOnly(db_options(mode), path, families, &out->handles, &out->db)
-          : rocksdb::DB::Open(db_options(mode), path, families, &out->handles, &out->db);
+  rocksdb::Status s;
+  if (mode == open_mode::read_only && secondary) {
+    auto dir = make_secondary_dir(path);
+    if (!dir) return dir.err();
+    out->secondary_dir = *dir;
+    s = rocksdb::DB::OpenAsSecondary(db_options(mode), path, *dir, families, &out->handles, &out->db);
+  } else if (mode == open_mode::read_only) {
+    s = rocksdb::DB::OpenForReadOnly(db_options(mode), path, families, &out->handles, &out->db);
+  } else {
+    s = rocksdb::DB::Open(db_options(mode), path, families, &out->handles, &out->db);
+  }
   if (!s.ok()) return from_status(s, path, "open");
   return out;
 }
@@ -184,7 +207,7 @@ class rocksdb_kv final : public kv_store {
 // Whether every family of a database is empty: a store whose creation was
 // interrupted (a crash between creating the families) has nothing in any of them.
 expected<bool> all_families_empty(const std::string& path, const std::vector<std::string>& names) {
-  auto db = open_families(path, open_mode::read_only, names);
+  auto db = open_families(path, open_mode::read_only, names, false);  // nobody writes it: we are its creator
   if (!db) return db.err();
   for (auto* h : (*db)->handles) {
     std::unique_ptr<rocksdb::Iterator> it((*db)->db->NewIterator(rocksdb::ReadOptions(), h));
@@ -246,16 +269,9 @@ expected<std::unique_ptr<kv_store>> open_rocksdb(const std::string& path, rocksd
     return make_error(errc::invalid_input, path + " is not a directory");
   }
 
-  // A read-write process may be rotating the manifest or removing a log while a
-  // reader opens; such a race fails the open with an I/O or corruption error
-  // that a second attempt does not see. A real fault fails every attempt.
-  constexpr int attempts = 3;
-  for (int attempt = 1;; ++attempt) {
-    auto kv = try_open(path, options);
-    const bool transient = !kv && (kv.err().code == errc::io_error || kv.err().code == errc::corrupt_data);
-    if (kv || !transient || options.mode != open_mode::read_only || attempt == attempts) return kv;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20 * attempt));
-  }
+  // A reader is a secondary instance: RocksDB supports it beside a writer in
+  // another process, so there is no race to retry around.
+  return try_open(path, options);
 }
 
 }  // namespace archipelago::storage

@@ -514,9 +514,10 @@ std::uint64_t snapshot_store::last_mesh_version() const {
   return last_mesh_version_;
 }
 
-expected<std::optional<manifest>> snapshot_store::recover(std::vector<std::string>* dropped) {
+expected<std::optional<manifest>> snapshot_store::recover(std::vector<std::string>* dropped,
+                                                          std::vector<fragment_state>* head_states) {
   std::vector<std::string> skipped;
-  auto head = latest_valid_manifest(&skipped);
+  auto head = latest_valid_manifest(&skipped, head_states);
   if (!head) return head.err();
   std::lock_guard lock(write_mutex_);
   const std::uint64_t head_version = *head ? (*head)->mesh_version : 0;
@@ -582,7 +583,8 @@ expected<manifest> snapshot_store::read_manifest(std::uint64_t mesh_version) con
   return decode_manifest(**raw, "manifest " + std::to_string(mesh_version));
 }
 
-expected<std::optional<manifest>> snapshot_store::latest_valid_manifest(std::vector<std::string>* skipped) const {
+expected<std::optional<manifest>> snapshot_store::latest_valid_manifest(std::vector<std::string>* skipped,
+                                                                       std::vector<fragment_state>* states) const {
   std::vector<std::uint64_t> versions;
   auto scanned = kv_->scan(column::manifests, {}, {}, [&](std::string_view key, std::string_view) {
     versions.push_back(read_be64(key));
@@ -592,6 +594,7 @@ expected<std::optional<manifest>> snapshot_store::latest_valid_manifest(std::vec
   for (auto it = versions.rbegin(); it != versions.rend(); ++it) {
     auto m = read_manifest(*it);
     std::optional<error> bad = m ? std::nullopt : std::optional<error>(m.err());
+    std::vector<fragment_state> read;
     if (m)
       for (const auto& e : m->entries) {
         auto f = read_fragment(e.fragment, e.version);
@@ -599,8 +602,12 @@ expected<std::optional<manifest>> snapshot_store::latest_valid_manifest(std::vec
         else if (theta_checksum(f->theta) != e.theta_checksum)
           bad = make_error(errc::corrupt_data, fragment_name(e.fragment, e.version) + " differs from its manifest");
         if (bad) break;
+        if (states) read.push_back(std::move(*f));
       }
-    if (!bad) return std::optional<manifest>(std::move(*m));
+    if (!bad) {
+      if (states) *states = std::move(read);
+      return std::optional<manifest>(std::move(*m));
+    }
     if (bad->code != errc::corrupt_data && bad->code != errc::not_found) return *bad;
     if (skipped) skipped->push_back("version " + std::to_string(*it) + ": " + bad->message);
   }
@@ -695,22 +702,40 @@ expected<std::vector<std::pair<std::uint32_t, std::uint64_t>>> snapshot_store::f
 
 expected<std::vector<float>> snapshot_store::read_params(const manifest& m, const param_layout& layout,
                                                          const fragment_plan& plan) const {
+  std::vector<fragment_state> states;
+  if (m.entries.size() == plan.fragments.size())  // else params_from says what is wrong
+    for (const auto& e : m.entries) {
+      auto f = read_fragment(e.fragment, e.version);
+      if (!f) return f.err();
+      states.push_back(std::move(*f));
+    }
+  return params_from(m, states, layout, plan);
+}
+
+expected<std::vector<float>> snapshot_store::params_from(const manifest& m, const std::vector<fragment_state>& states,
+                                                         const param_layout& layout, const fragment_plan& plan) {
   if (m.entries.size() != plan.fragments.size())
     return make_error(errc::invalid_input, "version " + std::to_string(m.mesh_version) + " holds " +
                                                std::to_string(m.entries.size()) + " fragments, the model has " +
                                                std::to_string(plan.fragments.size()) +
                                                " (a store of one shard holds only its own fragments)");
+  if (states.size() != m.entries.size())
+    return make_error(errc::internal, "version " + std::to_string(m.mesh_version) + ": " +
+                                          std::to_string(states.size()) + " fragment states for " +
+                                          std::to_string(m.entries.size()) + " entries");
   std::vector<float> params(layout.total_floats, 0.f);
-  for (const auto& e : m.entries) {
+  for (std::size_t i = 0; i < m.entries.size(); ++i) {
+    const manifest_entry& e = m.entries[i];
+    const fragment_state& f = states[i];
     if (e.fragment >= plan.fragments.size())
       return make_error(errc::corrupt_data, "manifest names fragment " + std::to_string(e.fragment));
-    auto f = read_fragment(e.fragment, e.version);
-    if (!f) return f.err();
-    if (f->theta.size() != plan.fragments[e.fragment].floats)
+    if (f.fragment != e.fragment || f.version != e.version)
+      return make_error(errc::internal, fragment_name(e.fragment, e.version) + ": handed another fragment's state");
+    if (f.theta.size() != plan.fragments[e.fragment].floats)
       return make_error(errc::corrupt_data, fragment_name(e.fragment, e.version) + " has " +
-                                                std::to_string(f->theta.size()) + " values, the model's fragment " +
+                                                std::to_string(f.theta.size()) + " values, the model's fragment " +
                                                 std::to_string(plan.fragments[e.fragment].floats));
-    scatter_fragment(layout, plan.fragments[e.fragment], f->theta.data(), params.data());
+    scatter_fragment(layout, plan.fragments[e.fragment], f.theta.data(), params.data());
   }
   return params;
 }

@@ -167,15 +167,19 @@ class snapshot_store {
   /// Crash recovery: the newest manifest whose fragments all read back valid
   /// becomes the head. Newer manifests (torn or corrupt) and fragment states no
   /// manifest names (debris of a failed write) are deleted. nullopt: no manifest.
-  /// What was dropped and why goes to `dropped`.
-  expected<std::optional<manifest>> recover(std::vector<std::string>* dropped = nullptr);
+  /// What was dropped and why goes to `dropped`; the head's fragment states, read
+  /// and verified on the way, to `head_states` (a restore need not read them again).
+  expected<std::optional<manifest>> recover(std::vector<std::string>* dropped = nullptr,
+                                            std::vector<fragment_state>* head_states = nullptr);
 
   // ---- reads (checksums verified) ----
   expected<std::optional<manifest>> latest_manifest() const;
   expected<manifest> read_manifest(std::uint64_t mesh_version) const;
   /// The newest manifest whose fragment states all read back valid; the versions
-  /// skipped on the way and why go to `skipped`.
-  expected<std::optional<manifest>> latest_valid_manifest(std::vector<std::string>* skipped = nullptr) const;
+  /// skipped on the way and why go to `skipped`; its fragment states, each read
+  /// and verified once, to `states` (in the manifest's order).
+  expected<std::optional<manifest>> latest_valid_manifest(std::vector<std::string>* skipped = nullptr,
+                                                          std::vector<fragment_state>* states = nullptr) const;
   status for_each_manifest(const std::function<bool(const manifest&)>& visit) const;
   expected<fragment_state> read_fragment(std::uint32_t fragment, std::uint64_t version) const;
   /// not_found when that version was not recorded.
@@ -195,6 +199,9 @@ class snapshot_store {
   /// The full parameter buffer (laid out by `layout`) of manifest `m`.
   expected<std::vector<float>> read_params(const manifest& m, const param_layout& layout,
                                            const fragment_plan& plan) const;
+  /// The same from `m`'s fragment states already read (latest_valid_manifest's `states`).
+  static expected<std::vector<float>> params_from(const manifest& m, const std::vector<fragment_state>& states,
+                                                  const param_layout& layout, const fragment_plan& plan);
 
  private:
   snapshot_store(std::shared_ptr<kv_store> kv, store_info info, retention keep);

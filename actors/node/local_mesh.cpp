@@ -42,6 +42,7 @@ std::vector<float> gather_global(caf::scoped_actor& self, const std::vector<caf:
 struct snapshot_start {
   std::shared_ptr<storage::snapshot_store> store, source;  // write here; read the starting point there
   std::optional<storage::manifest> from;
+  std::vector<storage::fragment_state> from_states;  // `from`'s fragment states, read once
   std::uint64_t resumed_version = 0;  // the version resumed, as the resumed store numbers it
   std::vector<float> start_params;    // a resumed run: its model at that version; empty: the initial model
   std::int64_t start_step = 0;
@@ -75,19 +76,20 @@ status pick_resume_point(const mesh_setup& setup, const mesh_snapshots& o, const
                                                  "resume into another --db");
     out.source = out.store;
     out.from = target->head;
+    out.from_states = target->head_states;
   } else {
     auto source = open_store_read_only(o.resume_db);
     if (!source) return source.err();
     if ((*source)->info().layout_fingerprint != setup.layout.fingerprint())
       return make_error(errc::invalid_input, o.resume_db + " holds another model (model.* knobs differ)");
-    auto m = pick_manifest(**source, o.resume_version);
+    auto m = pick_manifest(**source, o.resume_version, &out.from_states);
     if (!m) return make_error(m.err().code, o.resume_db + ": " + m.err().message);
     out.source = *source;
     out.from = std::move(*m);
   }
   // Before anything is written: the plan must match fragment by fragment (read_params
   // checks counts and sizes); the model read is the resumed run's starting point.
-  auto params = out.source->read_params(*out.from, setup.layout, setup.plan);
+  auto params = storage::snapshot_store::params_from(*out.from, out.from_states, setup.layout, setup.plan);
   if (!params) return make_error(params.err().code, o.resume_db + ": " + params.err().message);
   out.start_params = std::move(*params);
   out.start_step = static_cast<std::int64_t>(out.from->learner_steps);
@@ -108,12 +110,8 @@ expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_s
     // A new store starts with every fragment's state: the initial model, or the copied starting point.
     storage::commit_job first = initial_commit(setup, initial);
     if (out.source) {
-      first.fragments.clear();
-      for (const auto& e : out.from->entries) {
-        auto f = out.source->read_fragment(e.fragment, e.version);
-        if (!f) return f.err();
-        first.fragments.push_back(std::move(*f));
-      }
+      first.fragments = std::move(out.from_states);  // read once, by pick_resume_point
+      out.from_states.clear();
       first.learner_steps = out.from->learner_steps;
       first.ledger = out.from->ledger;
     }
@@ -412,6 +410,7 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   roles.writer = writer.get();
   roles.record_contributions = snapshots_.record_contributions;
   roles.restore_store = origin_.source.get();
+  roles.restored = &origin_.from_states;  // the resumed manifest's states where already read
   roles.learner_steps = [this, first = origin_.start_step] {
     return static_cast<std::uint64_t>(first) + board_.total(role::learner).steps / static_cast<std::uint64_t>(m_);
   };

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "core/checksum.hpp"
 #include "core/clock.hpp"
 
 namespace archipelago {
@@ -35,7 +36,7 @@ expected<recovered_store> open_mesh_store(const std::string& dir, const mesh_set
   auto store = storage::snapshot_store::create(std::move(disk), store_info_of(setup), retention_of(setup.cfg));
   if (!store) return make_error(store.err().code, dir + ": " + store.err().message);
   out.store = *store;
-  auto head = out.store->recover(&out.dropped);
+  auto head = out.store->recover(&out.dropped, &out.head_states);
   if (!head) return make_error(head.err().code, dir + ": " + head.err().message);
   out.head = std::move(*head);
   return out;
@@ -55,9 +56,23 @@ expected<config> config_of(const storage::store_info& info) {
   return cfg;
 }
 
-expected<storage::manifest> pick_manifest(const storage::snapshot_store& store, std::optional<std::uint64_t> version) {
-  if (version) return store.read_manifest(*version);
-  auto latest = store.latest_valid_manifest();
+expected<storage::manifest> pick_manifest(const storage::snapshot_store& store, std::optional<std::uint64_t> version,
+                                          std::vector<storage::fragment_state>* states) {
+  if (version) {
+    auto m = store.read_manifest(*version);
+    if (!m || !states) return m;
+    states->clear();
+    for (const auto& e : m->entries) {
+      auto f = store.read_fragment(e.fragment, e.version);
+      if (!f) return f.err();
+      if (checksum64(f->theta.data(), f->theta.size() * sizeof(float)) != e.theta_checksum)
+        return make_error(errc::corrupt_data, "fragment " + std::to_string(e.fragment) + " version " +
+                                                  std::to_string(e.version) + " differs from its manifest's checksum");
+      states->push_back(std::move(*f));
+    }
+    return m;
+  }
+  auto latest = store.latest_valid_manifest(nullptr, states);
   if (!latest) return latest.err();
   if (!*latest) return make_error(errc::not_found, "the store holds no complete snapshot");
   return std::move(**latest);

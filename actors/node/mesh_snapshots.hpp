@@ -26,6 +26,7 @@ struct recovered_store {
   /// With a failing disk asked for: the store's writes pass through it (the chaos
   /// monkey's storage faults switch its error rate); null otherwise.
   std::shared_ptr<storage::faulty_kv> disk;
+  std::vector<storage::fragment_state> head_states;  // the head's fragment states, read and verified once
 };
 
 /// Opens (creating it when missing) the RocksDB store in `dir` for this mesh and
@@ -40,7 +41,9 @@ expected<std::shared_ptr<storage::snapshot_store>> open_store_read_only(const st
 /// The configuration the store's run used.
 expected<config> config_of(const storage::store_info& info);
 
-/// A manifest of the store: `version`, or the newest valid one.
-expected<storage::manifest> pick_manifest(const storage::snapshot_store& store, std::optional<std::uint64_t> version);
+/// A manifest of the store: `version`, or the newest valid one. With `states`:
+/// its fragment states too, each read once and checked against the manifest.
+expected<storage::manifest> pick_manifest(const storage::snapshot_store& store, std::optional<std::uint64_t> version,
+                                          std::vector<storage::fragment_state>* states = nullptr);
 
 }  // namespace archipelago

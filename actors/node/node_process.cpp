@@ -67,7 +67,7 @@ expected<std::optional<recovered_store>> open_node_store(const config& cfg, cons
     auto kept = storage::snapshot_store::create(std::shared_ptr<storage::kv_store>(storage::make_memory_kv()),
                                                 store_info_of(setup), retention_of(cfg));
     if (!kept) return kept.err();
-    return std::optional<recovered_store>{recovered_store{std::move(*kept), std::nullopt, {}, nullptr}};
+    return std::optional<recovered_store>{recovered_store{std::move(*kept), std::nullopt, {}, nullptr, {}}};
   }
   if (o.db.empty()) return std::optional<recovered_store>{};
   auto opened = open_mesh_store(o.db, setup, cfg.wire.accept_chaos && o.kind == role::parameter_shard);
@@ -162,6 +162,7 @@ expected<node_result> run_node(const config& cfg, logger& log, const node_option
       roles.writer = writer.get();
       roles.record_contributions = o.record_contributions;
       roles.restore_store = (*store)->store.get();
+      roles.restored = &(*store)->head_states;
       if (auto disk = (*store)->disk)
         roles.set_storage_failing = [disk](bool failing) { disk->set_write_error_rate(failing ? 1 : 0); };
     }

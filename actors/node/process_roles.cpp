@@ -33,6 +33,7 @@ caf::actor process_roles::shard(std::uint32_t index, incarnation inc, std::optio
   a.record_contributions = record_contributions;
   a.restore_store = restore_store;
   a.resume_from = std::move(resume_from);
+  a.restored = restored;
   a.learner_steps = learner_steps;
   a.tokens = tokens;
   a.set_storage_failing = set_storage_failing;

@@ -36,6 +36,7 @@ struct process_roles {
   storage::snapshot_writer* writer = nullptr;
   bool record_contributions = false;
   const storage::snapshot_store* restore_store = nullptr;  // shards resume from a manifest of it
+  const std::vector<storage::fragment_state>* restored = nullptr;  // its head's states, read by the recovery
   std::function<std::uint64_t()> learner_steps, tokens;    // for manifests; may be empty
   std::function<void(bool failing)> set_storage_failing;   // the chaos monkey's disk faults; may be empty
   /// Brokers with a store of their own (a mesh with standbys in one process, as

@@ -71,6 +71,14 @@ expected<std::vector<std::pair<fragment_index, fragment_outer_state>>> read_rest
     if (!e)
       return make_error(errc::invalid_input, "the snapshot has no fragment " + std::to_string(p.value) +
                                                  ": it was written by another shard or mesh");
+    const storage::fragment_state* known = nullptr;
+    if (a.restored)
+      for (const auto& s : *a.restored)
+        if (s.fragment == p.value && s.version == e->version) known = &s;
+    if (known) {  // read and verified by the recovery: once is enough
+      out.emplace_back(p, outer_state_of(storage::fragment_state(*known)));
+      continue;
+    }
     auto f = a.restore_store->read_fragment(p.value, e->version);
     if (!f) return f.err();
     out.emplace_back(p, outer_state_of(std::move(*f)));

@@ -35,6 +35,9 @@ struct shard_actor_args {
   /// Resume every owned fragment from this manifest of `restore_store`.
   const storage::snapshot_store* restore_store = nullptr;
   std::optional<storage::manifest> resume_from;
+  /// Fragment states already read and verified (a recovery's head): those that
+  /// `resume_from` names are taken from here, not read again. May be null.
+  const std::vector<storage::fragment_state>* restored = nullptr;
   /// For manifests: the learners' mean inner steps and the tokens they processed. May be empty.
   std::function<std::uint64_t()> learner_steps, tokens;
   /// The store's writes fail (true) or work again (false): the chaos monkey's

@@ -144,7 +144,7 @@ void report_restore_layout(json_line& j, const restore_layout& layout, bool flus
   std::printf("                  %s\n", flushed ? "after flushing the memtables to table files (no log to replay):"
                                                 : "as the writer left it (its last writes in RocksDB's log, replayed "
                                                   "at every open):");
-  std::printf("                    store: open read-only %.3f s + newest valid manifest %.3f s + read_params %.3f s "
+  std::printf("                    store: open read-only %.3f s + newest valid manifest with its states %.3f s + params_from %.3f s "
               "= %.3f s\n",
               median(layout.open_s), median(layout.pick_s), median(layout.read_s), store);
   std::printf("                    plain RocksDB: open %.3f s + copy of the same values %.3f s = %.3f s\n",

@@ -4,6 +4,7 @@
 // reading is tools/replay's; this file parses flags and prints.
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -16,15 +17,18 @@
 #include "cli_common.hpp"
 #include "cmd_run.hpp"
 #include "commands.hpp"
+#include "node/mesh_snapshots.hpp"
 #include "replay/replay.hpp"
 
 namespace archipelago::cli {
 namespace {
 
 struct replay_cli {
-  std::string db;
+  std::vector<std::string> dbs;
+  std::string db;  // the one store (all but the mesh commands)
   bool json = false;
-  std::uint64_t version = 0, other = 0;
+  std::string version_text, other_text;  // a version number, or head (the newest)
+  std::uint64_t version = 0, other = 0;   // resolved against the store
   std::string corpus;
   sample_options sample;
   std::string format = "npy", out;
@@ -167,6 +171,18 @@ int run_diff(const replay_cli& c, const replay_store& s) {
   return print_json(j);
 }
 
+/// The fragment plan as JSON: per fragment, its tensors' names in the order its
+/// values are concatenated (what a manifest's checksum covers).
+std::string plan_json(const mesh_setup& setup) {
+  std::string plan;
+  for (const auto& f : setup.plan.fragments) {
+    std::string names;
+    for (std::size_t t : f.tensors) names += (names.empty() ? "\"" : ",\"") + json_escape(setup.layout.tensors[t].name) + "\"";
+    plan += (plan.empty() ? "[" : ",[") + names + "]";
+  }
+  return "[" + plan + "]";
+}
+
 int run_export(const replay_cli& c, const replay_store& s) {
   if (auto ok = export_version(s, c.version, c.format, c.out); !ok) return report_input(ok.err());
   std::printf("version %llu: %zu tensors, %zu parameters written to %s (%s)\n",
@@ -176,7 +192,7 @@ int run_export(const replay_cli& c, const replay_store& s) {
   json_line j;
   j.add("command", "replay export").add("version", c.version).add("format", c.format).add("out", c.out)
       .add("tensors", static_cast<std::int64_t>(s.setup.layout.tensors.size()))
-      .add("parameters", static_cast<std::int64_t>(s.setup.layout.param_count));
+      .add("parameters", static_cast<std::int64_t>(s.setup.layout.param_count)).add_raw("fragments", plan_json(s.setup));
   return print_json(j);
 }
 
@@ -256,39 +272,200 @@ int run_verify(const replay_cli& c, const replay_store& s) {
   return r->failures.empty() ? exit_ok : exit_failure;
 }
 
+
+// ---- several stores: one mesh (replay_mesh.cpp) ----------------------------------------
+
+std::string part_list(const mesh_view& v) {
+  std::string out;
+  for (const auto& p : v.parts) out += (out.empty() ? "\"" : ",\"") + json_escape(p.db) + "\"";
+  return "[" + out + "]";
+}
+
+int run_mesh_list(const replay_cli& c, const mesh_view& v) {
+  auto cuts = list_cuts(v);
+  if (!cuts) return report_input(cuts.err());
+  std::printf("%zu shard stores, tape: %s (%zu rounds)\n", v.parts.size(),
+              v.tape_db.empty() ? "none given (only the head cut is known)" : v.tape_db.c_str(), v.tape.size());
+  for (std::size_t i = 0; i < v.parts.size(); ++i)
+    std::printf("  store %zu: %s (%zu fragments, %u to %u; %zu manifests)\n", i, v.parts[i].db.c_str(),
+                v.parts[i].fragments.size(), v.parts[i].fragments.front(), v.parts[i].fragments.back(),
+                v.parts[i].manifests);
+  std::printf("%8s  %-19s  %-8s  %12s  %7s  %s\n", "cut", "time (UTC)", "complete", "tokens", "steps",
+              "manifest per store (- none kept)");
+  std::string json_rows;
+  std::size_t complete = 0;
+  std::string newest;
+  for (const mesh_cut& cut : *cuts) {
+    std::string per_store, per_store_json;
+    for (const auto& m : cut.manifests) {
+      per_store += (per_store.empty() ? "" : " ") + (m ? std::to_string(*m) : std::string("-"));
+      per_store_json += (per_store_json.empty() ? "" : ",") + (m ? std::to_string(*m) : std::string("null"));
+    }
+    const bool ok = cut.complete(v);
+    if (ok) ++complete, newest = cut.name();
+    const std::string name = cut.name() + (cut.head && cut.tape_seq ? "*" : "");
+    std::printf("%8s  %-19s  %-8s  %12llu  %7llu  %s\n", name.c_str(), clock_time(cut.time_ns).c_str(),
+                ok ? "yes" : "no", static_cast<unsigned long long>(cut.tokens),
+                static_cast<unsigned long long>(cut.learner_steps), per_store.c_str());
+    std::string versions;
+    for (std::uint64_t x : cut.versions) versions += (versions.empty() ? "" : ",") + std::to_string(x);
+    json_line row;
+    row.add("cut", cut.name()).add("head", cut.head).add("complete", ok).add("time_ns", static_cast<std::int64_t>(cut.time_ns))
+        .add("tokens", cut.tokens).add("learner_steps", cut.learner_steps)
+        .add_raw("manifests", "[" + per_store_json + "]").add_raw("versions", "[" + versions + "]");
+    if (!ok) row.add("missing", missing_of(v, cut));
+    json_rows += (json_rows.empty() ? "" : ",") + row.str();
+  }
+  std::printf("%zu cuts kept by some store, %zu complete%s%s\n", cuts->size(), complete,
+              newest.empty() ? "" : "; the newest complete: ", newest.c_str());
+  if (!v.missing.empty()) std::printf("incomplete view: %s\n", missing_of(v, mesh_cut{{}, false, {}, std::vector<std::optional<std::uint64_t>>(v.parts.size(), 0)}).c_str());
+  if (!c.json) return exit_ok;
+  json_line j;
+  j.add("command", "replay list").add_raw("stores", part_list(v)).add("tape_db", v.tape_db)
+      .add("tape_records", static_cast<std::int64_t>(v.tape.size())).add("cuts", static_cast<std::int64_t>(cuts->size()))
+      .add("complete", static_cast<std::int64_t>(complete)).add("newest_complete", newest)
+      .add_raw("rows", "[" + json_rows + "]");
+  return print_json(j);
+}
+
+int run_mesh_check(const replay_cli& c, const mesh_view& v) {
+  std::size_t manifests = 0, states = 0, tape_records = 0, errors = 0;
+  std::vector<std::string> all;
+  for (const auto& p : v.parts) all.push_back(p.db);
+  all.insert(all.end(), v.broker_dbs.begin(), v.broker_dbs.end());
+  for (const auto& db : all) {
+    auto s = open_replay(db);
+    if (!s) return report_input(s.err());
+    auto r = check_store(*s);
+    if (!r) return report_input(r.err());
+    for (const auto& e : r->errors) std::fprintf(stderr, "archipelago replay check: %s: %s\n", db.c_str(), e.c_str());
+    std::printf("%s: %zu manifests, %zu fragment states, %zu tape records: %s\n", db.c_str(), r->manifests,
+                r->fragment_states, r->tape_records, r->errors.empty() ? "ok" : "ERRORS (see above)");
+    manifests += r->manifests, states += r->fragment_states, tape_records += r->tape_records;
+    errors += r->errors.size();
+  }
+  if (!v.missing.empty()) std::printf("the view lacks fragments: no store given holds them\n");
+  if (c.json) {
+    json_line j;
+    j.add("command", "replay check").add("ok", errors == 0).add("stores", static_cast<std::int64_t>(all.size()))
+        .add("manifests", static_cast<std::int64_t>(manifests)).add("fragment_states", static_cast<std::int64_t>(states))
+        .add("tape_records", static_cast<std::int64_t>(tape_records)).add("errors", static_cast<std::int64_t>(errors))
+        .add("complete_view", v.missing.empty());
+    print_json(j);
+  }
+  return errors == 0 ? exit_ok : exit_bad_input;
+}
+
+/// The model of the cut the command names, with the cut.
+expected<std::pair<mesh_cut, std::vector<float>>> mesh_model(const replay_cli& c, const mesh_view& v) {
+  auto cut = find_cut(v, c.version_text);
+  if (!cut) return cut.err();
+  auto params = params_of(v, *cut);
+  if (!params) return params.err();
+  return std::pair{std::move(*cut), std::move(*params)};
+}
+
+int run_mesh_eval(const replay_cli& c, const mesh_view& v) {
+  auto m = mesh_model(c, v);
+  if (!m) return report_input(m.err());
+  auto r = evaluate_params(v.cfg, v.setup, m->second, c.corpus, c.threads);
+  if (!r) return report_input(r.err());
+  const std::string corpus = c.corpus.empty() ? v.cfg.data.corpus : c.corpus;
+  std::printf("cut %s of %zu stores: eval loss %.4f nats/byte = %.4f bits/byte on %lld held-out bytes of %s\n",
+              m->first.name().c_str(), v.parts.size(), r->loss, r->bits_per_byte, static_cast<long long>(r->scored),
+              corpus.empty() ? "the synthetic corpus" : corpus.c_str());
+  if (!c.json) return exit_ok;
+  json_line j;
+  j.add("command", "replay eval").add("cut", m->first.name()).add("eval_loss", r->loss).add("eval_bpb", r->bits_per_byte)
+      .add("scored", static_cast<std::int64_t>(r->scored)).add("corpus", corpus.empty() ? "synthetic" : corpus)
+      .add_raw("stores", part_list(v));
+  return print_json(j);
+}
+
+int run_mesh_sample(const replay_cli& c, const mesh_view& v) {
+  if (auto ok = validate(c.sample); !ok) return report_input(ok.err());
+  auto m = mesh_model(c, v);
+  if (!m) return report_input(m.err());
+  auto text = sample_params(v.setup, m->second, c.sample, c.threads);
+  if (!text) return report_input(text.err());
+  std::printf("%s%s\n", c.sample.prompt.c_str(), text->c_str());
+  if (!c.json) return exit_ok;
+  json_line j;
+  j.add("command", "replay sample").add("cut", m->first.name()).add("prompt", c.sample.prompt).add("text", *text);
+  return print_json(j);
+}
+
+int run_mesh_export(const replay_cli& c, const mesh_view& v) {
+  auto m = mesh_model(c, v);
+  if (!m) return report_input(m.err());
+  if (auto ok = export_params(v.setup, m->second, c.format, c.out, "cut " + m->first.name()); !ok)
+    return report_input(ok.err());
+  std::string versions;
+  for (std::uint64_t x : m->first.versions) versions += (versions.empty() ? "" : ",") + std::to_string(x);
+  std::printf("cut %s of %zu stores: %zu tensors, %zu parameters written to %s (%s)\n", m->first.name().c_str(),
+              v.parts.size(), v.setup.layout.tensors.size(), v.setup.layout.param_count, c.out.c_str(), c.format.c_str());
+  if (!c.json) return exit_ok;
+  json_line j;
+  j.add("command", "replay export").add("cut", m->first.name()).add("format", c.format).add("out", c.out)
+      .add("tensors", static_cast<std::int64_t>(v.setup.layout.tensors.size()))
+      .add("parameters", static_cast<std::int64_t>(v.setup.layout.param_count))
+      .add_raw("versions", "[" + versions + "]").add_raw("stores", part_list(v))
+      .add_raw("fragments", plan_json(v.setup));
+  return print_json(j);
+}
+
+/// A version argument against one store: a number, or head (its newest valid manifest).
+expected<std::uint64_t> resolve_version(const replay_store& s, const std::string& text) {
+  if (text == "head") {
+    auto m = pick_manifest(*s.store, std::nullopt);
+    if (!m) return m.err();
+    return m->mesh_version;
+  }
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc{} || end != text.data() + text.size())
+    return make_error(errc::invalid_input, "version '" + text + "': expected a number from `replay list` or head");
+  return v;
+}
+
 }  // namespace
 
 runner add_replay_command(CLI::App& app) {
   auto c = std::make_shared<replay_cli>();
   CLI::App* cmd = app.add_subcommand("replay", "Read a run's snapshots back: list, show, check, eval, sample, diff, "
                                                "export, tape, verify, resume");
-  cmd->add_option("--db", c->db, "The snapshot directory (run --db, node --db)")->required();
+  cmd->add_option("--db", c->dbs,
+                  "A snapshot directory (run --db, node --db), or a directory of a mesh's stores (launch.py --db, "
+                  "Slurm's ARCH_DB); repeat it for the stores of one mesh: list, check, eval, sample and export "
+                  "then read the whole model over them")
+      ->required();
   cmd->require_subcommand(1);
   auto add = [&](const std::string& name, const std::string& help) {
     CLI::App* sub = cmd->add_subcommand(name, help);
     sub->add_flag("--json", c->json, "Print a one-line JSON summary last");
     return sub;
   };
-  auto version_arg = [&](CLI::App* sub, std::uint64_t& field, const std::string& name) {
-    sub->add_option(name, field, "Mesh version (see replay list)")->required();
+  auto version_arg = [&](CLI::App* sub, std::string& field, const std::string& name) {
+    sub->add_option(name, field, "Mesh version, or cut of several stores (see replay list); head: the newest")
+        ->required();
   };
   std::map<std::string, std::function<int(const replay_cli&, const replay_store&)>> subs;
   add("list", "Versions with time, tokens and eval loss where known");
   subs["list"] = run_list;
-  version_arg(add("show", "One version: its fragments, versions and checksums"), c->version, "VERSION");
+  version_arg(add("show", "One version: its fragments, versions and checksums"), c->version_text, "VERSION");
   subs["show"] = run_show;
   add("check", "Read every record; exit 2 if anything is corrupt, missing or out of order");
   subs["check"] = run_check;
   {
     CLI::App* sub = add("eval", "Eval loss of a version");
-    version_arg(sub, c->version, "VERSION");
+    version_arg(sub, c->version_text, "VERSION");
     sub->add_option("--corpus", c->corpus, "Evaluate on this text file's held-out part instead");
     sub->add_option("--threads", c->threads, "Compute threads")->check(CLI::Range(1, 256));
   }
   subs["eval"] = run_eval;
   {
     CLI::App* sub = add("sample", "Generate text from a version");
-    version_arg(sub, c->version, "VERSION");
+    version_arg(sub, c->version_text, "VERSION");
     sub->add_option("--prompt", c->sample.prompt, "Text to continue");
     sub->add_option("--bytes", c->sample.bytes, "Bytes to generate (default 256)");
     sub->add_option("--temperature", c->sample.temperature, "Sampling temperature > 0 (default 0.8)");
@@ -297,13 +474,13 @@ runner add_replay_command(CLI::App& app) {
   subs["sample"] = run_sample_version;
   {
     CLI::App* sub = add("diff", "Change per fragment between two versions");
-    version_arg(sub, c->version, "A");
-    version_arg(sub, c->other, "B");
+    version_arg(sub, c->version_text, "A");
+    version_arg(sub, c->other_text, "B");
   }
   subs["diff"] = run_diff;
   {
     CLI::App* sub = add("export", "Write a version's tensors for numpy / PyTorch");
-    version_arg(sub, c->version, "VERSION");
+    version_arg(sub, c->version_text, "VERSION");
     sub->add_option("--format", c->format, "npy (a directory of .npy files) or safetensors (one file)")
         ->check(CLI::IsMember({"npy", "safetensors"}));
     sub->add_option("--out", c->out, "Output directory (npy) or file (safetensors)")->required();
@@ -323,7 +500,23 @@ runner add_replay_command(CLI::App& app) {
   resume->add_option("VERSION", *resume_version, "Mesh version to start from")->required();
   add_run_flags(*resume, c->resume);
 
-  return [c, cmd, resume, subs](logger& log) {
+  std::map<std::string, std::function<int(const replay_cli&, const mesh_view&)>> mesh_subs{
+      {"list", run_mesh_list}, {"check", run_mesh_check}, {"eval", run_mesh_eval},
+      {"sample", run_mesh_sample}, {"export", run_mesh_export}};
+
+  return [c, cmd, resume, subs, mesh_subs](logger& log) {
+    auto dirs = expand_store_dirs(c->dbs);
+    if (!dirs) return report_input(dirs.err());
+    if (dirs->size() > 1) {
+      auto view = open_mesh_view(*dirs);
+      if (!view) return report_input(view.err());
+      for (const auto& [name, fn] : mesh_subs)
+        if (cmd->get_subcommand(name)->parsed()) return fn(*c, *view);
+      return report_input(make_error(errc::invalid_input, "replay over several stores does list, check, eval, sample "
+                                                          "and export; show, diff, tape, verify and resume read one "
+                                                          "store: give its --db alone"));
+    }
+    c->db = dirs->front();
     if (resume->parsed()) {
       run_options& o = c->resume;
       if (o.snapshots.db == c->db)
@@ -334,6 +527,12 @@ runner add_replay_command(CLI::App& app) {
     }
     auto s = open_replay(c->db);
     if (!s) return report_input(s.err());
+    for (auto [text, field] : {std::pair{&c->version_text, &c->version}, std::pair{&c->other_text, &c->other}}) {
+      if (text->empty()) continue;
+      auto v = resolve_version(*s, *text);
+      if (!v) return report_input(v.err());
+      *field = *v;
+    }
     for (const auto& [name, fn] : subs)
       if (cmd->get_subcommand(name)->parsed()) return fn(*c, *s);
     return exit_bad_input;

@@ -226,10 +226,11 @@ expected<double> restore_sample(const model_fixture& f, const std::string& path,
   auto store = open_store_read_only(path);
   if (!store) return store.err();
   const double opened = since(t0);
-  auto m = pick_manifest(**store, std::nullopt);
+  std::vector<storage::fragment_state> states;  // read and verified once, by the pick
+  auto m = pick_manifest(**store, std::nullopt, &states);
   if (!m) return m.err();
   const double picked = since(t0);
-  auto params = (*store)->read_params(*m, f.setup.layout, f.setup.plan);
+  auto params = storage::snapshot_store::params_from(*m, states, f.setup.layout, f.setup.plan);
   if (!params) return params.err();
   const double seconds = since(t0);
   for (const auto& t : f.setup.layout.tensors)

@@ -13,7 +13,8 @@
 //      store's RocksDB options and sync setting, into one column family and,
 //      to tell the layout's cost from the snapshot layer's, into the store's;
 //   3. restore of a model: open the store read-only, pick the newest valid
-//      manifest, read_params (every checksum verified) vs opening the same
+//      manifest (reading and verifying every fragment state once), lay the
+//      states out as parameters (params_from) vs opening the same
 //      directory with plain RocksDB and copying the same value bytes out; once
 //      as the writer left it (its tail in RocksDB's log) and once flushed.
 // Temporary stores live under snapshot_options::dir and are removed.

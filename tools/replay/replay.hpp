@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,83 @@ expected<model_change> diff_versions(const replay_store& s, std::uint64_t a, std
 /// Writes `version`'s tensors: format "npy" (a directory of .npy files, one per
 /// tensor) or "safetensors" (one file).
 status export_version(const replay_store& s, std::uint64_t version, const std::string& format, const std::string& out);
+
+// ---- a model's parameters, wherever they were read from -------------------------------
+
+/// The eval loss of `params` on the run's held-out data (`cfg`), or on `corpus`'s.
+expected<eval_result> evaluate_params(const config& cfg, const mesh_setup& setup, const std::vector<float>& params,
+                                      const std::string& corpus, int threads);
+expected<std::string> sample_params(const mesh_setup& setup, const std::vector<float>& params,
+                                    const sample_options& options, int threads);
+/// `label` goes into the safetensors metadata (archipelago_version).
+status export_params(const mesh_setup& setup, const std::vector<float>& params, const std::string& format,
+                     const std::string& out, const std::string& label);
+
+// ---- a whole mesh over several stores (replay_mesh.cpp) ------------------------------------
+//
+// A mesh of `node` processes keeps one store per shard (its fragments' states and
+// manifests, each manifest numbered by that store alone) and the broker's tape in
+// the broker's store. A *mesh cut* is one manifest per shard store. Cut k is the
+// model after the k-th round of the broker's tape: every fragment at the newest
+// version the tape names by then (version 0, the initial model, before); it is
+// complete when every shard's store still keeps a manifest naming exactly those
+// versions of its fragments. Cut `head` is every shard store's newest manifest:
+// the model at the end of a finished run (also a cut k when the tape saw it all).
+
+/// `dbs` as given: a store directory each, or a directory whose subdirectories are
+/// stores (deploy/launch.py --db, Slurm's ARCH_DB: broker, broker-I, shard-I).
+/// Store directories, sorted within each directory given; an error names a path
+/// that holds no store.
+expected<std::vector<std::string>> expand_store_dirs(const std::vector<std::string>& dbs);
+
+struct mesh_part {
+  std::string db;
+  replay_store store;
+  std::vector<std::uint32_t> fragments;  // ascending: the fragments its manifests name
+  std::size_t manifests = 0;
+};
+
+struct mesh_view {
+  std::vector<mesh_part> parts;            // stores holding fragments (shards), by first fragment
+  std::vector<std::string> broker_dbs;     // stores with a tape and no fragments
+  std::string tape_db;                     // the tape used: the longest
+  std::vector<storage::tape_record> tape;  // in sequence order
+  std::vector<std::uint32_t> missing;      // fragments no store holds
+  std::vector<int> owner;                  // fragment → index into parts, -1: missing
+  config cfg;
+  mesh_setup setup;
+};
+
+/// Opens every store read-only and checks that they are one mesh's: the same
+/// model layout, policy and configuration, every fragment in at most one store,
+/// and the shards' fragment versions made in the rounds the broker's tape says.
+/// Stores of different runs are refused (invalid_input) naming both and what differs.
+expected<mesh_view> open_mesh_view(const std::vector<std::string>& dbs);
+
+struct mesh_cut {
+  std::optional<std::uint64_t> tape_seq;                 // the cut after that tape record; nullopt: head only
+  bool head = false;                                      // every shard store's newest manifest
+  std::vector<std::uint64_t> versions;                    // fragment → version
+  std::vector<std::optional<std::uint64_t>> manifests;    // part → its manifest's mesh version; nullopt: none kept
+  std::int64_t time_ns = 0;                               // the newest of its manifests (or tape record)
+  std::uint64_t tokens = 0, learner_steps = 0;            // the largest its manifests recorded
+  bool complete(const mesh_view& v) const;
+  std::string name() const;                               // "k" or "head"
+};
+
+/// Every cut some store kept a manifest of (complete or not), in tape order, and
+/// last the head cut when the tape did not see it.
+expected<std::vector<mesh_cut>> list_cuts(const mesh_view& v);
+
+/// Cut `which` ("head", or a tape sequence number), complete; an incomplete or
+/// unknown cut is an error saying what is missing.
+expected<mesh_cut> find_cut(const mesh_view& v, const std::string& which);
+
+/// What a cut lacks: empty when complete.
+std::string missing_of(const mesh_view& v, const mesh_cut& c);
+
+/// The whole model of a complete cut, every fragment's checksum verified against its manifest.
+expected<std::vector<float>> params_of(const mesh_view& v, const mesh_cut& c);
 
 // ---- tape, verify ---------------------------------------------------------------------
 

@@ -50,8 +50,8 @@ status export_npy(const param_layout& layout, const std::vector<float>& params, 
 
 /// One safetensors file: le64 header length, a JSON header, then the tensors' bytes.
 status export_safetensors(const param_layout& layout, const std::vector<float>& params, const std::string& out,
-                          std::uint64_t version) {
-  std::string header = "{\"__metadata__\":{\"format\":\"pt\",\"archipelago_version\":\"" + std::to_string(version) + "\"}";
+                          const std::string& label) {
+  std::string header = "{\"__metadata__\":{\"format\":\"pt\",\"archipelago_version\":\"" + json_escape(label) + "\"}";
   std::vector<float> data;
   for (const auto& t : layout.tensors) {
     const std::size_t begin = data.size() * 4;
@@ -93,18 +93,39 @@ expected<std::vector<float>> params_of(const replay_store& s, std::uint64_t vers
   return s.store->read_params(*m, s.setup.layout, s.setup.plan);
 }
 
+expected<eval_result> evaluate_params(const config& run_cfg, const mesh_setup& setup, const std::vector<float>& params,
+                                      const std::string& corpus, int threads) {
+  config cfg = run_cfg;
+  if (!corpus.empty()) cfg.data.corpus = corpus;
+  auto data = load_dataset(cfg.data, 1, setup.shape.context, cfg.train.seed);
+  if (!data) return data.err();
+  set_compute_threads(threads);
+  engine eval(cfg, setup.shape, *data, 0);
+  std::copy(params.begin(), params.end(), eval.model().params());
+  return eval.evaluate();
+}
+
+expected<std::string> sample_params(const mesh_setup& setup, const std::vector<float>& params,
+                                    const sample_options& options, int threads) {
+  if (auto ok = validate(options); !ok) return ok.err();
+  set_compute_threads(threads);
+  gpt<float> model(setup.layout);
+  std::copy(params.begin(), params.end(), model.params());
+  return sample_text(model, options);
+}
+
+status export_params(const mesh_setup& setup, const std::vector<float>& params, const std::string& format,
+                     const std::string& out, const std::string& label) {
+  if (format == "npy") return export_npy(setup.layout, params, out);
+  if (format == "safetensors") return export_safetensors(setup.layout, params, out, label);
+  return make_error(errc::invalid_input, "unknown export format '" + format + "' (npy or safetensors)");
+}
+
 expected<eval_result> evaluate_version(const replay_store& s, std::uint64_t version, const std::string& corpus,
                                        int threads) {
   auto params = params_of(s, version);
   if (!params) return params.err();
-  config cfg = s.cfg;
-  if (!corpus.empty()) cfg.data.corpus = corpus;
-  auto data = load_dataset(cfg.data, 1, s.setup.shape.context, cfg.train.seed);
-  if (!data) return data.err();
-  set_compute_threads(threads);
-  engine eval(cfg, s.setup.shape, *data, 0);
-  std::copy(params->begin(), params->end(), eval.model().params());
-  return eval.evaluate();
+  return evaluate_params(s.cfg, s.setup, *params, corpus, threads);
 }
 
 expected<std::string> sample_version(const replay_store& s, std::uint64_t version, const sample_options& options,
@@ -112,10 +133,7 @@ expected<std::string> sample_version(const replay_store& s, std::uint64_t versio
   if (auto ok = validate(options); !ok) return ok.err();
   auto params = params_of(s, version);
   if (!params) return params.err();
-  set_compute_threads(threads);
-  gpt<float> model(s.setup.layout);
-  std::copy(params->begin(), params->end(), model.params());
-  return sample_text(model, options);
+  return sample_params(s.setup, *params, options, threads);
 }
 
 expected<model_change> diff_versions(const replay_store& s, std::uint64_t a, std::uint64_t b) {
@@ -143,9 +161,7 @@ expected<model_change> diff_versions(const replay_store& s, std::uint64_t a, std
 status export_version(const replay_store& s, std::uint64_t version, const std::string& format, const std::string& out) {
   auto params = params_of(s, version);
   if (!params) return params.err();
-  if (format == "npy") return export_npy(s.setup.layout, *params, out);
-  if (format == "safetensors") return export_safetensors(s.setup.layout, *params, out, version);
-  return make_error(errc::invalid_input, "unknown export format '" + format + "' (npy or safetensors)");
+  return export_params(s.setup, *params, format, out, std::to_string(version));
 }
 
 }  // namespace archipelago

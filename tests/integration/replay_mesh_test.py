@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Integration, replay of a whole mesh: a mesh of `archipelago node` processes (a
+broker with --db, two shards with --db, two learners; deploy/launch.py --db lays
+the stores out as the Slurm job does) trains; then `archipelago replay --db DIR`
+reads the whole model back over the three stores.
+
+Checked:
+- `list`: the head cut (every shard store's newest manifest) is complete and is
+  exactly each shard's final store version (its node summary's mesh_version);
+  cut 0 (the initial model) and a middle cut matched on the broker's tape are complete.
+- `export` of the head and of a middle cut, npy and safetensors, loaded by numpy:
+  every fragment's values, concatenated in the fragment plan's order, hash
+  (XXH3-64, Debian's libxxhash) to the checksum the shard's own store records
+  for that version (`replay --db shard-I show M`, one store read alone); the
+  safetensors tensors equal the npy ones bit for bit.
+- `eval` of the head cut is below the initial model's; `sample` runs.
+- Refusals: a store of another run (another configuration), a shard's store
+  given twice, and a view missing a shard (export says which).
+
+Environment: ARCHIPELAGO (the binary), REPLAY_MESH_STEPS (default 300).
+"""
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
+from launch import last_json  # noqa: E402
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+KNOBS = ["mesh.shards=2", "data.synthetic_bytes=1048576", "data.eval_tokens=8192", "data.batch=4",
+         "train.threads=1"]
+
+
+class Failure(Exception):
+    pass
+
+
+def check(ok, what, detail=""):
+    if not ok:
+        raise Failure(f"{what}\n{detail}")
+    print(f"ok: {what}")
+
+
+def replay(binary, dbs, *args, expect=0):
+    cmd = [binary, "replay"] + [x for db in dbs for x in ("--db", db)] + list(args) + ["--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if out.returncode != expect:
+        raise Failure(f"{' '.join(cmd)}: exit {out.returncode}, expected {expect}\n{out.stdout}\n{out.stderr}")
+    if expect != 0:
+        return out.stderr.strip()
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1])
+
+
+xxh = ctypes.CDLL("libxxhash.so.0")
+xxh.XXH3_64bits.restype = ctypes.c_uint64
+xxh.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+def check_export(binary, mesh, shard_dbs, cut, manifests, work):
+    """Exports cut `cut` (npy and safetensors) and checks it against each shard store read alone."""
+    import numpy as np
+    npy = os.path.join(work, f"npy-{cut}")
+    ex = replay(binary, [mesh], "export", cut, "--format", "npy", "--out", npy)
+    st = os.path.join(work, f"cut-{cut}.safetensors")
+    replay(binary, [mesh], "export", cut, "--format", "safetensors", "--out", st)
+    arrays = {f[:-4]: np.load(os.path.join(npy, f)) for f in os.listdir(npy)}
+    check(sum(a.size for a in arrays.values()) == ex["parameters"], f"cut {cut}: numpy reads {len(arrays)} tensors, "
+          f"{ex['parameters']} parameters")
+    # The shards' own records of the versions this cut names, one store at a time.
+    truth = {}
+    for db, m in zip(shard_dbs, manifests):
+        for e in replay(binary, [db], "show", str(m))["entries"]:
+            truth[e["fragment"]] = (e["version"], e["checksum"])
+    check(sorted(truth) == list(range(len(ex["fragments"]))), f"cut {cut}: the shard stores name every fragment once")
+    for p, names in enumerate(ex["fragments"]):
+        data = b"".join(np.ascontiguousarray(arrays[n], dtype="<f4").tobytes() for n in names)
+        version, checksum = truth[p]
+        if xxh.XXH3_64bits(data, len(data)) != checksum or ex["versions"][p] != version:
+            raise Failure(f"cut {cut}: fragment {p} (version {ex['versions'][p]}) differs from shard store's version "
+                          f"{version}")
+    print(f"ok: cut {cut}: all {len(ex['fragments'])} fragments bit for bit the shard stores' versions")
+    with open(st, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        body = f.read()
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = meta["data_offsets"]
+        t = np.frombuffer(body[a:b], dtype="<f4").reshape(meta["shape"])
+        if not np.array_equal(t, arrays[name]):
+            raise Failure(f"cut {cut}: safetensors tensor {name} differs from the npy one")
+    check(len(header) - 1 == len(arrays), f"cut {cut}: safetensors holds the same {len(arrays)} tensors bit for bit")
+
+
+def main():
+    binary = os.environ.get("ARCHIPELAGO", os.path.join(REPO, "build", "archipelago"))
+    steps = int(os.environ.get("REPLAY_MESH_STEPS", "300"))
+    work = tempfile.mkdtemp(prefix="archipelago-replay-mesh-")
+    mesh = os.path.join(work, "mesh")
+    try:
+        cmd = [sys.executable, os.path.join(REPO, "deploy", "launch.py"), "--binary", binary, "--learners", "2",
+               "--shards", "2", "--standbys", "0", "--steps", str(steps), "--db", mesh, "--json"]
+        for k in KNOBS:
+            cmd += ["--set", k]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        summary = [line for line in out.stdout.splitlines() if line.startswith("{")]
+        check(out.returncode == 0 and summary, "the mesh of 4 processes trained", out.stdout + out.stderr)
+        logs = json.loads(summary[-1])["logs"]
+        shard_dbs = [os.path.join(mesh, f"shard-{s}") for s in range(2)]
+        final = [last_json(os.path.join(logs, f"shard-{s}.{2 + s}.log")) for s in range(2)]
+
+        listed = replay(binary, [mesh], "list")
+        rows = {r["cut"]: r for r in listed["rows"]}
+        head = next(r for r in listed["rows"] if r["head"])
+        check(head["complete"] and head["manifests"] == [f["mesh_version"] for f in final],
+              f"the head cut is complete and is each shard's final store version {head['manifests']}",
+              json.dumps(listed)[:2000])
+        check(rows.get("0", {}).get("complete"), "cut 0 (the initial model) is complete")
+        middle = [r for r in listed["rows"] if r["complete"] and not r["head"] and r["cut"] != "0"]
+        check(middle, f"{listed['complete']} of {listed['cuts']} cuts complete over a tape of "
+              f"{listed['tape_records']} rounds, middle ones among them")
+        mid = middle[len(middle) // 2]
+
+        check_export(binary, mesh, shard_dbs, "head", head["manifests"], work)
+        check_export(binary, mesh, shard_dbs, mid["cut"], mid["manifests"], work)
+
+        first = replay(binary, [mesh], "eval", "0", "--threads", "1")["eval_loss"]
+        last = replay(binary, [mesh], "eval", "head", "--threads", "1")["eval_loss"]
+        check(last < first, f"eval loss of the whole model: cut 0 {first:.4f}, head {last:.4f} nats/byte")
+        text = replay(binary, [mesh], "sample", "head", "--bytes", "32")["text"]
+        check(len(text) > 0, "sample from the head cut")
+        # The same stores named one by one (the broker's last) read the same.
+        same = replay(binary, shard_dbs + [os.path.join(mesh, "broker")], "eval", "head", "--threads", "1")["eval_loss"]
+        check(same == last, "the stores given one by one read the same model")
+
+        # Refusals.
+        other = os.path.join(work, "other.db")
+        subprocess.run([binary, "run", "--db", other, "--learners", "1", "--steps", "5", "--report", "",
+                        "--out", os.path.join(work, "other.ckpt"), "--set", "data.synthetic_bytes=1048576", "--set", "train.threads=1",
+                        "--set", "data.eval_tokens=8192"], capture_output=True, timeout=300, check=True)
+        err = replay(binary, [shard_dbs[0], other], "list", expect=2)
+        check("stores of different runs" in err and other in err, f"a store of another run refused: {err}")
+        twin = os.path.join(work, "shard-0-copy")
+        shutil.copytree(shard_dbs[0], twin)
+        err = replay(binary, [shard_dbs[0], twin, shard_dbs[1]], "list", expect=2)
+        check("both hold fragment" in err, f"one shard's store twice refused: {err}")
+        err = replay(binary, [shard_dbs[0], os.path.join(mesh, "broker")], "export", "head", "--out",
+                     os.path.join(work, "x"), expect=2)
+        check("incomplete" in err and "shard 1" in err, f"a view without shard 1 refused: {err}")
+    except Failure as e:
+        print(f"FAIL: {e}\n(work directory kept: {work})", file=sys.stderr)
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
