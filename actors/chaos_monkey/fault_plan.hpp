@@ -57,7 +57,7 @@ enum class fault_kind : std::uint8_t {
   // SIGKILL of the primary broker's process and its store removed — its host is
   // gone. Never restarted (no `for`): a standby takes over. Needs standbys >= 1.
   broker_host_lost,
-  // Attackers (issue 19), learners only, carried out by the learner itself (wire.accept_chaos):
+  // Attackers, learners only, carried out by the learner itself (wire.accept_chaos):
   impersonate,     // it forges envelopes claiming to be `as` (broker, shard/N, learner/N) with its own key
   lie_tokens,      // its contributions claim factor × their tokens
   // A malicious learner (mesh.robust's drills): its contributions, for `for`, are

@@ -1,5 +1,5 @@
 #pragma once
-// What a role refused because of who sent a message or what it claims (issue 19):
+// What a role refused because of who sent a message or what it claims:
 // a fragment from a shard that does not own it, a chaos command from a node that
 // is not the chaos monkey, a contribution that claims more than the broker bounds.
 // Counted by reason; /metrics shows archipelago_refused_total{reason=...}.

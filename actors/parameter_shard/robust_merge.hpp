@@ -1,5 +1,5 @@
 #pragma once
-// The robust merge (mesh.robust, issue 19 item 4): what keeps one poisoned
+// The robust merge (mesh.robust): what keeps one poisoned
 // learner from wrecking a fragment. Pure and deterministic (no clock, no
 // randomness, a fixed order), like the rest of the merge.
 //

@@ -69,7 +69,7 @@ broker_config broker_settings(const mesh_setup& s) {
   b.liveness_timeout_ns = std::max<nanos>(s.cfg.wire.heartbeat_interval_ms * s.cfg.wire.liveness * 1'000'000,
                                           b.round_timeout_ns);
   b.shard_of_fragment = s.shard_of_fragment;
-  // A learner's claims are bounded by its Progress and its batch × context (issue 19).
+  // A learner's claims are bounded by its Progress and its batch × context.
   b.bound_claims = true;
   for (int l = 0; l < s.cfg.mesh.learners; ++l)
     b.tokens_per_step_max.push_back(static_cast<std::uint64_t>(learner_profile_of(s.cfg, l).batch) * s.shape.context);

@@ -26,7 +26,7 @@ enum class contribution_attack : std::uint8_t { none, scaled, sign_flip, random,
 const char* to_string(contribution_attack a);
 
 struct chaos_order {
-  /// impersonate, lie_tokens: attacker drills (issue 19) — a learner that forges
+  /// impersonate, lie_tokens: attacker drills — a learner that forges
   /// envelopes claiming to be `peer` with its own key, or claims factor × its tokens;
   /// attack: a learner that poisons its contributions (`attack`, `factor`).
   enum class what : std::uint8_t { shape_link, slow_down, storage_fault, heal, impersonate, lie_tokens, attack };

@@ -1,4 +1,4 @@
-// Keys bound to identities between real processes (issue 19): a broker and a
+// Keys bound to identities between real processes: a broker and a
 // shard run as `archipelago node` processes with CURVE on, every node with a key
 // of its own (keygen's names: broker, shard-0, learner-0, learner-1). An attacker
 // process (archipelago_test_peer) holding learner-1's key — a key on the

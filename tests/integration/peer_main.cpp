@@ -8,7 +8,7 @@
 // Prints "endpoint <bound endpoint>" once bound; answers every delivered message
 // with an Ack of its sequence; exits 0 on SIGTERM. With --send, it also sends
 // such a message to the peer every 100 ms, in an envelope whose header claims to
-// come from --claim (default: --self): an attacker with its own key (issue 19).
+// come from --claim (default: --self): an attacker with its own key.
 
 #include <atomic>
 #include <csignal>

@@ -1,4 +1,4 @@
-// Identities bound to keys, role permissions and claim bounds (issue 19): the
+// Identities bound to keys, role permissions and claim bounds: the
 // pure parts the transport, the broker and the shard apply.
 
 #include <doctest/doctest.h>
