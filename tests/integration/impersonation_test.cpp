@@ -32,26 +32,16 @@
 #include <vector>
 
 #include "transport/curve_keys.hpp"
+#include "free_port.hpp"
 
 extern char** environ;
 
 using namespace archipelago;
 using namespace archipelago::transport;
 using namespace std::chrono_literals;
+using archipelago::testing::free_port;
 
 namespace {
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 /// A child process, its stdout and stderr to files; SIGTERM then SIGKILL when dropped.
 struct child {

@@ -31,27 +31,16 @@
 #include "core/checksum.hpp"
 #include "core/prng.hpp"
 #include "transport/codec.hpp"
+#include "free_port.hpp"
 
 extern char** environ;
 
 using namespace archipelago;
 using namespace archipelago::transport;
 using namespace std::chrono_literals;
+using archipelago::testing::free_port;
 
 namespace {
-
-/// A free TCP port on loopback (bound, read, released: a race nobody else runs here).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 std::vector<std::uint8_t> wrong_version_heartbeat() {
   capnp::MallocMessageBuilder mb;
