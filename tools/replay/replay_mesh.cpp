@@ -5,6 +5,7 @@
 #include <charconv>
 #include <filesystem>
 #include <set>
+#include <string_view>
 
 #include "core/checksum.hpp"
 #include "replay/replay.hpp"
@@ -32,6 +33,20 @@ std::string first_difference(const std::string& a, const std::string& b) {
   return "(none)";
 }
 
+/// A store's configuration without the knobs that are each node's own (its key
+/// file: every node of a mesh has its own identity), so two nodes of one mesh agree.
+std::string mesh_wide(const std::string& config_toml) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < config_toml.size()) {
+    const std::size_t end = std::min(config_toml.find('\n', i), config_toml.size());
+    const std::string_view line(config_toml.data() + i, end - i);
+    if (line.rfind("key_file =", 0) != 0) out.append(line).push_back('\n');
+    i = end + 1;
+  }
+  return out;
+}
+
 /// Refuses a store of another mesh than `first`'s, naming both and what differs.
 status same_mesh(const std::string& first_db, const storage::store_info& first, const std::string& db,
                  const storage::store_info& info) {
@@ -39,8 +54,8 @@ status same_mesh(const std::string& first_db, const storage::store_info& first, 
   if (info.layout_fingerprint != first.layout_fingerprint) what = "their model layouts differ";
   else if (info.mesh_hash != first.mesh_hash) what = "their mesh policies differ (mode, fragments, shards, inner steps, encoding)";
   else if (info.param_floats != first.param_floats) what = "their parameter counts differ";
-  else if (info.config_toml != first.config_toml)
-    what = "their configurations differ: " + first_difference(first.config_toml, info.config_toml);
+  else if (mesh_wide(info.config_toml) != mesh_wide(first.config_toml))
+    what = "their configurations differ: " + first_difference(mesh_wide(first.config_toml), mesh_wide(info.config_toml));
   if (what.empty()) return {};
   return make_error(errc::invalid_input, first_db + " and " + db + " are stores of different runs: " + what);
 }
