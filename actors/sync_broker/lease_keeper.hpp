@@ -84,8 +84,6 @@ class lease_keeper final : public broker_lease {
   void answer(const lease_reply& reply, nanos now);
   /// When next() has a call due without campaign() or release() in between (none: far future).
   nanos due_at() const;
-  /// A call is out (its answer not yet given).
-  bool waiting() const { return out_.has_value(); }
 
  private:
   nanos margin_ns() const;
