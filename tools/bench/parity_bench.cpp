@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "bench/ablate_bench.hpp"
 #include "bench/bench_mesh.hpp"
 #include "bench/bench_stats.hpp"
 #include "report/svg_chart.hpp"
@@ -31,17 +32,6 @@ void record(parity_outcome& r, const mesh_summary& s) {
   r.ledger_exact = r.ledger_exact && s.ledger_exact;
   r.curves.emplace_back();
   for (const auto& [tokens, loss] : s.eval_curve) r.curves.back().emplace_back(static_cast<double>(tokens), loss);
-}
-
-/// The value of `curve` at `tokens`, linearly between points; NaN outside it.
-double at_tokens(const loss_curve& curve, double tokens) {
-  for (std::size_t i = 1; i < curve.size(); ++i)
-    if (tokens <= curve[i].first && tokens >= curve[i - 1].first) {
-      const double span = curve[i].first - curve[i - 1].first;
-      const double f = span > 0 ? (tokens - curve[i - 1].first) / span : 1;
-      return curve[i - 1].second + f * (curve[i].second - curve[i - 1].second);
-    }
-  return std::nan("");
 }
 
 }  // namespace
@@ -158,7 +148,7 @@ std::string parity_plot(const parity_result& r) {
         const double tokens = budget * k / 60;
         std::vector<double> at;
         for (const auto& curve : m.curves)
-          if (const double y = at_tokens(curve, tokens); !std::isnan(y)) at.push_back(y);
+          if (const double y = loss_at(curve, tokens); !std::isnan(y)) at.push_back(y);
         if (at.empty()) continue;
         mean_line.emplace_back(tokens, mean(at));
         low.emplace_back(tokens, *std::min_element(at.begin(), at.end()));
