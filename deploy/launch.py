@@ -88,7 +88,8 @@ class Mesh:
         self.broker = ",".join(f"tcp://127.0.0.1:{p}" for p in ports[:brokers])
         self.shards = ",".join(f"tcp://127.0.0.1:{p}" for p in ports[brokers:])
         self.common = ["--broker", self.broker, "--shards", self.shards, "--learners", str(args.learners),
-                       "--steps", str(args.steps), "--mode", args.mode, "--json"]
+                       "--steps", str(args.steps), "--mode", args.mode, "--json",
+                       "--log-format", args.log_format, "--log-level", args.log_level]
         self.keys = None
         if args.curve:
             # CURVE with a key per node, named as the transport looks them up: broker,
@@ -163,6 +164,9 @@ def main():
     ap.add_argument("--db", metavar="DIR", help="keep the brokers' and shards' stores under DIR (broker, broker-I, "
                     "shard-I), for `archipelago replay --db DIR`")
     ap.add_argument("--json", action="store_true", help="print a one-line JSON summary last")
+    ap.add_argument("--log-format", choices=["text", "json"], default="text",
+                    help="every node's log lines: text, or one JSON object per line for a collector")
+    ap.add_argument("--log-level", choices=["debug", "info", "warn", "error"], default="info")
     ap.add_argument("--no-curve", dest="curve", action="store_false",
                     help="plain tcp:// (wire.curve=false); default: CURVE with a keypair per node")
     ap.add_argument("--shared-learner-key", action="store_true",

@@ -100,6 +100,8 @@ struct TapeRecord {
   version @9 :UInt64;            # the committed fragment version
   committedNs @10 :Int64;        # wall clock
   brokerEpoch @11 :UInt64;       # the epoch of the broker that closed the round (0: an older writer)
+  screenedOut @12 :List(TapeMember);  # members a shard rejected at the close (a claim above its
+                                      # bound, mesh.robust's screening): decided, not merged
 }
 
 struct LearnerLedger {

@@ -225,6 +225,7 @@ std::string encode(const tape_record& t) {
   r.setReason(t.reason);
   set_members(r.initMembers(static_cast<unsigned>(t.members.size())), t.members);
   set_members(r.initLate(static_cast<unsigned>(t.late.size())), t.late);
+  set_members(r.initScreenedOut(static_cast<unsigned>(t.screened_out.size())), t.screened_out);
   r.setVersion(t.version);
   r.setCommittedNs(t.committed_ns);
   r.setBrokerEpoch(t.broker_epoch);
@@ -244,6 +245,7 @@ expected<tape_record> decode_tape(std::string_view v, std::uint64_t sequence) {
     t.reason = r.getReason().cStr();
     t.members = get_members(r.getMembers());
     t.late = get_members(r.getLate());
+    t.screened_out = get_members(r.getScreenedOut());
     t.version = r.getVersion();
     t.committed_ns = r.getCommittedNs();
     t.broker_epoch = r.getBrokerEpoch();

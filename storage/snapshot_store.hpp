@@ -90,6 +90,7 @@ struct tape_record {
   std::int64_t opened_ns = 0, quorum_ns = -1, grace_ns = 0, closed_ns = 0;
   std::string reason;
   std::vector<tape_member> members, late;
+  std::vector<tape_member> screened_out;  // members a shard rejected at the close: not merged
   std::uint64_t version = 0;
   std::int64_t committed_ns = 0;
   std::uint64_t broker_epoch = 0;  // the epoch of the broker that closed the round; 0: an older writer

@@ -277,6 +277,11 @@ std::vector<knob> make_knobs() {
       number_knob("mesh.robust_trim", h, &mesh_config::robust_trim, 0, 64,
                   "mesh.robust: contributions dropped per side per coordinate in the merge's weighted "
                   "means (at most (members - 1) / 2; 0: no trimming, screening only). Default: 1."),
+      number_knob("mesh.robust_min_cosine", h, &mesh_config::robust_min_cosine, -1.0, 1.0,
+                  "mesh.robust: a member whose delta's cosine with the reference direction (the coordinate-wise "
+                  "median of the round's unit deltas with 3 or more members, else the fragment's recent descent: "
+                  "the opposite of its outer momentum) is below this is rejected: a sign-flipped delta of honest "
+                  "norm points against the others. -1 turns the direction screen off. Default: 0."),
       text_knob("mesh.etcd", h, &mesh_config::etcd, "http://HOST:PORT[,http://HOST:PORT...]",
                 "etcd's client URLs: a broker leads only while it holds the mesh's lease there, in "
                 "an epoch etcd allocates, so two brokers never lead at once (brokers only; not part "

@@ -77,6 +77,7 @@ struct mesh_config {
   int robust_window = 32;          // accepted norms remembered per fragment
   std::string robust_screen = "reject";  // reject | clip
   int robust_trim = 1;             // contributions trimmed per side per coordinate
+  double robust_min_cosine = 0;    // direction screen: reject below this cosine; -1: off
   double mix = -1;                 // α_mix; -1: the mode's (0, streaming 0.5)
   int inner_steps = 50;            // H for diloco and streaming (paper 500, scaled)
   bool elastic = true;             // synchronous modes: stop waiting for a dead learner (false: stall)

@@ -105,6 +105,7 @@ node_counters& node_counters::operator+=(const node_counters& o) {
   ARCHIPELAGO_NODE_COUNTERS(ARCHIPELAGO_ADD)
 #undef ARCHIPELAGO_ADD
   control_rtt_max_ns = std::max(control_rtt_max_ns, o.control_rtt_max_ns);
+  for (const auto& [reason, n] : o.refused) refused[reason] += n;
   return *this;
 }
 
@@ -114,6 +115,7 @@ std::string to_json(const node_status& s) {
   ARCHIPELAGO_NODE_COUNTERS(ARCHIPELAGO_WRITE)
 #undef ARCHIPELAGO_WRITE
   counts["control_rtt_max_ns"] = s.counts.control_rtt_max_ns;
+  counts["refused"] = s.counts.refused;
   json j = {{"role", to_string(s.node.kind)},
             {"index", s.node.index},
             {"incarnation", s.incarnation},
@@ -148,6 +150,7 @@ expected<node_status> node_status_from_json(std::string_view text) {
     ARCHIPELAGO_NODE_COUNTERS(ARCHIPELAGO_READ)
 #undef ARCHIPELAGO_READ
     s.counts.control_rtt_max_ns = counts.at("control_rtt_max_ns").get<std::uint64_t>();
+    s.counts.refused = counts.at("refused").get<std::map<std::string, std::uint64_t>>();
     s.left = j.at("left").get<bool>();
     s.refusal = j.at("refusal").get<std::string>();
     s.schedule_step = j.at("schedule_step").get<std::int64_t>();

@@ -70,6 +70,12 @@ struct node_counters {
   // every node's transport: peers it declared dead; the control lane's longest round trip
   std::uint64_t peers_lost = 0;
   std::uint64_t control_rtt_max_ns = 0;  // a maximum: += keeps the larger
+  /// What the node refused or cut, by reason: its transport's inbound rejections
+  /// (malformed ..., impersonation, not_permitted), its role's refusals (not_owner,
+  /// chaos_sender, claim_exceeds_bound), the broker's claims cut to their bound
+  /// (claim_cut), the shards' robust screening (robust_reject, robust_clip).
+  /// Reasons with a zero count are left out.
+  std::map<std::string, std::uint64_t> refused;
 
   node_counters& operator+=(const node_counters& o);
 };

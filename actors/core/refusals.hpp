@@ -25,6 +25,11 @@ struct refusal_counts {
     for (const auto& [reason, k] : by_reason) n += k;
     return n;
   }
+  /// Adds these counts to a node status's (node_counters::refused).
+  void add_to(std::map<std::string, std::uint64_t>& refused) const {
+    for (const auto& [reason, n] : by_reason)
+      if (n != 0) refused[reason] += n;
+  }
   void add_metrics(prometheus_text& page, const metric_labels& labels) const {
     for (const auto& [reason, n] : by_reason) {
       metric_labels l = labels;
@@ -37,5 +42,12 @@ struct refusal_counts {
     }
   }
 };
+
+/// "impersonation 3, robust_reject 40" (by reason, in order), or "none".
+inline std::string describe_refusals(const std::map<std::string, std::uint64_t>& refused) {
+  std::string out;
+  for (const auto& [reason, n] : refused) out += (out.empty() ? "" : ", ") + reason + " " + std::to_string(n);
+  return out.empty() ? "none" : out;
+}
 
 }  // namespace archipelago

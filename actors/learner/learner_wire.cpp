@@ -345,11 +345,18 @@ learner_event learner_wire::on_fragment_update(const transport::decoded_envelope
   return out;
 }
 
+refusal_counts learner_wire::refusals() const {
+  refusal_counts refused = refusals_;
+  if (chaos_.refused_sender != 0) refused.by_reason["chaos_sender"] += chaos_.refused_sender;
+  return refused;
+}
+
 node_status learner_wire::status() const {
   node_status s;
   s.node = {role::learner, index_};
   s.incarnation = inc_.value;
   s.counts = counts_;
+  refusals().add_to(s.counts.refused);
   s.left = done_;
   s.refusal = refusal_;
   return s;
@@ -363,11 +370,7 @@ void learner_wire::add_metrics(prometheus_text& page) const {
                static_cast<double>(counts_.wait_ns) * 1e-9, l);
   page.counter("archipelago_learner_contributions_total", "Fragment contributions sent to the shards.",
                static_cast<double>(counts_.contributions), l);
-  {
-    refusal_counts refused = refusals_;
-    if (chaos_.refused_sender != 0) refused.by_reason["chaos_sender"] += chaos_.refused_sender;
-    refused.add_metrics(page, l);
-  }
+  refusals().add_metrics(page, l);
   if (forged_sequence_ != 0)
     page.counter("archipelago_learner_forged_total",
                  "Envelopes this learner forged in an attacker drill (chaos impersonate), claiming another sender.",

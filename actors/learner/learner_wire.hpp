@@ -124,6 +124,8 @@ class learner_wire {
   contribution_attacker attacker_;  // the chaos monkey's attack_* faults (drills only)
   node_counters counts_;
   refusal_counts refusals_;  // by reason (core/refusals.hpp)
+  /// refusals_ and the chaos commands refused for their sender.
+  refusal_counts refusals() const;
   std::uint64_t forged_sequence_ = 0;  // an attacker drill's forged envelopes (their own sequence)
   std::size_t to_install_ = 0;
   nanos last_install_ns_ = -1;  // joining: when a fragment last arrived (-1: the first timer starts the clock)

@@ -573,11 +573,14 @@ void fill_mesh_counts(const status_board& board, int learners, mesh_summary& out
   out.budget_overruns = f.learners.budget_overruns;
   out.mean_members = out.rounds ? static_cast<double>(f.broker.members) / static_cast<double>(out.rounds) : 0;
   out.broker_step_downs.clear();
-  for (const auto& e : board.entries())
+  out.refused.clear();
+  for (const auto& e : board.entries()) {
+    for (const auto& [reason, n] : e.total().refused) out.refused[reason] += n;
     if (e.now.node.kind == role::sync_broker) {
       if (out.broker_step_downs.size() <= e.now.node.index) out.broker_step_downs.resize(e.now.node.index + 1, 0);
       out.broker_step_downs[e.now.node.index] = e.total().step_downs;
     }
+  }
 }
 
 expected<mesh_summary> run_local_mesh(const config& base, logger& log, const mesh_progress& progress,

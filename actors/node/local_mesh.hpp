@@ -3,6 +3,7 @@
 // broker (a drill's: and its standbys) — as `archipelago run` starts it.
 
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -54,6 +55,8 @@ struct mesh_summary {
   std::uint64_t mesh_version = 0;   // the last snapshot committed
   std::uint64_t committed = 0, snapshot_errors = 0;
   std::uint64_t budget_overruns = 0;  // steps whose compute exceeded mesh.step_time_ms
+  /// Every node's refusals by reason, over all incarnations (node_counters::refused).
+  std::map<std::string, std::uint64_t> refused;
 };
 
 /// Snapshots of a run (storage/): where they go and where the run starts from.

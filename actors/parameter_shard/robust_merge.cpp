@@ -11,6 +11,8 @@ status validate(const robust_config& config) {
     return make_error(errc::invalid_input,
                       "robust norm_factor " + std::to_string(config.norm_factor) + " (need finite, >= 1)");
   if (config.window < 1) return make_error(errc::invalid_input, "robust window 0 (need >= 1)");
+  if (!(config.min_cosine >= -1 && config.min_cosine <= 1))
+    return make_error(errc::invalid_input, "robust min_cosine " + std::to_string(config.min_cosine) + " (need in [-1, 1])");
   return status::ok();
 }
 
@@ -28,6 +30,59 @@ const char* to_string(screen_decision::action a) {
     case screen_decision::action::reject: return "reject";
   }
   return "?";
+}
+
+namespace {
+
+double norm_of(std::span<const float> v) {
+  double squares = 0;
+  for (float x : v) squares += static_cast<double>(x) * x;
+  return std::sqrt(squares);
+}
+
+}  // namespace
+
+direction_figures direction_cosines(std::span<const std::span<const float>> deltas, std::span<const float> descent) {
+  direction_figures out;
+  out.cosines.assign(deltas.size(), 0.0);
+  if (deltas.empty()) return out;
+  const std::size_t n = deltas.front().size();
+  std::vector<double> reference;
+  if (deltas.size() >= min_round_reference) {
+    // The coordinate-wise median of unit vectors: one attacker of three or more
+    // cannot pull any coordinate past an honest value.
+    std::vector<double> inverse_norms;
+    for (auto d : deltas) {
+      const double norm = norm_of(d);
+      inverse_norms.push_back(norm > 0 ? 1 / norm : 0);
+    }
+    reference.resize(n);
+    std::vector<double> column(deltas.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t m = 0; m < deltas.size(); ++m) column[m] = deltas[m][i] * inverse_norms[m];
+      const std::size_t k = column.size() / 2;
+      std::nth_element(column.begin(), column.begin() + static_cast<std::ptrdiff_t>(k), column.end());
+      double median = column[k];
+      if (column.size() % 2 == 0)  // the mean of the two middle values
+        median = (median + *std::max_element(column.begin(), column.begin() + static_cast<std::ptrdiff_t>(k))) / 2;
+      reference[i] = median;
+    }
+  } else if (!descent.empty()) {
+    reference.assign(descent.begin(), descent.end());
+  }
+  double reference_norm = 0;
+  for (double x : reference) reference_norm += x * x;
+  reference_norm = std::sqrt(reference_norm);
+  if (reference_norm == 0) return out;
+  out.has_reference = true;
+  for (std::size_t m = 0; m < deltas.size(); ++m) {
+    const double norm = norm_of(deltas[m]);
+    if (norm == 0) continue;
+    double dot = 0;
+    for (std::size_t i = 0; i < n; ++i) dot += deltas[m][i] * reference[i];
+    out.cosines[m] = dot / (norm * reference_norm);
+  }
+  return out;
 }
 
 std::vector<screen_decision> norm_screen::screen(std::span<const double> norms) {

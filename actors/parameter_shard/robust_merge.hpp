@@ -13,6 +13,12 @@
 //   (counted in the shard's ledger as rejected, with the reason) or clipped to
 //   the bound (mesh.robust_screen). The median of a set where honest learners
 //   are the majority is an honest norm, so a ×1000 delta cannot move it.
+// - Direction screening: each member's cosine with a robust reference direction —
+//   the coordinate-wise median of the round's members' unit deltas when there are
+//   3 or more, else the fragment's recent descent (the opposite of its outer
+//   momentum) — below `min_cosine` is rejected. Honest learners descend the same
+//   loss, so their deltas agree in direction; a sign-flipped delta of honest norm,
+//   which the norm screen cannot see, points against them.
 // - A coordinate-wise trimmed aggregate (merge_options::trim, in merge.hpp):
 //   every weighted mean of the merge drops the `trim` largest and smallest
 //   values per coordinate, which bounds what a sign-flipped, random or stale
@@ -34,6 +40,7 @@ struct robust_config {
   std::size_t window = 32;   // mesh.robust_window: accepted norms remembered per fragment; ≥ 1
   bool clip = false;         // mesh.robust_screen = clip (true) | reject (false)
   std::size_t trim = 1;      // mesh.robust_trim: contributions trimmed per side per coordinate
+  double min_cosine = 0;     // mesh.robust_min_cosine: in [-1, 1]; -1 turns the direction screen off
 };
 
 /// Checks the bounds above; the error names the offending field.
@@ -49,6 +56,10 @@ struct screen_decision {
   action what = action::accept;
   double norm = 0;   // the screened figure: ‖d_m‖ / √c_steps over the fragment
   double bound = 0;  // norm_factor × the reference statistic (0: nothing to compare with)
+  /// Rejected by the direction screen (not the norm): its cosine with the reference
+  /// direction was below min_cosine.
+  bool by_direction = false;
+  double cosine = 0;  // with the reference direction; 0 when there was none
   /// The factor to multiply the delta by (clip: bound / norm; accept: 1; reject: 0).
   double scale() const { return what == action::clip ? bound / norm : what == action::accept ? 1.0 : 0.0; }
 };
@@ -57,6 +68,16 @@ const char* to_string(screen_decision::action a);
 /// A round with at least this many members is screened against its own lower
 /// median alone (one attacker cannot move it); a smaller one also against the window.
 inline constexpr std::size_t min_round_reference = 3;
+
+/// The direction screen's cosines: each delta's cosine with the reference — the
+/// coordinate-wise median of the deltas' unit vectors when there are at least
+/// min_round_reference of them, else `descent` (an empty span or a zero vector:
+/// no reference, every cosine 0 and `has_reference` false). All spans have one length.
+struct direction_figures {
+  bool has_reference = false;
+  std::vector<double> cosines;
+};
+direction_figures direction_cosines(std::span<const std::span<const float>> deltas, std::span<const float> descent);
 
 /// One fragment's screening state: a bounded window of recently accepted norms.
 class norm_screen {

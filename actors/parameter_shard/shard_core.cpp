@@ -17,9 +17,18 @@ const char* to_string(contribution_verdict v) {
 }
 
 std::string screened_contribution::reason() const {
-  char text[200];
-  std::snprintf(text, sizeof text, "delta norm per sqrt(step) %.6g above the robust bound %.6g (mesh.robust_norm_factor x "
-                "the lower median of the fragment's recent ones)", decision.norm, decision.bound);
+  char text[240];
+  if (why == cause::claim_bound)
+    std::snprintf(text, sizeof text, "learner/%u claims %llu tokens in %llu steps; the broker bounds it to %llu tokens "
+                  "in %llu steps (its Progress, batch x context)", from.learner.value,
+                  static_cast<unsigned long long>(tokens), static_cast<unsigned long long>(steps),
+                  static_cast<unsigned long long>(bound_tokens), static_cast<unsigned long long>(bound_steps));
+  else if (decision.by_direction)
+    std::snprintf(text, sizeof text, "delta direction: cosine %.4f with the round's median direction (or the fragment's "
+                  "recent descent) below mesh.robust_min_cosine %.4g", decision.cosine, decision.bound);
+  else
+    std::snprintf(text, sizeof text, "delta norm per sqrt(step) %.6g above the robust bound %.6g (mesh.robust_norm_factor "
+                  "x the lower median of the fragment's recent ones)", decision.norm, decision.bound);
   return text;
 }
 
@@ -99,11 +108,11 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
     round_number r, fragment_index p, const std::vector<learner_ref>& members) {
   std::vector<decided_member> decided;
   for (const learner_ref& m : members) decided.push_back({m, false, 0, 0});
-  return on_round_close(r, p, decided, nullptr);
+  return on_round_close(r, p, decided);
 }
 
 expected<std::optional<published_fragment>> shard_core::on_round_close(
-    round_number r, fragment_index p, const std::vector<decided_member>& members, std::vector<std::string>* refused) {
+    round_number r, fragment_index p, const std::vector<decided_member>& members) {
   auto it = fragments_.find(p.value);
   if (it == fragments_.end())
     return make_error(errc::invalid_input, "close of round " + std::to_string(r.value) + " for fragment " +
@@ -132,11 +141,8 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
     if (member->bounded && (c.tokens > member->tokens || c.steps > member->steps)) {
       ++ledger_.rejected;
       ledger_.rejected_tokens += c.tokens;
-      if (refused)
-        refused->push_back("learner/" + std::to_string(c.from.learner.value) + " claims " + std::to_string(c.tokens) +
-                           " tokens in " + std::to_string(c.steps) + " steps; the broker bounds it to " +
-                           std::to_string(member->tokens) + " tokens in " + std::to_string(member->steps) +
-                           " steps (its Progress, batch x context)");
+      screened_.push_back({c.from, r, p, c.tokens, c.steps, c.learner_step, screened_contribution::cause::claim_bound,
+                           screen_decision{}, member->tokens, member->steps});
       continue;
     }
     // Gradients are averaged per token: steps = tokens makes the weight tokens²/steps = tokens.
@@ -160,7 +166,8 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
     for (std::size_t m = 0; m < decisions.size(); ++m) {
       buffered_contribution& c = *merged[m];
       const screen_decision& d = decisions[m];
-      if (d.what != screen_decision::action::accept) screened_.push_back({c.from, r, p, c.tokens, c.steps, c.learner_step, d});
+      if (d.what != screen_decision::action::accept)
+        screened_.push_back({c.from, r, p, c.tokens, c.steps, c.learner_step, screened_contribution::cause::robust, d, 0, 0});
       if (d.what == screen_decision::action::reject) {
         ++ledger_.rejected;
         ledger_.rejected_tokens += c.tokens;
@@ -179,6 +186,7 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
     }
     views = std::move(kept_views);
     merged = std::move(kept);
+    if (config_.robust.min_cosine > -1 && !merged.empty()) screen_directions(f, r, p, views, merged, merged_tokens);
   }
   if (views.empty()) return std::optional<published_fragment>{};
 
@@ -201,6 +209,46 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
   if (config_.record_merges)
     for (buffered_contribution* c : merged) out.merged.push_back({c->from, c->steps, c->tokens, std::move(c->delta)});
   return std::optional<published_fragment>(std::move(out));
+}
+
+void shard_core::screen_directions(const fragment_state& f, round_number r, fragment_index p,
+                                   std::vector<contribution_view>& views, std::vector<buffered_contribution*>& merged,
+                                   std::uint64_t& merged_tokens) {
+  std::vector<std::span<const float>> deltas;
+  for (const buffered_contribution* c : merged) deltas.emplace_back(c->delta);
+  // A small round's reference: the way this fragment has been descending, the
+  // opposite of its outer momentum (the outer step moves Θ along the members' deltas).
+  std::vector<float> descent;
+  if (!config_.gradient_mode) {
+    descent.resize(f.momentum.size());
+    for (std::size_t i = 0; i < descent.size(); ++i) descent[i] = -f.momentum[i];
+  }
+  const direction_figures figures = direction_cosines(deltas, descent);
+  if (!figures.has_reference) return;
+  std::vector<contribution_view> kept_views;
+  std::vector<buffered_contribution*> kept;
+  for (std::size_t m = 0; m < merged.size(); ++m) {
+    buffered_contribution& c = *merged[m];
+    if (figures.cosines[m] >= config_.robust.min_cosine) {
+      kept_views.push_back(views[m]);
+      kept.push_back(&c);
+      continue;
+    }
+    screen_decision d;
+    d.what = screen_decision::action::reject;
+    d.by_direction = true;
+    d.cosine = figures.cosines[m];
+    d.bound = config_.robust.min_cosine;
+    screened_.push_back({c.from, r, p, c.tokens, c.steps, c.learner_step, screened_contribution::cause::robust, d, 0, 0});
+    ++ledger_.rejected;
+    ledger_.rejected_tokens += c.tokens;
+    ++ledger_.screened_out;
+    ledger_.screened_out_tokens += c.tokens;
+    ++ledger_.screened_by_direction;
+    merged_tokens -= c.tokens;
+  }
+  views = std::move(kept_views);
+  merged = std::move(kept);
 }
 
 void shard_core::drop_oldest_round() {

@@ -55,16 +55,27 @@ struct shard_ledger {
   /// Of the merged: contributions merged scaled down to the robust norm bound.
   /// Of the rejected: contributions the robust screening rejected at close.
   std::uint64_t clipped = 0, screened_out = 0, screened_out_tokens = 0;
+  /// Of the screened out: rejected by the direction screen (the rest by norm).
+  std::uint64_t screened_by_direction = 0;
 };
 
-/// A member the robust screening clipped or rejected (for the shell's log and metrics).
+/// A member set apart at its round's close: its claim exceeded the broker's bound
+/// (rejected), or the robust screening clipped or rejected it. For the shell's log
+/// and metrics, and — when rejected — for the broker (its ledger and tape must not
+/// count the member as merged).
 struct screened_contribution {
+  enum class cause : std::uint8_t { robust, claim_bound };
   learner_ref from;
   round_number round;
   fragment_index fragment;
-  std::uint64_t tokens = 0, steps = 0, learner_step = 0;
-  screen_decision decision;
-  std::string reason() const;  // "delta norm per sqrt(step) 812.3 above the robust bound 2.41 (...)"
+  std::uint64_t tokens = 0, steps = 0, learner_step = 0;  // as the contribution claimed them
+  cause why = cause::robust;
+  screen_decision decision;                         // robust: the screening's verdict
+  std::uint64_t bound_tokens = 0, bound_steps = 0;  // claim_bound: the broker's bound on the member
+  bool rejected() const { return why == cause::claim_bound || decision.what == screen_decision::action::reject; }
+  /// "delta norm per sqrt(step) 812.3 above the robust bound 2.41 (...)", or
+  /// "learner/1 claims 300000 tokens in 3 steps; the broker bounds it to ...".
+  std::string reason() const;
 };
 
 /// One contribution as merged, in merge order (recorded for `replay verify`).
@@ -126,16 +137,15 @@ class shard_core {
   /// The same, with the broker's bound on each member's claims (RoundClose's
   /// Member.tokens/steps: what the learner's Progress and its batch × context allow).
   /// A buffered contribution that claims more tokens or steps than its bound is
-  /// rejected (ledger: rejected), its reason appended to `refused` if given; the
-  /// others are weighed by their bounded counts.
+  /// rejected (ledger: rejected; take_screened() hands it back); the others are
+  /// weighed by their bounded counts.
   struct decided_member {
     learner_ref who;
     bool bounded = false;  // false: no bound (a broker of before the bound), the claim as is
     std::uint64_t tokens = 0, steps = 0;
   };
   expected<std::optional<published_fragment>> on_round_close(round_number r, fragment_index p,
-                                                             const std::vector<decided_member>& members,
-                                                             std::vector<std::string>* refused);
+                                                             const std::vector<decided_member>& members);
 
   /// The broker restarted (a higher incarnation): the rounds the old one opened
   /// will never close. Every buffered contribution is dropped (unmerged: the
@@ -150,7 +160,7 @@ class shard_core {
   contribution_verdict on_earlier_broker_round(std::uint64_t tokens);
 
   const shard_ledger& ledger() const { return ledger_; }
-  /// The members screened (clipped or rejected) since the last call, oldest first.
+  /// The members set apart (claims refused, robust screening) since the last call, oldest first.
   std::vector<screened_contribution> take_screened() { return std::exchange(screened_, {}); }
 
  private:
@@ -180,6 +190,13 @@ class shard_core {
   shard_ledger ledger_;
   std::size_t open_rounds_ = 0;
   std::vector<screened_contribution> screened_;
+
+  /// mesh.robust's direction screen over the members the norm screen kept: a member
+  /// whose cosine with the reference direction is below robust.min_cosine is rejected
+  /// (booked like a norm rejection) and leaves `views`, `merged` and merged_tokens.
+  void screen_directions(const fragment_state& f, round_number r, fragment_index p,
+                         std::vector<contribution_view>& views, std::vector<buffered_contribution*>& merged,
+                         std::uint64_t& merged_tokens);
 };
 
 }  // namespace archipelago

@@ -24,6 +24,7 @@ shard_config shard_settings(const mesh_setup& setup, bool record_merges) {
   sc.robust.window = static_cast<std::size_t>(setup.cfg.mesh.robust_window);
   sc.robust.clip = setup.cfg.mesh.robust_screen == "clip";
   sc.robust.trim = static_cast<std::size_t>(setup.cfg.mesh.robust_trim);
+  sc.robust.min_cosine = setup.cfg.mesh.robust_min_cosine;
   return sc;
 }
 
@@ -178,14 +179,7 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
       members.push_back({{{mb.getLearner()}, incarnation{mb.getIncarnation()}}, bounded, mb.getTokens(), mb.getSteps()});
     }
   if (paused && close.getQuorumNs() >= 0) ++deferred_rounds_;
-  std::vector<std::string> refused;
-  auto published = core_->on_round_close(r, p, members, &refused);
-  for (const std::string& why : refused) {
-    ++counts_.rejected;
-    refusals_.count("claim_exceeds_bound");
-    log_.warn("shard.claim_refused", "archipelago shard %u: round %llu: %s", index_,
-              static_cast<unsigned long long>(r.value), why.c_str());
-  }
+  auto published = core_->on_round_close(r, p, members);
   report_screened();
   if (!published) {
     log_.warn("shard.not_merged", "archipelago shard %u: round %llu not merged: %s", index_,
@@ -200,17 +194,22 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
   store_->commit(pc.commit);
 }
 
-/// mesh.robust: the members the last close clipped or rejected, logged; a rejected
-/// one is announced to the broker as a rejected arrival (before the version it was
-/// left out of), so its ledger credits that work as rejected, never as merged.
+/// The members the last close set apart, logged: claims above the broker's bound,
+/// and mesh.robust's clipped or rejected deltas. A rejected one is announced to the
+/// broker as a rejected arrival (before the version it was left out of), so that
+/// its ledger credits that work as rejected and its tape does not list it as merged.
 void shard_wire::report_screened() {
   for (const screened_contribution& s : core_->take_screened()) {
-    const bool rejected = s.decision.what == screen_decision::action::reject;
-    log_.warn(rejected ? "shard.screened_out" : "shard.clipped",
+    const bool claim = s.why == screened_contribution::cause::claim_bound;
+    if (claim) {
+      ++counts_.rejected;
+      refusals_.count("claim_exceeds_bound");
+    }
+    log_.warn(claim ? "shard.claim_refused" : s.rejected() ? "shard.screened_out" : "shard.clipped",
               "archipelago shard %u: %s round %llu fragment %u from learner/%u: %s", index_,
-              rejected ? "rejected" : "clipped", static_cast<unsigned long long>(s.round.value), s.fragment.value,
+              s.rejected() ? "rejected" : "clipped", static_cast<unsigned long long>(s.round.value), s.fragment.value,
               s.from.learner.value, s.reason().c_str());
-    if (!rejected) continue;
+    if (!s.rejected()) continue;
     auto b = port_.make_envelope(s.round.value);
     auto notice = b.body().initContribution();
     notice.setFragment(s.fragment.value);
@@ -280,11 +279,24 @@ void shard_wire::on_fetch(const transport::decoded_envelope& env) {
   if (core_->owns({f.getFragment()})) (void)port_.send(from, fragment_message({f.getFragment()}, 0));
 }
 
+refusal_counts shard_wire::refusals() const {
+  refusal_counts refused = refusals_;
+  if (chaos_.refused_sender != 0) refused.by_reason["chaos_sender"] += chaos_.refused_sender;
+  return refused;
+}
+
 node_status shard_wire::status() const {
   node_status s;
   s.node = {role::parameter_shard, index_};
   s.incarnation = inc_.value;
   s.counts = counts_;
+  refusals().add_to(s.counts.refused);
+  // mesh.robust's screening: rejects are refusals; clipped members merged scaled down.
+  const shard_ledger& led = core_->ledger();
+  if (led.screened_out > led.screened_by_direction)
+    s.counts.refused["robust_reject"] += led.screened_out - led.screened_by_direction;
+  if (led.screened_by_direction != 0) s.counts.refused["robust_direction"] += led.screened_by_direction;
+  if (led.clipped != 0) s.counts.refused["robust_clip"] += led.clipped;
   s.published_versions.assign(setup_.fragments(), 0);
   for (fragment_index p : owned_) s.published_versions[p.value] = visible_version(p);
   // What is visible is durable (with a store; without one, nothing is).
@@ -302,11 +314,7 @@ void shard_wire::add_metrics(prometheus_text& page) const {
   }
   page.counter("archipelago_shard_published_total", "Fragment versions this incarnation merged and published.",
                static_cast<double>(counts_.published), l);
-  {
-    refusal_counts refused = refusals_;
-    if (chaos_.refused_sender != 0) refused.by_reason["chaos_sender"] += chaos_.refused_sender;
-    refused.add_metrics(page, l);
-  }
+  refusals().add_metrics(page, l);
   page.gauge("archipelago_shard_subscribers", "Learners the shard broadcasts new versions to.",
              static_cast<double>(learners_.size()), l);
   page.gauge("archipelago_shard_undurable_fragments", "Fragments whose newest version is not durable yet (paused).",
@@ -328,13 +336,16 @@ void shard_wire::add_metrics(prometheus_text& page) const {
     page.counter("archipelago_shard_contribution_tokens_total", "Tokens of the contributions received, by outcome.",
                  static_cast<double>(tokens), b);
   }
-  const std::pair<const char*, std::uint64_t> screened[] = {{"clip", led.clipped}, {"reject", led.screened_out}};
+  const std::pair<const char*, std::uint64_t> screened[] = {{"clip", led.clipped},
+                                                            {"reject", led.screened_out - led.screened_by_direction},
+                                                            {"reject_direction", led.screened_by_direction}};
   for (const auto& [action, n] : screened) {
     metric_labels b = l;
     b.emplace_back("action", action);
     page.counter("archipelago_shard_screened_total",
-                 "mesh.robust: members whose delta norm exceeded the robust bound at close, by action "
-                 "(rejects are also in the rejected outcome; clipped ones merged scaled down).",
+                 "mesh.robust: members screened at close, by action: clip or reject (delta norm above the robust "
+                 "bound), reject_direction (cosine with the reference direction below mesh.robust_min_cosine); "
+                 "rejects are also in the rejected outcome, clipped ones merged scaled down.",
                  static_cast<double>(n), b);
   }
 }

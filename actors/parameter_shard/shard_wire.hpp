@@ -113,6 +113,8 @@ class shard_wire {
   chaos_receiver chaos_;
   node_counters counts_;
   refusal_counts refusals_;  // by reason (core/refusals.hpp)
+  /// refusals_ and the chaos commands refused for their sender.
+  refusal_counts refusals() const;
   std::vector<node_address> learners_;  // broadcast list (learners that fetched)
   std::map<node_address, std::pair<std::string, std::uint64_t>> endpoints_;  // learner → (endpoint, incarnation)
   broker_follower broker_;  // which broker leads (the newest epoch heard of)

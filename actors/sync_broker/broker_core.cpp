@@ -504,6 +504,16 @@ round_record* broker_core::find_record_mut(std::uint64_t round) {
   return nullptr;
 }
 
+void broker_core::on_member_rejected(round_number round, fragment_index fragment, learner_ref who) {
+  round_record* rec = find_record_mut(round.value);
+  if (rec == nullptr || rec->fragment != fragment) return;
+  auto it = std::find_if(rec->members.begin(), rec->members.end(),
+                         [&](const round_member& m) { return m.learner == who.learner && m.inc == who.inc; });
+  if (it == rec->members.end()) return;
+  rec->screened_out.push_back(*it);
+  rec->members.erase(it);
+}
+
 const round_record* broker_core::find_record(round_number round) const {
   return const_cast<broker_core*>(this)->find_record_mut(round.value);
 }

@@ -126,6 +126,9 @@ struct round_record {
   close_reason reason = close_reason::timeout;
   std::vector<round_member> members;
   std::vector<learner_ref> late;  // grows as late contributions arrive
+  /// Members a shard rejected at the close (a claim above its bound, mesh.robust's
+  /// screening), moved here from `members`: decided, never merged.
+  std::vector<round_member> screened_out;
   nanos published_ns = -1;        // -1: not (yet) published
   std::uint64_t published_version = 0;
 };
@@ -218,6 +221,9 @@ class broker_core {
   /// The last history_capacity closed rounds, in closing order.
   const std::deque<round_record>& history() const { return history_; }
   const round_record* find_record(round_number round) const;
+  /// A shard rejected this member of a closed round at its close: it moves from
+  /// the record's members to its screened_out (a member not in it: nothing happens).
+  void on_member_rejected(round_number round, fragment_index fragment, learner_ref who);
   std::size_t rounds_open() const { return open_.size(); }
   round_number next_round() const { return round_number{next_round_}; }
   bool is_live(learner_index learner) const;

@@ -39,6 +39,7 @@ storage::tape_record tape_entry(const round_record& r, std::uint64_t version, st
   t.reason = to_string(r.reason);
   for (const auto& m : r.members) t.members.push_back({m.learner.value, m.inc.value, m.weight, m.tokens, m.steps});
   for (const auto& l : r.late) t.late.push_back({l.learner.value, l.inc.value, 0, 0, 0});
+  for (const auto& m : r.screened_out) t.screened_out.push_back({m.learner.value, m.inc.value, m.weight, m.tokens, m.steps});
   t.version = version;
   return t;
 }
@@ -465,7 +466,10 @@ void broker_wire::on_arrival(const transport::decoded_envelope& env, nanos now) 
       break;
     case wire::Verdict::LATE: ledger_.on_outcome(who, p, c.getStep(), c.getSteps(), ledger_bucket::late); break;
     case wire::Verdict::REJECTED:
-      ledger_.withdraw(round, p, who);  // a member screened out at its round's close (mesh.robust)
+      // A member rejected at its round's close (a claim above its bound, mesh.robust):
+      // neither the ledger nor the tape may count it as merged.
+      ledger_.withdraw(round, p, who);
+      core_->on_member_rejected(round, p, who);
       ledger_.on_outcome(who, p, c.getStep(), c.getSteps(), ledger_bucket::rejected);
       break;
   }

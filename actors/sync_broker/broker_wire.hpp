@@ -59,7 +59,8 @@ class broker_wire {
 
   /// The accounting as of now; `final` (the end of a run) adds the rounds' latencies.
   broker_report report(nanos now, bool final);
-  const node_counters& counters() const { return counts_; }
+  /// Its counters, with what it refused and the claims it cut (node_counters::refused).
+  node_counters counters() const;
   nanos started_ns() const { return started_ns_; }
   const broker_core& core() const { return *core_; }
   const token_ledger& ledger() const { return ledger_; }

@@ -5,6 +5,13 @@
 
 namespace archipelago {
 
+node_counters broker_wire::counters() const {
+  node_counters out = counts_;
+  refusals_.add_to(out.refused);
+  if (const std::uint64_t cut = core_->counters().claims_cut; cut != 0) out.refused["claim_cut"] += cut;
+  return out;
+}
+
 void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
   const metric_labels l = {{"role", to_string(role::sync_broker)}, {"index", std::to_string(leader_of_epoch(epoch_))}};
   auto with = [&](const char* key, std::string value) {

@@ -73,6 +73,8 @@ void add_node_metrics(prometheus_text& page, node_address self, incarnation inc,
 
 void count_wire(node_counters& counts, const transport::transport_counters& wire) {
   counts.peers_lost = wire.peers_died;
+  for (int r = 0; r < static_cast<int>(transport::reject_reason::count_); ++r)
+    if (wire.rejected[r] != 0) counts.refused[transport::to_string(static_cast<transport::reject_reason>(r))] = wire.rejected[r];
   for (const auto& [peer, link] : wire.links)
     counts.control_rtt_max_ns = std::max<std::uint64_t>(counts.control_rtt_max_ns, static_cast<std::uint64_t>(link.rtt_max_ns));
 }

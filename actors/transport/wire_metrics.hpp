@@ -20,7 +20,7 @@ void add_node_metrics(prometheus_text& page, node_address self, incarnation inc,
                       const transport::transport_counters& wire);
 
 /// The transport's figures a node's status carries: peers declared dead, the
-/// control lane's longest round trip.
+/// control lane's longest round trip, inbound messages rejected by reason.
 void count_wire(node_counters& counts, const transport::transport_counters& wire);
 
 }  // namespace archipelago

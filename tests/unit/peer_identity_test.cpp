@@ -157,15 +157,17 @@ TEST_CASE("claims: the shard rejects a contribution that claims more than its bo
   std::vector<float> d(plan.fragments[0].floats, 0.01f);
   CHECK(shard.on_contribution(round_number{1}, p, {{0}, {1}}, 3, 300, d) == contribution_verdict::buffered);
   CHECK(shard.on_contribution(round_number{1}, p, {{1}, {1}}, 3, 300'000, d) == contribution_verdict::buffered);
-  std::vector<std::string> refused;
-  auto published = shard.on_round_close(round_number{1}, p,
-                                        {{{{0}, {1}}, true, 300, 3}, {{{1}, {1}}, true, 300, 3}}, &refused);
+  auto published = shard.on_round_close(round_number{1}, p, {{{{0}, {1}}, true, 300, 3}, {{{1}, {1}}, true, 300, 3}});
   REQUIRE(published);
   REQUIRE(published->has_value());
   CHECK((*published)->members == 1);
   CHECK((*published)->merged_tokens == 300);
+  const auto refused = shard.take_screened();
   REQUIRE(refused.size() == 1);
-  CHECK(refused[0].find("learner/1 claims 300000 tokens") != std::string::npos);
+  CHECK(refused[0].rejected());
+  CHECK(refused[0].from.learner.value == 1);
+  CHECK(refused[0].reason().find("learner/1 claims 300000 tokens in 3 steps; the broker bounds it to 300 tokens") !=
+        std::string::npos);
   CHECK(shard.ledger().rejected == 1);
   CHECK(shard.ledger().rejected_tokens == 300'000);
 }

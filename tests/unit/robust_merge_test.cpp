@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <span>
 #include <vector>
 
 #include "core/prng.hpp"
@@ -49,6 +50,11 @@ TEST_CASE("robust: validate names the bad field") {
   c.norm_factor = 3;
   c.window = 0;
   CHECK_FALSE(validate(c));
+  c.window = 32;
+  c.min_cosine = 1.5;
+  CHECK_FALSE(validate(c));
+  c.min_cosine = -1;
+  CHECK(validate(c));
 }
 
 TEST_CASE("robust: a x1000 member is rejected against honest norms, and never enters the window") {
@@ -223,4 +229,99 @@ TEST_CASE("robust: with robust_screen = clip the member is merged scaled to the 
   CHECK(screened[0].decision.what == screen_decision::action::clip);
   CHECK(shard.ledger().clipped == 1);
   CHECK(shard.ledger().rejected == 0);
+}
+
+// -- the direction screen (mesh.robust_min_cosine) ------------------------------------
+
+namespace {
+
+/// Honest deltas: a shared descent direction plus each learner's own noise, as
+/// learners training the same model from the same anchor produce.
+std::vector<std::vector<float>> correlated_deltas(prng& rng, std::size_t n, int members, double noise) {
+  std::vector<float> shared(n);
+  for (auto& x : shared) x = static_cast<float>(rng.normal());
+  std::vector<std::vector<float>> out;
+  for (int m = 0; m < members; ++m) {
+    std::vector<float> d(n);
+    for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<float>(0.01 * (shared[i] + noise * rng.normal()));
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+std::vector<std::span<const float>> spans_of(const std::vector<std::vector<float>>& v) {
+  return {v.begin(), v.end()};
+}
+
+}  // namespace
+
+TEST_CASE("robust: direction cosines against the round's median direction") {
+  for (std::uint64_t seed : seeds(300, 5)) {
+    CAPTURE(seed);
+    prng rng(seed);
+    auto deltas = correlated_deltas(rng, 4096, 4, 1.0);
+    for (auto& x : deltas[3]) x = -x;  // the sign-flipped attacker
+    const direction_figures f = direction_cosines(spans_of(deltas), {});
+    REQUIRE(f.has_reference);
+    REQUIRE(f.cosines.size() == 4);
+    for (int m = 0; m < 3; ++m) CHECK(f.cosines[static_cast<std::size_t>(m)] > 0.3);
+    CHECK(f.cosines[3] < -0.3);
+  }
+}
+
+TEST_CASE("robust: a small round is compared with the descent, and without one nothing is screened") {
+  prng rng(17);
+  auto deltas = correlated_deltas(rng, 2048, 2, 0.5);
+  std::vector<float> descent(2048);
+  for (std::size_t i = 0; i < descent.size(); ++i) descent[i] = deltas[0][i] + deltas[1][i];
+  for (auto& x : deltas[1]) x = -x;
+  const direction_figures with = direction_cosines(spans_of(deltas), descent);
+  REQUIRE(with.has_reference);
+  CHECK(with.cosines[0] > 0.3);
+  CHECK(with.cosines[1] < -0.3);
+  const direction_figures without = direction_cosines(spans_of(deltas), {});
+  CHECK_FALSE(without.has_reference);
+  CHECK(without.cosines == std::vector<double>{0, 0});
+  const std::vector<float> zero(2048, 0.f);
+  CHECK_FALSE(direction_cosines(spans_of(deltas), zero).has_reference);
+}
+
+TEST_CASE("robust: the shard rejects a sign-flipped member of honest norm by its direction") {
+  const param_layout layout = make_layout({256, 4, 8, 1, 2, true});
+  const fragment_plan plan = *make_fragment_plan(layout, 4);
+  std::vector<float> init(layout.total_floats, 0.f);
+  for (double min_cosine : {0.0, -1.0}) {
+    CAPTURE(min_cosine);
+    shard_config config;
+    config.robust.enabled = true;
+    config.robust.min_cosine = min_cosine;
+    shard_core shard(layout, plan, {{0}}, config, init.data());
+    const fragment_index p{0};
+    prng rng(23);
+    auto deltas = correlated_deltas(rng, plan.fragments[0].floats, 4, 1.0);
+    for (auto& x : deltas[2]) x = -x;
+    std::vector<learner_ref> members;
+    for (std::uint32_t m = 0; m < 4; ++m) {
+      REQUIRE(shard.on_contribution(round_number{0}, p, {{m}, {1}}, 4, 400, deltas[m]) == contribution_verdict::buffered);
+      members.push_back({{m}, {1}});
+    }
+    auto published = shard.on_round_close(round_number{0}, p, members);
+    REQUIRE(published);
+    REQUIRE(published->has_value());
+    const auto screened = shard.take_screened();
+    if (min_cosine > -1) {  // on: learner/2 is rejected, by its direction (its norm is honest)
+      CHECK((*published)->members == 3);
+      REQUIRE(screened.size() == 1);
+      CHECK(screened[0].from.learner.value == 2);
+      CHECK(screened[0].rejected());
+      CHECK(screened[0].decision.by_direction);
+      CHECK(screened[0].reason().find("delta direction: cosine -") != std::string::npos);
+      CHECK(shard.ledger().screened_by_direction == 1);
+      CHECK(shard.ledger().screened_out == 1);
+      CHECK(shard.ledger().rejected_tokens == 400);
+    } else {  // off: the norm screen cannot tell it apart
+      CHECK((*published)->members == 4);
+      CHECK(screened.empty());
+    }
+  }
 }

@@ -11,6 +11,7 @@
 
 #include "cli_common.hpp"
 #include "commands.hpp"
+#include "core/refusals.hpp"
 #include "report/drill_report.hpp"
 #include "drill/drill.hpp"
 
@@ -89,6 +90,7 @@ void print_report(const drill_report& r) {
               static_cast<unsigned long long>(l.overwritten), static_cast<unsigned long long>(l.lost), static_cast<unsigned long long>(l.rejected),
               static_cast<unsigned long long>(l.processed), static_cast<unsigned long long>(r.unreported_tokens),
               static_cast<unsigned long long>(s.tokens), r.ledger_exact ? "exact" : "NOT EXACT");
+  std::printf("refused or cut, by reason (every node): %s\n", describe_refusals(s.refused).c_str());
   std::printf("eval loss %.4f nats/byte", s.eval_loss);
   if (r.reference)
     std::printf(" vs fault-free reference %.4f (%+.2f %%)", r.reference->eval_loss, 100 * eval_gap(r));

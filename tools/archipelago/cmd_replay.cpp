@@ -209,7 +209,7 @@ std::string members_text(const std::vector<storage::tape_member>& members, bool 
 
 /// One round of the tape as JSON.
 std::string tape_json(const storage::tape_record& t, double quorum_ms) {
-  std::string members, late;
+  std::string members, late, screened;
   for (const auto& m : t.members) {
     json_line e;
     e.add("learner", static_cast<std::int64_t>(m.learner)).add("incarnation", m.incarnation).add("weight", m.weight)
@@ -217,12 +217,14 @@ std::string tape_json(const storage::tape_record& t, double quorum_ms) {
     members += (members.empty() ? "" : ",") + e.str();
   }
   for (const auto& m : t.late) late += (late.empty() ? "" : ",") + std::to_string(m.learner);
+  for (const auto& m : t.screened_out) screened += (screened.empty() ? "" : ",") + std::to_string(m.learner);
   json_line row;
   row.add("round", t.round).add("fragment", static_cast<std::int64_t>(t.fragment)).add("version", t.version)
       .add("quorum_ms", quorum_ms).add("grace_ms", static_cast<double>(t.grace_ns) * 1e-6).add("reason", t.reason)
       .add("committed_ns", static_cast<std::int64_t>(t.committed_ns)).add("epoch", t.broker_epoch)
       .add("broker", static_cast<std::int64_t>(leader_of_epoch(t.broker_epoch)))
-      .add_raw("members", "[" + members + "]").add_raw("late", "[" + late + "]");
+      .add_raw("members", "[" + members + "]").add_raw("late", "[" + late + "]")
+      .add_raw("screened_out", "[" + screened + "]");
   return row.str();
 }
 
@@ -230,7 +232,7 @@ int run_tape(const replay_cli& c, const replay_store& s) {
   auto rounds = tape_rounds(s, c.from_round, c.to_round);
   if (!rounds) return report_input(rounds.err());
   std::printf("%8s  %8s  %8s  %9s  %9s  %-13s  %-30s  %s\n", "round", "fragment", "version", "quorum ms", "grace ms",
-              "closed by", "members (weight)", "late");
+              "closed by", "members (weight)", "late; screened out");
   std::string rows;
   std::uint64_t epoch = 0;
   for (const storage::tape_record& t : *rounds) {
@@ -242,7 +244,7 @@ int run_tape(const replay_cli& c, const replay_store& s) {
     std::printf("%8llu  %8u  %8llu  %9.1f  %9.1f  %-13s  %-30s  %s\n", static_cast<unsigned long long>(t.round),
                 t.fragment, static_cast<unsigned long long>(t.version), quorum_ms,
                 static_cast<double>(t.grace_ns) * 1e-6, t.reason.c_str(), members_text(t.members, true).c_str(),
-                members_text(t.late, false).c_str());
+                (members_text(t.late, false) + (t.screened_out.empty() ? "" : "; " + members_text(t.screened_out, false))).c_str());
     rows += (rows.empty() ? "" : ",") + tape_json(t, quorum_ms);
   }
   std::printf("%zu rounds\n", rounds->size());

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/json_line.hpp"
+#include "core/refusals.hpp"
 #include "report/svg_chart.hpp"
 
 namespace archipelago {
@@ -45,6 +46,12 @@ std::string list_json(const std::vector<T>& v) {
   std::string out = "[";
   for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
   return out + "]";
+}
+
+std::string refused_json(const std::map<std::string, std::uint64_t>& refused) {
+  json_line j;
+  for (const auto& [reason, n] : refused) j.add(reason, n);
+  return j.str();
 }
 
 double or_nan(double v) { return v >= 0 ? v : std::nan(""); }
@@ -124,6 +131,7 @@ std::string drill_summary_json(const drill_report& r) {
       .add("committed_rounds_lost", r.committed_rounds_lost)
       .add("ledger_exact", r.ledger_exact)
       .add("unreported_tokens", r.unreported_tokens)
+      .add_raw("refused", refused_json(r.run.refused))
       .add_raw("ledger", ledger_json(r.run.broker.ledger))
       .add("rounds", r.run.rounds)
       .add("rounds_per_s", r.run.wall_s > 0 ? static_cast<double>(r.run.rounds) / r.run.wall_s : 0.0)
@@ -239,6 +247,8 @@ std::string drill_report_html(const std::vector<drill_report>& drills) {
     row("committed rounds lost", std::to_string(r.committed_rounds_lost), "-", r.committed_rounds_lost > 0);
     row("ledger exact (tokens a killed learner never reported: " + std::to_string(r.unreported_tokens) + ")",
         r.ledger_exact ? "yes" : "NO", ref ? (ref->ledger_exact ? "yes" : "NO") : "-", !r.ledger_exact);
+    row("refused or cut, by reason (every node, every incarnation)", describe_refusals(r.run.refused),
+        ref ? describe_refusals(ref->refused) : "-");
     row("rounds (per s)", std::to_string(r.run.rounds) + " (" + num(r.run.wall_s > 0 ? r.run.rounds / r.run.wall_s : 0, "%.2f") + ")",
         ref ? std::to_string(ref->rounds) + " (" + num(ref->wall_s > 0 ? ref->rounds / ref->wall_s : 0, "%.2f") + ")" : "-");
     row("tokens processed", std::to_string(r.run.tokens), ref ? std::to_string(ref->tokens) : "-");
