@@ -95,7 +95,7 @@ try:
     wait_for("rounds closing", lambda: status()["rounds_closed"] >= 10, 120)
 
     admin = ["--broker", BROKER, "--key", os.path.join(KEYS, "admin.key"), "--set", f"wire.allow={KEYS}"]
-    r = run_cli("set", *admin, "K=2", "grace=1.5", "--json")
+    r = run_cli("set", "K=2", "grace=1.5", *admin, "--json")
     check(r.returncode == 0, f"set K=2 grace=1.5: exit {r.returncode}: {r.stdout} {r.stderr}")
     answer = json.loads(r.stdout.splitlines()[-1])
     check(answer["accepted"] and answer["settings"] == "mesh.quorum=2 mesh.grace_factor=1.5", f"set: {answer}")
@@ -104,14 +104,14 @@ try:
     check(s["quorum"] == 2 and s["grace_factor"] == 1.5 and "mesh.quorum=2" in s["settings_live"], f"/status: {s}")
     check(any("set live from round" in e["text"] for e in s["events"]), f"/status events: {s['events']}")
 
-    r = run_cli("set", *admin, "K=3")
+    r = run_cli("set", "K=3", *admin)
     check(r.returncode == 1 and "must not exceed mesh.learners" in r.stdout, f"set K=3: {r.returncode} {r.stdout} {r.stderr}")
-    r = run_cli("set", *admin, "mesh.rounds_in_flight=3")
+    r = run_cli("set", "mesh.rounds_in_flight=3", *admin)
     check(r.returncode == 2 and "mesh agreement hash" in r.stderr, f"set rounds_in_flight: {r.returncode} {r.stderr}")
     # A learner key (learner-5: no learner of this mesh) sends a Reconfigure claiming the admin
     # (an impersonation), then in its own name (not permitted).
     # (`archipelago set --key learner-0.key` stops before sending: that key is not bound to an admin.)
-    r = run_cli("set", "--broker", BROKER, "--key", os.path.join(KEYS, "learner-5.key"), "--set", f"wire.allow={KEYS}", "K=1")
+    r = run_cli("set", "K=1", "--broker", BROKER, "--key", os.path.join(KEYS, "learner-5.key"), "--set", f"wire.allow={KEYS}")
     check(r.returncode == 2 and "bound to learner-5" in r.stderr, f"set with a learner's key: {r.returncode} {r.stderr}")
     keys = {}
     for name in ["learner-5", "broker"]:
@@ -122,7 +122,8 @@ try:
                                  "--peer", f"sync_broker/0={BROKER}", "--send", "reconfigure",
                                  "--curve-secret", keys["learner-5"]["secret"].strip('"'),
                                  "--curve-public", keys["learner-5"]["public"].strip('"'),
-                                 "--server-key", keys["broker"]["public"].strip('"')]
+                                 "--server-key", keys["broker"]["public"].strip('"'),
+                                 "--allow", "broker=" + keys["broker"]["public"].strip('"')]
                                 + (["--claim", claim] if claim else []), stdout=subprocess.DEVNULL)
         time.sleep(3)
         peer.send_signal(signal.SIGTERM)
