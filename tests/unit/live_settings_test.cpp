@@ -23,7 +23,7 @@ std::string refusal(const config& c, std::vector<live_setting> s) {
 }
 }  // namespace
 
-TEST_CASE("live settings: K, the grace factor and the robust merge change; hash knobs and others do not") {
+TEST_CASE("live settings: K, the grace factor and the robust merge change, hash knobs and others do not") {
   const config c = mesh_of(4);
   auto next = apply_live_settings(c, {{"mesh.quorum", "3"}, {"mesh.grace_factor", "1.5"}, {"mesh.robust", "true"}});
   REQUIRE(next);
