@@ -19,6 +19,7 @@ enum Role {
   syncBroker @1;
   parameterShard @2;
   chaosMonkey @3;
+  admin @4;             # an operator's tool (`archipelago set`): sends Reconfigure to the broker
 }
 
 struct NodeAddress {
@@ -74,6 +75,7 @@ struct Envelope {
     error @13 :Error;
     ack @14 :Ack;
     brokerState @15 :BrokerState;
+    reconfigure @16 :Reconfigure;
   }
 }
 
@@ -100,6 +102,25 @@ struct Welcome {
   currentRound @3 :UInt64;           # next round the broker will open
   scheduleStep @4 :UInt64;           # to a restarted learner (an earlier incarnation is known): the
                                      # mesh's schedule position, its ledger's inner steps / M; else 0
+  settings @5 :List(Setting);        # the knobs changed live (Reconfigure) since the mesh started, as in
+                                     # force now: a node that (re)joins takes them; empty: none changed
+}
+
+struct Setting {
+  key @0 :Text;      # a knob, as in a config file ("mesh.quorum")
+  value @1 :Text;    # its value as text ("3")
+}
+
+struct Reconfigure {
+  # admin → the leading broker: change knobs of the running mesh (mesh.quorum,
+  # mesh.grace_factor, mesh.robust*). Checked like a config file; applied at a
+  # round boundary (the next round opened); the broker answers at replyEndpoint
+  # with an Ack (sequence: the first round under the new values) or an Error
+  # (refused: the message says why, e.g. a knob in the mesh agreement hash).
+  # The broker forwards an accepted change to the shards (mesh.robust* are theirs):
+  # they apply it from their next round close.
+  settings @0 :List(Setting);
+  replyEndpoint @1 :Text;
 }
 
 struct Heartbeat {
@@ -243,6 +264,7 @@ enum ErrorCode {
   internal @5;          # a bug on the answering side
   meshMismatch @6;      # a joining node's model layout or mesh policy differs from the mesh's
   fenced @7;            # a broker's message of an older epoch than the recipient knows (header.brokerEpoch)
+  refused @8;           # a request the recipient will not carry out (the message says why)
 }
 
 struct Error {

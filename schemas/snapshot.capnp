@@ -100,7 +100,9 @@ struct TapeRecord {
   version @9 :UInt64;            # the committed fragment version
   committedNs @10 :Int64;        # wall clock
   brokerEpoch @11 :UInt64;       # the epoch of the broker that closed the round (0: an older writer)
-  screenedOut @12 :List(TapeMember);  # members a shard rejected at the close (a claim above its
+  settings @12 :Text;            # knobs changed live that took effect since the previous taped round:
+                                 # "from round R: mesh.quorum=3 mesh.grace_factor=1.5"; empty: none
+  screenedOut @13 :List(TapeMember);  # members a shard rejected at the close (a claim above its
                                       # bound, mesh.robust's screening): decided, not merged
 }
 

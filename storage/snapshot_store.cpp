@@ -229,6 +229,7 @@ std::string encode(const tape_record& t) {
   r.setVersion(t.version);
   r.setCommittedNs(t.committed_ns);
   r.setBrokerEpoch(t.broker_epoch);
+  r.setSettings(t.settings);
   return frame(b);
 }
 expected<tape_record> decode_tape(std::string_view v, std::uint64_t sequence) {
@@ -249,6 +250,7 @@ expected<tape_record> decode_tape(std::string_view v, std::uint64_t sequence) {
     t.version = r.getVersion();
     t.committed_ns = r.getCommittedNs();
     t.broker_epoch = r.getBrokerEpoch();
+    t.settings = r.getSettings().cStr();
     return t;
   });
 }

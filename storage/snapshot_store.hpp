@@ -94,6 +94,7 @@ struct tape_record {
   std::uint64_t version = 0;
   std::int64_t committed_ns = 0;
   std::uint64_t broker_epoch = 0;  // the epoch of the broker that closed the round; 0: an older writer
+  std::string settings;  // knobs changed live that took effect since the previous taped round; empty: none
 };
 
 struct learner_ledger {

@@ -277,6 +277,16 @@ expected<fault_plan_spec> parse_fault_plan(std::string_view toml_text, const std
         if (!f) return f.err();
         plan.schedule.push_back(std::move(*f));
       }
+    } else if (k == "pass") {
+      const auto* table = value.as_table();
+      if (!table) return r.at(value, "pass must be a [pass] table");
+      for (auto&& [pk, pv] : *table) {
+        const auto v = pv.value<double>();
+        if (pk.str() != "participation")
+          return r.at(pv, "'" + std::string(pk.str()) + "' is not a criterion of [pass] (participation)");
+        if (!v || !(*v >= 0 && *v <= 1)) return r.at(pv, "participation must be a number in [0, 1]");
+        plan.min_participation = *v;
+      }
     } else if (k == "rates") {
       const auto* table = value.as_table();
       if (!table) return r.at(value, "rates must be a [rates] table");
@@ -309,7 +319,7 @@ expected<fault_plan_spec> parse_fault_plan(std::string_view toml_text, const std
         return r.at(value, "repair_max must not be below repair_min");
       if (plan.rates.learner_mtbf_ns > 0 && plan.rates.kinds.empty()) plan.rates.kinds = {fault_kind::crash};
     } else {
-      return r.at(value, "unknown plan key '" + k + "' (seed, duration, liveness, standbys, [[fault]], [rates])");
+      return r.at(value, "unknown plan key '" + k + "' (seed, duration, liveness, standbys, [[fault]], [rates], [pass])");
     }
   }
   if (plan.duration_ns <= 0) return make_error(errc::invalid_input, origin + ": the plan needs duration = \"...\" > 0");

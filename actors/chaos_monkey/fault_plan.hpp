@@ -28,6 +28,9 @@
 //   kind = "broker_host_lost"  # (needs standbys >= 1; no for, no every; no broker_crash
 //   target = "broker"          #  or broker_host_lost of the primary after it)
 //
+//   [pass]                     # criteria beyond the drill's own (no downtime, exact ledger, ...)
+//   participation = 0.8        # mean members merged / live learners per round at least this
+//
 //   [rates]                    # faults drawn at random instead of (or besides) a schedule
 //   kinds = ["crash", "pause"]
 //   learner_mtbf = "60s"       # mean time between faults per learner (exponential)
@@ -120,6 +123,7 @@ struct fault_plan_spec {
   nanos duration_ns = 0;
   nanos liveness_ns = 0;
   int standbys = 0;  // standby brokers the drill's mesh runs beside the primary (broker/1, ...)
+  double min_participation = 0;  // [pass] participation; 0: no criterion
   std::vector<planned_fault> schedule;
   fault_rates rates;
 };

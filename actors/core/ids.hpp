@@ -8,7 +8,7 @@
 
 namespace archipelago {
 
-enum class role : std::uint8_t { learner, sync_broker, parameter_shard, chaos_monkey };
+enum class role : std::uint8_t { learner, sync_broker, parameter_shard, chaos_monkey, admin };
 
 inline const char* to_string(role r) {
   switch (r) {
@@ -16,6 +16,7 @@ inline const char* to_string(role r) {
     case role::sync_broker: return "sync_broker";
     case role::parameter_shard: return "parameter_shard";
     case role::chaos_monkey: return "chaos_monkey";
+    case role::admin: return "admin";
   }
   return "unknown";
 }

@@ -55,6 +55,8 @@ json report_json(const broker_report& r) {
           {"closed_grace_expired", r.closed_grace_expired},
           {"closed_all_eligible", r.closed_all_eligible},
           {"closed_timeout", r.closed_timeout},
+          {"participation", r.participation},
+          {"participation_rounds", r.participation_rounds},
           {"round_latency_ms", r.round_latency_ms},
           {"round_open_to_published_ms", r.round_open_to_published_ms}};
 }
@@ -81,6 +83,8 @@ broker_report report_of(const json& j) {
   r.closed_grace_expired = j.at("closed_grace_expired").get<std::uint64_t>();
   r.closed_all_eligible = j.at("closed_all_eligible").get<std::uint64_t>();
   r.closed_timeout = j.at("closed_timeout").get<std::uint64_t>();
+  r.participation = j.value("participation", 0.0);
+  r.participation_rounds = j.value("participation_rounds", std::uint64_t{0});
   r.round_latency_ms = j.at("round_latency_ms").get<std::vector<double>>();
   r.round_open_to_published_ms = j.at("round_open_to_published_ms").get<std::vector<double>>();
   return r;

@@ -43,6 +43,10 @@ struct broker_report {
   nanos first_join_ns = -1, last_leave_ns = -1;  // the learners' span, for goodput
   double xi_step_ms = 0, xi_quorum_ms = 0, last_grace_ms = 0;
   std::uint64_t closed_grace_expired = 0, closed_all_eligible = 0, closed_timeout = 0;
+  /// Mean over the rounds this broker saw settle of members merged / |live at close ∪
+  /// members| (README "Participation"); 0 before any.
+  double participation = 0;
+  std::uint64_t participation_rounds = 0;
   /// Per published round among the broker's last closed ones (broker_core::history_capacity),
   /// in closing order: close → new version published back at the broker, and open →
   /// published. Filled only by a final report (the end of a run).

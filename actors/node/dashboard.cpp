@@ -92,6 +92,7 @@ function draw(s) {
     kpi("rounds closed", `<span id="rounds-closed">${s.rounds_closed}</span>`) + kpi("rounds / s", num(rps, 2)) +
     kpi("live learners / configured", `${live} / ${s.learners_configured}`) +
     kpi("members, last round (K " + s.quorum + ")", lastRound ? lastRound.members : "—") +
+    kpi("participation (merged / live)", pct(s.participation)) +
     kpi("grace, last round", num(s.grace_ms, 0) + " ms") +
     kpi("late · rejected · stale", `${s.late} · ${s.rejected} · ${s.stale}`) +
     kpi("ledger", s.ledger_balanced ? "balanced" : "NOT balanced");
@@ -104,7 +105,7 @@ function draw(s) {
   document.getElementById("chart-members").innerHTML =
     chart("members per round", "round", [
       {name: "members", color: colors[0], points: rounds.map(r => [r.round, r.members])},
-      {name: "live now", color: colors[1], points: rounds.length ? [[rounds[0].round, live], [rounds[rounds.length - 1].round, live]] : []}],
+      {name: "live at close", color: colors[1], points: rounds.map(r => [r.round, r.live])}],
       Math.max(1, s.learners_configured));
   document.getElementById("chart-quorum").innerHTML =
     chart("per round, ms", "round", [

@@ -16,6 +16,19 @@ const char* to_string(contribution_verdict v) {
   return "?";
 }
 
+bool shard_core::set_robust(const robust_config& robust) {
+  const robust_config& was = config_.robust;
+  if (robust.enabled == was.enabled && robust.norm_factor == was.norm_factor && robust.window == was.window &&
+      robust.clip == was.clip && robust.trim == was.trim && robust.min_cosine == was.min_cosine)
+    return false;
+  config_.robust = robust;
+  for (auto& [p, f] : fragments_) {
+    f.screen.reset();
+    if (robust.enabled) f.screen.emplace(robust);
+  }
+  return true;
+}
+
 std::string screened_contribution::reason() const {
   char text[240];
   if (why == cause::claim_bound)

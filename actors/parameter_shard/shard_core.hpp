@@ -162,6 +162,11 @@ class shard_core {
   const shard_ledger& ledger() const { return ledger_; }
   /// The members set apart (claims refused, robust screening) since the last call, oldest first.
   std::vector<screened_contribution> take_screened() { return std::exchange(screened_, {}); }
+  /// mesh.robust* set live (`archipelago set`): used from the next round close on. A
+  /// changed setting starts each fragment's norm window afresh; the same one keeps it.
+  /// Returns whether anything changed.
+  bool set_robust(const robust_config& robust);
+  const robust_config& robust() const { return config_.robust; }
 
  private:
   struct buffered_contribution {

@@ -1,5 +1,7 @@
 #include "parameter_shard/shard_wire.hpp"
 
+#include "transport/settings_wire.hpp"
+
 namespace archipelago {
 namespace {
 
@@ -11,6 +13,17 @@ wire::Verdict to_wire(contribution_verdict v) {
 
 }  // namespace
 
+robust_config robust_settings(const config& cfg) {
+  robust_config r;
+  r.enabled = cfg.mesh.robust;
+  r.norm_factor = cfg.mesh.robust_norm_factor;
+  r.window = static_cast<std::size_t>(cfg.mesh.robust_window);
+  r.clip = cfg.mesh.robust_screen == "clip";
+  r.trim = static_cast<std::size_t>(cfg.mesh.robust_trim);
+  r.min_cosine = cfg.mesh.robust_min_cosine;
+  return r;
+}
+
 shard_config shard_settings(const mesh_setup& setup, bool record_merges) {
   shard_config sc;
   sc.outer = {setup.cfg.mesh.outer_lr, setup.cfg.mesh.outer_momentum};
@@ -19,12 +32,7 @@ shard_config shard_settings(const mesh_setup& setup, bool record_merges) {
   sc.adamw_outer = setup.cfg.optimizer;
   sc.schedule_steps = setup.cfg.train.steps;
   sc.record_merges = record_merges;
-  sc.robust.enabled = setup.cfg.mesh.robust;
-  sc.robust.norm_factor = setup.cfg.mesh.robust_norm_factor;
-  sc.robust.window = static_cast<std::size_t>(setup.cfg.mesh.robust_window);
-  sc.robust.clip = setup.cfg.mesh.robust_screen == "clip";
-  sc.robust.trim = static_cast<std::size_t>(setup.cfg.mesh.robust_trim);
-  sc.robust.min_cosine = setup.cfg.mesh.robust_min_cosine;
+  sc.robust = robust_settings(setup.cfg);
   return sc;
 }
 
@@ -108,9 +116,31 @@ std::optional<chaos_order> shard_wire::on_message(const transport::decoded_envel
     case wire::Envelope::Body::CONTRIBUTION: on_contribution(env); break;
     case wire::Envelope::Body::ROUND_CLOSE: on_round_close(env); break;
     case wire::Envelope::Body::FETCH_FRAGMENT: on_fetch(env); break;
+    // The settings changed live, as the leading broker holds them (a Welcome: on (re)joining).
+    case wire::Envelope::Body::WELCOME:
+      if (env.sender() == broker_.leader()) apply_settings(transport::settings_of(env.root().getBody().getWelcome().getSettings()));
+      break;
+    case wire::Envelope::Body::RECONFIGURE:
+      if (env.sender() == broker_.leader()) apply_settings(transport::settings_of(env.root().getBody().getReconfigure().getSettings()));
+      break;
     default: break;
   }
   return std::nullopt;
+}
+
+/// `changed`: knobs set live (a Welcome: those that differ from the mesh's configuration;
+/// a Reconfigure: every live knob). None: the shard keeps the settings it has.
+void shard_wire::apply_settings(const std::vector<live_setting>& changed) {
+  if (changed.empty()) return;
+  auto next = apply_live_settings(setup_.cfg, changed);
+  if (!next) {
+    log_.warn("shard.settings_refused", "archipelago shard %u: the broker's live settings %s: %s", index_,
+              describe(changed).c_str(), next.err().message.c_str());
+    return;
+  }
+  if (core_->set_robust(robust_settings(*next)))
+    log_.info("shard.reconfigured", "archipelago shard %u: robust merge now %s (live: %s)", index_,
+              core_->robust().enabled ? "on" : "off", describe(changed).c_str());
 }
 
 /// A FragmentUpdate of what the learners may see of `p`.

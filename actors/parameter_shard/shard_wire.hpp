@@ -21,6 +21,7 @@
 #include "core/refusals.hpp"
 #include "core/broker_follower.hpp"
 #include "core/clock.hpp"
+#include "core/live_settings.hpp"
 #include "core/ids.hpp"
 #include "core/log.hpp"
 #include "core/mesh_setup.hpp"
@@ -36,6 +37,8 @@ namespace archipelago {
 /// The shard core's settings for a mesh: the one place they are made (the
 /// shard, its initial snapshot and `replay verify` all use it).
 shard_config shard_settings(const mesh_setup& setup, bool record_merges = false);
+/// The robust merge's settings in `cfg` (mesh.robust*).
+robust_config robust_settings(const config& cfg);
 
 /// A new fragment version on its way to the store.
 struct shard_commit {
@@ -99,6 +102,7 @@ class shard_wire {
   void on_round_close(const transport::decoded_envelope& env);
   void report_screened();
   void on_fetch(const transport::decoded_envelope& env);
+  void apply_settings(const std::vector<live_setting>& changed);
   void publish(fragment_index p, std::uint64_t version, round_number round, std::vector<float> theta, bool committed);
 
   const mesh_setup& setup_;

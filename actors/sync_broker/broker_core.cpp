@@ -271,7 +271,7 @@ void broker_core::on_contribution(round_number round, learner_index learner, inc
   }
   const auto t = static_cast<double>(tokens);
   rs.members.push_back({learner, inc, t * t / static_cast<double>(steps), tokens, steps});
-  if (rs.quorum_ns < 0 && rs.members.size() >= static_cast<std::size_t>(cfg_.quorum)) {
+  if (rs.quorum_ns < 0 && rs.members.size() >= static_cast<std::size_t>(rs.quorum)) {
     reach_quorum(rs, now);
   }
   check_closes(now);
@@ -287,7 +287,7 @@ void broker_core::reach_quorum(round_state& rs, nanos now) {
     return;
   }
   const double step = static_cast<double>(xi_step_ns().value_or(0));
-  const double raw = cfg_.grace_factor *
+  const double raw = rs.grace_factor *
                      (cfg_.rounds_in_flight * step - xi_quorum_ns_ - xi_sync_ns_);
   rs.grace_ns = std::llround(std::clamp(raw, 0.0, step));
 }
@@ -348,6 +348,12 @@ std::map<std::uint64_t, broker_core::round_state>::iterator broker_core::close(
   rec.reason = reason;
   bound_members(rs.members);
   rec.members = rs.members;
+  for (const auto& [index, st] : learners_) {
+    const bool member = std::any_of(rs.members.begin(), rs.members.end(),
+                                    [&](const round_member& m) { return m.learner == index; });
+    rec.live += (st.live && !st.departed) || member;
+  }
+  const std::uint32_t rec_live = rec.live;
   history_.push_back(std::move(rec));
   if (history_.size() > history_capacity) history_.pop_front();
   if (rs.quorum_ns >= 0) {
@@ -357,7 +363,7 @@ std::map<std::uint64_t, broker_core::round_state>::iterator broker_core::close(
   }
 
   effects_.push_back(close_round{round_number{rs.round}, fragment_index{rs.fragment}, rs.shard,
-                                 std::move(rs.members), reason, rs.quorum_ns, rs.grace_ns});
+                                 std::move(rs.members), reason, rs.quorum_ns, rs.grace_ns, rec_live});
   return open_.erase(it);
 }
 
@@ -406,6 +412,8 @@ void broker_core::open_due_rounds(nanos now) {
     rs.shard = shard;
     rs.opened_ns = now;
     rs.eligible = eligible;
+    rs.quorum = cfg_.quorum;
+    rs.grace_factor = cfg_.grace_factor;
     last_open_ns_ = now;
     any_opened_ = true;
     ++counters_.rounds_opened;
@@ -465,6 +473,15 @@ void broker_core::on_peer_alive(learner_index learner, nanos now) {
   auto it = learners_.find(learner);
   if (it == learners_.end() || it->second.departed) return;
   admit(learner, it->second.inc, now);
+}
+
+expected<round_number> broker_core::reconfigure(int quorum, double grace_factor) {
+  broker_config next = cfg_;
+  next.quorum = quorum;
+  next.grace_factor = grace_factor;
+  if (auto ok = validate(next); !ok) return ok.err();
+  cfg_ = std::move(next);
+  return round_number{next_round_};
 }
 
 void broker_core::tick(nanos now) {

@@ -93,6 +93,7 @@ struct close_round {
   close_reason reason = close_reason::timeout;
   nanos quorum_ns = -1;  // time the K-th contribution arrived; -1: quorum never reached
   nanos grace_ns = 0;    // grace window granted after the quorum
+  std::uint32_t live = 0;  // |learners live at close ∪ members| (participation)
   /// The shard merges and publishes only rounds that reached the quorum. A timed-out
   /// round without quorum is dropped: its learners keep their counters, so their work
   /// is merged later with a larger weight instead of being lost.
@@ -125,6 +126,7 @@ struct round_record {
   nanos closed_ns = 0;
   close_reason reason = close_reason::timeout;
   std::vector<round_member> members;
+  std::uint32_t live = 0;  // |learners live (not departed) at close ∪ members|
   std::vector<learner_ref> late;  // grows as late contributions arrive
   /// Members a shard rejected at the close (a claim above its bound, mesh.robust's
   /// screening), moved here from `members`: decided, never merged.
@@ -211,6 +213,10 @@ class broker_core {
   bool is_shard_live(std::uint32_t shard) const { return shard < shard_live_.size() && shard_live_[shard]; }
   /// Liveness, grace and timeout deadlines, and opening of paced rounds.
   void tick(nanos now);
+  /// A live change of K and γ (`archipelago set`), checked like the config (validate):
+  /// rounds opened from now on use them, rounds open keep the values they opened
+  /// with (a round boundary). Returns the first round under the new values.
+  expected<round_number> reconfigure(int quorum, double grace_factor);
 
   /// Hands over the effects produced since the last call, in production order.
   std::vector<broker_effect> take_effects();
@@ -258,6 +264,8 @@ class broker_core {
     std::vector<round_member> members;
     nanos quorum_ns = -1;
     nanos grace_ns = 0;
+    int quorum = 1;            // K and γ as the round opened (reconfigure)
+    double grace_factor = 0;
   };
 
   learner_state* admit(learner_index learner, incarnation inc, nanos now);

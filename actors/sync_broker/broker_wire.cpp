@@ -1,6 +1,9 @@
 #include "sync_broker/broker_wire.hpp"
 
 #include <algorithm>
+#include <utility>
+
+#include "transport/settings_wire.hpp"
 
 namespace archipelago {
 namespace {
@@ -82,7 +85,7 @@ broker_wire::broker_wire(const mesh_setup& setup, broker_config settings, incarn
                          nanos now)
     : setup_(setup), inc_(inc), epoch_(start.epoch != 0 ? start.epoch : broker_epoch_of(inc.value, 0)), port_(port),
       log_(log),
-      store_(store), lease_(start.recovery && store),
+      store_(store), live_cfg_(setup.cfg), lease_(start.recovery && store),
       ledger_write_interval_ns_(start.ledger_write_interval_ns), ledger_(fragment_floats(setup)), started_ns_(now),
       tape_(3 * start.ledger_write_interval_ns) {
   shard_incarnations_.assign(setup.shard_endpoints.size(), 0);
@@ -180,7 +183,50 @@ void broker_wire::send_welcome(node_address to, std::uint64_t schedule_step) {
   w.setHeartbeatIntervalMs(static_cast<std::uint32_t>(setup_.cfg.wire.heartbeat_interval_ms));
   w.setCurrentRound(core_->next_round().value);
   w.setScheduleStep(schedule_step);
+  const std::vector<live_setting> changed = live_differences(setup_.cfg, live_cfg_);
+  transport::set_settings(w.initSettings(static_cast<unsigned>(changed.size())), changed);
   (void)port_.send(to, b.finish());
+}
+
+/// An operator's change (Reconfigure, from an admin key): checked like a config file
+/// against the values in force, applied to rounds opened from now on, forwarded to
+/// the shards (mesh.robust* are theirs), noted for the tape; answered at the reply
+/// endpoint with an Ack (the first round under the new values) or an Error saying why not.
+void broker_wire::on_reconfigure(const transport::decoded_envelope& env, nanos now) {
+  const node_address from = env.sender();
+  auto rc = env.root().getBody().getReconfigure();
+  const std::vector<live_setting> changes = transport::settings_of(rc.getSettings());
+  auto next = from.kind == role::admin ? apply_live_settings(live_cfg_, changes)
+                                       : expected<config>(make_error(errc::invalid_input, "only an admin may reconfigure"));
+  expected<round_number> first = next ? core_->reconfigure(next->mesh.quorum, next->mesh.grace_factor) : next.err();
+  const std::string what = describe(changes);
+  auto reply = port_.make_envelope();
+  if (!first) {
+    refusals_.count("reconfigure_refused");
+    log_.warn("broker.reconfigure_refused", "archipelago broker: refused %s's change %s: %s", from.to_string().c_str(),
+              what.c_str(), first.err().message.c_str());
+    note_event(now, "refused the change " + what + ": " + first.err().message);
+    auto e = reply.body().initError();
+    e.setCode(wire::ErrorCode::REFUSED);
+    e.setMessage(first.err().message);
+    e.setInReplyTo(env.header().getSequence());
+  } else {
+    live_cfg_ = std::move(*next);
+    const std::string note = "from round " + std::to_string(first->value) + ": " + what;
+    tape_note_ += (tape_note_.empty() ? "" : "; ") + note;
+    log_.info("broker.reconfigured", "archipelago broker: %s set live by %s", note.c_str(), from.to_string().c_str());
+    note_event(now, "set live " + note);
+    const std::vector<live_setting> changed = live_values(live_cfg_);
+    for (std::uint32_t s = 0; s < shard_incarnations_.size(); ++s) {
+      auto b = port_.make_envelope();
+      transport::set_settings(b.body().initReconfigure().initSettings(static_cast<unsigned>(changed.size())), changed);
+      (void)port_.send({role::parameter_shard, s}, b.finish());
+    }
+    reply.body().initAck().setSequence(first->value);
+  }
+  if (from.kind == role::admin && rc.getReplyEndpoint().size() > 0)
+    (void)port_.add_peer(from, rc.getReplyEndpoint().cStr());
+  (void)port_.send(from, reply.finish());
 }
 
 /// Shards learn this incarnation from a Welcome (again each heartbeat interval
@@ -196,6 +242,7 @@ void broker_wire::welcome_silent_shards(nanos now) {
 void broker_wire::tick(nanos now) {
   core_->tick(now);
   dispatch(now);
+  participation_.tick(now, core_->config().round_timeout_ns);  // a version not published by then merged nothing
   welcome_silent_shards(now);
   if ((store_ || !standbys_.empty()) && now - last_ledger_write_ns_ >= ledger_write_interval_ns_) write_ledger(now);
 }
@@ -336,6 +383,7 @@ void broker_wire::dispatch(nanos now) {
           refs.push_back({c->members[i].learner, c->members[i].inc});
       }
       ledger_.on_round_closed(c->round, refs, c->merge());  // merged once the shard publishes it
+      participation_.on_close(c->round.value, c->fragment.value, c->live, refs, c->merge(), now);
       last_grace_ns_ = c->grace_ns;
       (void)port_.send({role::parameter_shard, c->shard}, b.finish());
       ++counts_.rounds_closed;
@@ -387,6 +435,7 @@ void broker_wire::on_message(const transport::decoded_envelope& env, nanos now) 
       break;
     }
     case wire::Envelope::Body::CONTRIBUTION: on_arrival(env, now); break;  // a shard's arrival notice
+    case wire::Envelope::Body::RECONFIGURE: on_reconfigure(env, now); break;
     case wire::Envelope::Body::FRAGMENT_UPDATE: on_fragment_update(env, now); break;  // a shard published
     case wire::Envelope::Body::ACK:  // a standby has this leader's tape log up to the sequence
       if (from.kind == role::sync_broker && env.header().getBrokerEpoch() == epoch_)
@@ -470,6 +519,7 @@ void broker_wire::on_arrival(const transport::decoded_envelope& env, nanos now) 
       // neither the ledger nor the tape may count it as merged.
       ledger_.withdraw(round, p, who);
       core_->on_member_rejected(round, p, who);
+      participation_.on_screened(round.value, who);
       ledger_.on_outcome(who, p, c.getStep(), c.getSteps(), ledger_bucket::rejected);
       break;
   }
@@ -493,12 +543,14 @@ void broker_wire::on_fragment_update(const transport::decoded_envelope& env, nan
     ++counts_.committed;
     if (r) {
       storage::tape_record t = tape_entry(*r, u.getVersion(), epoch_);
+      t.settings = std::exchange(tape_note_, {});  // a live change shows at the first round taped after it
       if (!standbys_.empty()) tape_.append(t.round, storage::encode_record(t));
       if (store_) store_->append_tape(std::move(t));
     }
   }
   core_->on_published(round, {u.getFragment()}, u.getVersion(), now);
   ledger_.on_round_published(round);
+  if (r && r->fragment.value == u.getFragment()) participation_.on_published(round.value);
   if (r && r->fragment.value == u.getFragment())
     for (const round_member& m : r->members)
       if (auto& rec = records_[{m.learner, m.inc}]; rec.first_merged_ns < 0) rec.first_merged_ns = now;
@@ -565,6 +617,8 @@ broker_report broker_wire::report(nanos now, bool final) {
   r.closed_all_eligible = c.closed_all_eligible;
   r.closed_grace_expired = c.closed_grace_expired;
   r.closed_timeout = c.closed_timeout;
+  r.participation = participation_.mean();
+  r.participation_rounds = participation_.rounds();
   if (final) {  // at most history_capacity rounds, once per run
     for (const round_record& rec : core_->history()) {
       if (rec.published_ns < 0) continue;

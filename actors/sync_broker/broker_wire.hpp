@@ -16,6 +16,7 @@
 
 #include "core/refusals.hpp"
 #include "core/clock.hpp"
+#include "core/live_settings.hpp"
 #include "core/ids.hpp"
 #include "core/log.hpp"
 #include "core/mesh_setup.hpp"
@@ -23,6 +24,7 @@
 #include "core/prometheus_text.hpp"
 #include "sync_broker/broker_core.hpp"
 #include "sync_broker/broker_store.hpp"
+#include "sync_broker/participation.hpp"
 #include "sync_broker/tape_replication.hpp"
 #include "sync_broker/token_ledger.hpp"
 #include "transport/codec.hpp"
@@ -64,6 +66,9 @@ class broker_wire {
   nanos started_ns() const { return started_ns_; }
   const broker_core& core() const { return *core_; }
   const token_ledger& ledger() const { return ledger_; }
+  /// The configuration in force: the mesh's, with the changes set live.
+  const config& live_config() const { return live_cfg_; }
+  const participation_tracker& participation() const { return participation_; }
   /// The rounds on its tape log (a leader stepping down takes them as held: broker_seat).
   std::vector<std::uint64_t> tape_rounds() const { return tape_.rounds(); }
 
@@ -82,6 +87,7 @@ class broker_wire {
   void on_join(const transport::decoded_envelope& env, nanos now);
   void on_leave(learner_ref who, nanos now);
   void on_arrival(const transport::decoded_envelope& env, nanos now);
+  void on_reconfigure(const transport::decoded_envelope& env, nanos now);
   void on_fragment_update(const transport::decoded_envelope& env, nanos now);
   /// `whole`: every record goes to the standbys, not only those changed since the last copy.
   void write_ledger(nanos now, bool whole = false);
@@ -98,10 +104,13 @@ class broker_wire {
   transport::message_port& port_;
   logger& log_;
   broker_store* store_;
+  config live_cfg_;        // the mesh's configuration with the changes set live (Reconfigure)
+  std::string tape_note_;  // live changes not yet on the tape: the next taped round carries them
   const bool lease_ = false;  // broker_start::recovery: lease round numbers ahead
   const nanos ledger_write_interval_ns_;
   std::unique_ptr<broker_core> core_;
   token_ledger ledger_;
+  participation_tracker participation_;  // members merged against live learners, per round
   node_counters counts_;
   refusal_counts refusals_;  // by reason (core/refusals.hpp)
   std::vector<nanos> published_at_;

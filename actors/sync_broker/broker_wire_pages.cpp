@@ -45,7 +45,9 @@ void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
   const auto& history = core_->history();
   page.gauge("archipelago_quorum_size", "Learners merged in the last closed round.",
              history.empty() ? 0.0 : static_cast<double>(history.back().members.size()), l);
-  page.gauge("archipelago_quorum_min", "The minimum quorum K.", static_cast<double>(setup_.policy.quorum), l);
+  page.gauge("archipelago_quorum_min", "The minimum quorum K (as set live, if it was).",
+             static_cast<double>(core_->config().quorum), l);
+  page.gauge("archipelago_grace_factor", "The grace factor gamma (as set live, if it was).", core_->config().grace_factor, l);
   page.gauge("archipelago_grace_seconds", "The last round's grace window after its quorum.",
              static_cast<double>(last_grace_ns_) * 1e-9, l);
   page.gauge("archipelago_step_time_seconds", "The pace of the learners that form the quorum (xi_step).",
@@ -60,6 +62,21 @@ void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
                static_cast<double>(now - m.last_heard_ns) * 1e-9, with("learner", std::to_string(m.learner.value)));
   }
   page.gauge("archipelago_learners_live", "Learners alive and not departed.", static_cast<double>(live), l);
+  const participation_tracker& part = participation_;
+  page.counter("archipelago_participation_rounds_total",
+               "Rounds settled for participation: their version published, or closed or timed out without one.",
+               static_cast<double>(part.rounds()), l);
+  page.counter("archipelago_participation_merged_total",
+               "Members merged, summed over settled rounds (a member screened out or whose claim was cut is not merged).",
+               static_cast<double>(part.merged_total()), l);
+  page.counter("archipelago_participation_live_total",
+               "Learners live at each settled round's close (with its members), summed over those rounds.",
+               static_cast<double>(part.live_total()), l);
+  page.gauge("archipelago_participation",
+             "Mean over settled rounds of members merged / learners live at close (README \"Participation\").",
+             part.mean(), l);
+  page.gauge("archipelago_round_participation", "Members merged / learners live, of the newest settled round.",
+             part.recent().empty() ? 0.0 : part.recent().back().share(), l);
   const ledger_totals led = ledger_.totals();
   auto ledger_counters = [&](const char* name, const char* help, const ledger_totals& t, metric_labels labels) {
     const std::pair<const char*, std::uint64_t> buckets[] = {
@@ -124,12 +141,16 @@ std::string broker_wire::status_json(nanos now) const {
     const round_record& r = history[i];
     json_line j;
     j.add("round", r.round.value).add("fragment", static_cast<std::uint64_t>(r.fragment.value))
-        .add("members", static_cast<std::uint64_t>(r.members.size()))
+        .add("members", static_cast<std::uint64_t>(r.members.size())).add("live", static_cast<std::uint64_t>(r.live))
         .add("quorum_ms", r.quorum_ns < 0 ? -1.0 : static_cast<double>(r.quorum_ns - r.opened_ns) * 1e-6)
         .add("grace_ms", static_cast<double>(r.grace_ns) * 1e-6).add("reason", to_string(r.reason))
         .add("closed_s", age_s(r.closed_ns));
     rounds += (rounds.size() > 1 ? "," : "") + j.str();
   }
+  std::string settled = "[";  // participation: the newest rounds whose outcome is known
+  for (const participation_round& p : participation_.recent())
+    settled += (settled.size() > 1 ? "," : "") + json_line().add("round", p.round).add("live", static_cast<std::uint64_t>(p.live))
+                                                   .add("merged", static_cast<std::uint64_t>(p.merged)).str();
   std::string events = "[";
   for (const auto& [t, text] : events_)
     events += (events.size() > 1 ? "," : "") + json_line().add("ago_s", age_s(t)).add("text", text).str();
@@ -139,7 +160,9 @@ std::string broker_wire::status_json(nanos now) const {
   json_line out;
   out.add("mode", setup_.cfg.mesh.mode).add("incarnation", inc_.value).add("uptime_s", age_s(started_ns_))
       .add("broker", static_cast<std::uint64_t>(leader_of_epoch(epoch_))).add("leading", true).add("epoch", epoch_)
-      .add("learners_configured", setup_.cfg.mesh.learners).add("quorum", setup_.policy.quorum)
+      .add("learners_configured", setup_.cfg.mesh.learners).add("quorum", core_->config().quorum)
+      .add("grace_factor", core_->config().grace_factor)
+      .add("settings_live", describe(live_differences(setup_.cfg, live_cfg_)))
       .add("rounds_opened", c.rounds_opened).add("rounds_closed", c.rounds_closed())
       .add("rounds_open", static_cast<std::uint64_t>(core_->rounds_open())).add("late", c.late)
       .add("grace_ms", static_cast<double>(last_grace_ns_) * 1e-6)
@@ -147,6 +170,8 @@ std::string broker_wire::status_json(nanos now) const {
       .add_raw("ledger", ledger_json(led))
       .add("ledger_balanced", led.balanced())
       .add("uptime", uptime_until(now)).add("fragment_availability", mean_availability)
+      .add("participation", participation_.mean()).add("participation_rounds", participation_.rounds())
+      .add_raw("participation_recent", settled + "]")
       .add("rejected", c.rejected).add("stale", c.stale).add("duplicates", c.duplicates)
       .add_raw("learners", learners + "]").add_raw("shards", shards + "]").add_raw("fragment_versions", versions + "]")
       .add_raw("recent_rounds", rounds + "]").add_raw("events", events + "]");

@@ -7,9 +7,9 @@
 namespace archipelago::transport {
 namespace {
 
-constexpr std::uint16_t max_known_body = static_cast<std::uint16_t>(wire::Envelope::Body::BROKER_STATE);
+constexpr std::uint16_t max_known_body = static_cast<std::uint16_t>(wire::Envelope::Body::RECONFIGURE);
 constexpr std::uint16_t max_known_encoding = static_cast<std::uint16_t>(wire::TensorEncoding::INT2);
-constexpr std::uint16_t max_known_role = static_cast<std::uint16_t>(wire::Role::CHAOS_MONKEY);
+constexpr std::uint16_t max_known_role = static_cast<std::uint16_t>(wire::Role::ADMIN);
 
 /// Reads every text field of the active body, so a text without its NUL
 /// terminator (or out of bounds) fails here and not in a later reader.
@@ -23,6 +23,11 @@ void touch_texts(wire::Envelope::Reader root) {
         s.getEndpoint();
         s.getFragments();
       }
+      for (auto s : body.getWelcome().getSettings()) s.getKey(), s.getValue();
+      break;
+    case wire::Envelope::Body::RECONFIGURE:
+      for (auto s : body.getReconfigure().getSettings()) s.getKey(), s.getValue();
+      body.getReconfigure().getReplyEndpoint();
       break;
     case wire::Envelope::Body::LEAVE: body.getLeave().getReason(); break;
     case wire::Envelope::Body::ROUND_CLOSE: body.getRoundClose().getMembers(); break;

@@ -34,6 +34,7 @@ const char* body_name(wire::Envelope::Body::Which body) {
     case B::ERROR: return "Error";
     case B::ACK: return "Ack";
     case B::BROKER_STATE: return "BrokerState";
+    case B::RECONFIGURE: return "Reconfigure";
   }
   return "unknown";
 }
@@ -44,6 +45,7 @@ std::string key_identity::name() const {
     case role::parameter_shard: return "shard-" + (index ? std::to_string(*index) : std::string("?"));
     case role::learner: return index ? "learner-" + std::to_string(*index) : "learner";
     case role::chaos_monkey: return "chaos";
+    case role::admin: return "admin";
   }
   return "?";
 }
@@ -52,6 +54,7 @@ expected<key_identity> identity_of_key_name(std::string_view name) {
   if (name == "broker") return key_identity{role::sync_broker, 0u};
   if (name == "learner") return key_identity{role::learner, std::nullopt};
   if (name == "chaos") return key_identity{role::chaos_monkey, std::nullopt};
+  if (name == "admin") return key_identity{role::admin, std::nullopt};
   constexpr std::pair<std::string_view, role> prefixes[] = {
       {"broker-", role::sync_broker}, {"shard-", role::parameter_shard}, {"learner-", role::learner}};
   for (auto [prefix, kind] : prefixes) {
@@ -60,7 +63,7 @@ expected<key_identity> identity_of_key_name(std::string_view name) {
     break;
   }
   return make_error(errc::invalid_input, "key name '" + std::string(name.substr(0, 64)) +
-                                             "' names no identity (broker, broker-I, shard-I, learner-I, learner, chaos)");
+                                             "' names no identity (broker, broker-I, shard-I, learner-I, learner, chaos, admin)");
 }
 
 std::string key_name_of(node_address node) {
@@ -69,6 +72,7 @@ std::string key_name_of(node_address node) {
     case role::parameter_shard: return "shard-" + std::to_string(node.index);
     case role::learner: return "learner-" + std::to_string(node.index);
     case role::chaos_monkey: return "chaos";
+    case role::admin: return "admin";
   }
   return "?";
 }
@@ -92,8 +96,10 @@ bool role_may_send(role sender, wire::Envelope::Body::Which body) {
     case B::PROGRESS:
     case B::FETCH_FRAGMENT: return sender == role::learner;
     case B::CONTRIBUTION: return sender == role::learner || sender == role::parameter_shard;
-    case B::JOIN: return sender != role::chaos_monkey;
+    case B::JOIN: return sender != role::chaos_monkey && sender != role::admin;
     case B::CHAOS_COMMAND: return sender == role::chaos_monkey;
+    // An operator's change; the broker forwards an accepted one to its shards.
+    case B::RECONFIGURE: return sender == role::admin || sender == role::sync_broker;
   }
   return false;
 }

@@ -8,6 +8,7 @@
 //   learner-I           learner I
 //   learner             any learner (one keypair shared by every learner: binds the role only)
 //   chaos               the chaos monkey (any index)
+//   admin               an operator's tool (`archipelago set`, any index): Reconfigure to the broker
 // Any other name (or a key listed without one) binds no identity: every envelope
 // it carries is refused as an impersonation. The transport takes the
 // authenticated key's name from the connection (the ZAP handler's User-Id) and
@@ -57,6 +58,7 @@ const char* body_name(wire::Envelope::Body::Which body);
 ///   Contribution                                  learners (to shards), shards (arrival notices to the broker)
 ///   Join                                          learners, shards, brokers (standbys)
 ///   ChaosCommand                                  the chaos monkey
+///   Reconfigure                                   admin (to the broker), brokers (forwarded to shards)
 ///   Heartbeat, Leave, Error, Ack                  anyone
 bool role_may_send(role sender, wire::Envelope::Body::Which body);
 

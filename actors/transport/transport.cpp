@@ -28,7 +28,11 @@ namespace archipelago::transport {
 
 io_context make_io_context() {
   // One I/O thread: ZeroMQ suggests one per GB/s, and this machine class has 2 cores.
-  return std::make_shared<zmq::context_t>(1);
+  auto context = std::make_shared<zmq::context_t>(1);
+  // A one-process mesh of 32 learners holds more sockets (a few per peer and lane) than
+  // ZeroMQ's default 1023: its transports then fail with "Too many open files".
+  context->set(zmq::ctxopt::max_sockets, 16384);
+  return context;
 }
 
 inbound_message::inbound_message() = default;
@@ -915,6 +919,7 @@ std::vector<std::string> curve_key_names(node_address node) {
     case role::parameter_shard: return {"shard-" + i};
     case role::learner: return {"learner-" + i, "learner"};
     case role::chaos_monkey: return {"chaos"};
+    case role::admin: return {"admin"};
   }
   return {};
 }

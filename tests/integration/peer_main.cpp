@@ -3,7 +3,7 @@
 //   archipelago_test_peer --self learner/1 --bind tcp://127.0.0.1:PORT
 //                         --peer sync_broker/0=tcp://127.0.0.1:PORT2 [--incarnation N]
 //                         [--curve-secret Z85 --curve-public Z85 --server-key Z85 --allow [NAME=]Z85]...
-//                         [--send round_close|round_open|fragment_update|contribution [--claim ROLE/I]]
+//                         [--send round_close|round_open|fragment_update|contribution|reconfigure [--claim ROLE/I]]
 //
 // Prints "endpoint <bound endpoint>" once bound; answers every delivered message
 // with an Ack of its sequence; exits 0 on SIGTERM. With --send, it also sends
@@ -32,7 +32,7 @@ bool parse_address(const std::string& text, node_address& out) {
   const auto slash = text.find('/');
   if (slash == std::string::npos) return false;
   const std::string kind = text.substr(0, slash);
-  const role roles[] = {role::learner, role::sync_broker, role::parameter_shard, role::chaos_monkey};
+  const role roles[] = {role::learner, role::sync_broker, role::parameter_shard, role::chaos_monkey, role::admin};
   for (role r : roles)
     if (kind == to_string(r)) {
       out = {r, static_cast<std::uint32_t>(std::stoul(text.substr(slash + 1)))};
@@ -121,6 +121,10 @@ int main(int argc, char** argv) {
       c.setTokens(1'000'000);
       const float delta[4] = {1, 2, 3, 4};
       (void)b.add_tensor_values("delta/0", delta, 4, tensor_encoding::fp32);
+    } else if (send_body == "reconfigure") {  // K = 1, as `archipelago set K=1` would ask
+      auto s = b.body().initReconfigure().initSettings(1);
+      s[0].setKey("mesh.quorum");
+      s[0].setValue("1");
     } else {
       return 2;
     }

@@ -21,6 +21,7 @@
 #include "transport/codec.hpp"
 #include "transport/message_port.hpp"
 #include "transport/reliability.hpp"
+#include "transport/settings_wire.hpp"
 
 namespace archipelago::sim {
 namespace {
@@ -42,6 +43,9 @@ mesh_setup sim_setup(const sim_config& c) {
   s.cfg.wire.heartbeat_interval_ms = std::max<std::int64_t>(1, c.broker_silence_ns / 3 / 1'000'000);
   s.cfg.wire.liveness = 3;
   s.cfg.wire.accept_chaos = true;  // the fault drills' ChaosCommands
+  s.cfg.mesh.quorum = c.broker.quorum;
+  s.cfg.mesh.grace_factor = c.broker.grace_factor;
+  s.cfg.mesh.robust = c.robust.enabled;
   s.policy.fragments = c.fragments;
   s.policy.shards = c.shards;
   s.policy.quorum = c.broker.quorum;
@@ -118,6 +122,8 @@ class mesh {
 
   void send(int from, int to, std::shared_ptr<const encoded_message> message);
   void observe_broker_send(const std::vector<node_address>& to, const encoded_message& message);
+  /// The broker's answer to a Reconfigure (sim_config::reconfigures).
+  void admin_reply(const encoded_message& message);
   int node_of(node_address a) const {
     if (a.kind == role::learner) return static_cast<int>(a.index);
     if (a.kind == role::sync_broker) return broker_node(a.index);
@@ -296,6 +302,7 @@ class mesh {
   std::vector<node_transport_state> transports_;
   // The chaos monkey: its wire layer, its port, the launcher it drives, its record.
   std::unique_ptr<sim_port> chaos_port_;
+  std::uint64_t admin_sequence_ = 0;
   std::unique_ptr<process_control> processes_;
   chaos_log chaos_log_;
   std::unique_ptr<chaos_wire> chaos_;
@@ -348,6 +355,7 @@ status sim_port::send(node_address peer, encoded_message&& message) {
 }
 
 status sim_port::broadcast(const std::vector<node_address>& peers, encoded_message&& message) {
+  if (peers.size() == 1 && peers[0].kind == role::admin) return world_.admin_reply(message), status{};
   auto shared = std::make_shared<const encoded_message>(std::move(message));
   if (self_.kind == role::sync_broker) world_.observe_broker_send(peers, *shared);
   for (node_address peer : peers) world_.send(node_, world_.node_of(peer), shared);
@@ -405,6 +413,15 @@ mesh::mesh(const sim_config& c) : cfg_(c), setup_(sim_setup(c)), rng_(derive_see
   at(0, [this] { broker_tick(); });
   for (int n = 0; n < nodes(); ++n) at(0, [this, n] { heartbeat(n); });
   for (const auto& f : c.broker_pauses) at(f.at_ns, [this, f] { pause_broker(f.broker, f.for_ns); });
+  for (const auto& [t, settings] : c.reconfigures)
+    at(t, [this, s = settings] {
+      transport::envelope_builder b({role::admin, 0}, incarnation{1}, ++admin_sequence_, 0, 0);
+      transport::set_settings(b.body().initReconfigure().initSettings(static_cast<unsigned>(s.size())), s);
+      const encoded_message m = b.finish();
+      auto env = transport::decode_envelope(frames_of(m));
+      assert(env);
+      brokers_[0].seat->on_message(env.value(), now_);
+    });
   for (const auto& f : c.broker_crashes) {
     at(f.at_ns, [this, f] { crash_broker(f.broker, f.store_lost); });
     if (f.restart_at_ns >= f.at_ns) at(f.restart_at_ns, [this, f] { start_broker(f.broker, f.with_store); });
@@ -643,6 +660,14 @@ void mesh::dispatch(int to, int from, const decoded_envelope& env) {
           break;
         }
   }
+}
+
+void mesh::admin_reply(const encoded_message& message) {
+  auto env = transport::decode_envelope(frames_of(message));
+  assert(env);
+  auto body = env.value().root().getBody();
+  if (body.isAck()) result_.admin_replies.emplace_back(true, std::to_string(body.getAck().getSequence()));
+  else if (body.isError()) result_.admin_replies.emplace_back(false, body.getError().getMessage().cStr());
 }
 
 /// The broker's round closes (who was merged, and when) and its Welcomes to
@@ -1121,6 +1146,8 @@ void mesh::collect(sim_result& r) const {
     r.ledger = lead->ledger().totals();
     r.ledger_by_incarnation = lead->ledger().per_learner();
     r.fragment_ledger = lead->ledger().per_fragment();
+    r.participation = lead->participation().mean();
+    r.participation_rounds = lead->participation().rounds();
   }
   for (const shard_process& proc : shards_) {
     r.shards.push_back(proc.wire->core().ledger());

@@ -34,6 +34,7 @@
 
 #include "chaos_monkey/chaos_core.hpp"
 #include "core/clock.hpp"
+#include "core/live_settings.hpp"
 #include "core/ledger_totals.hpp"
 #include "learner/learner_core.hpp"
 #include "parameter_shard/shard_core.hpp"
@@ -161,6 +162,9 @@ struct sim_config {
   nanos drain_ns = 0;
   /// The shards' robust merge (mesh.robust): off by default, as in the product.
   robust_config robust;
+  /// An operator's live changes (`archipelago set`): at each time, a Reconfigure from
+  /// an admin straight to the primary broker's wire; its answer lands in sim_result::admin_replies.
+  std::vector<std::pair<nanos, std::vector<live_setting>>> reconfigures;
 };
 
 /// A shard's fragment version as it changes: merged (handed to the store),
@@ -214,6 +218,11 @@ struct sim_result {
   /// (time, shard) of every Welcome the broker sent a shard: its greeting until
   /// it hears from the shard, and its answer to a shard's Join (a restart).
   std::vector<std::pair<nanos, std::uint32_t>> welcomes_to_shards;
+  /// The broker's answers to reconfigures: (accepted, the first round under the new values or why not).
+  std::vector<std::pair<bool, std::string>> admin_replies;
+  /// The (last) leading broker's participation: mean over settled rounds of members merged / live learners.
+  double participation = 0;
+  std::uint64_t participation_rounds = 0;
 
   // -- fault drills ------------------------------------------------------------
   std::vector<version_event> versions;       // every shard's versions, in time order

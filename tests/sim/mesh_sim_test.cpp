@@ -521,3 +521,48 @@ TEST_CASE("sim: a partitioned primary is fenced when it returns, and steps down"
     CHECK(r.ledger.processed == r.tokens_processed);
   }
 }
+
+TEST_CASE("sim: K and the grace factor set live take effect at a round boundary and show on the tape") {
+  const std::uint64_t seed = 61;
+  CAPTURE(seed);
+  sim_config c = base(seed);
+  c.duration_ns = 4'000'000'000;
+  c.step_ns = {10'000'000, 12'000'000, 15'000'000, 20'000'000};
+  c.broker.grace_factor = 0;  // K = 1, no grace: about one member per round
+  c.reconfigures = {{2'000'000'000, {{"mesh.quorum", "3"}, {"mesh.grace_factor", "2"}}},
+                    {2'500'000'000, {{"mesh.rounds_in_flight", "3"}}},
+                    {2'600'000'000, {{"mesh.quorum", "9"}}}};
+  const sim_result r = run_mesh(c);
+  REQUIRE(r.admin_replies.size() == 3);
+  CHECK(r.admin_replies[0].first);
+  const std::uint64_t from = std::stoull(r.admin_replies[0].second);
+  CHECK_FALSE(r.admin_replies[1].first);
+  CHECK(r.admin_replies[1].second.find("mesh agreement hash") != std::string::npos);
+  CHECK_FALSE(r.admin_replies[2].first);
+  CHECK(r.admin_replies[2].second.find("must not exceed mesh.learners") != std::string::npos);
+  double before = 0, after = 0;
+  int n_before = 0, n_after = 0;
+  for (const round_record& rec : r.history) {
+    if (!(rec.quorum_ns >= 0)) continue;
+    if (rec.round.value < from) {
+      before += static_cast<double>(rec.members.size());
+      ++n_before;
+    } else {
+      CHECK(rec.members.size() >= 3);
+      after += static_cast<double>(rec.members.size());
+      ++n_after;
+    }
+  }
+  REQUIRE(n_before > 20);
+  REQUIRE(n_after > 20);
+  CHECK(before / n_before < 1.5);
+  CHECK(after / n_after >= 3.0);
+  // The first round taped after the change carries it, and only that one.
+  int noted = 0;
+  for (const auto& t : r.broker_tapes.at(0))
+    if (!t.settings.empty()) {
+      ++noted;
+      CHECK(t.settings == "from round " + std::to_string(from) + ": mesh.quorum=3 mesh.grace_factor=2");
+    }
+  CHECK(noted == 1);
+}

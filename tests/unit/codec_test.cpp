@@ -48,7 +48,7 @@ decode_result decode(const owned_message& m) { return decode_envelope(m.views())
 
 TEST_CASE("every body round-trips with its header") {
   using Body = wire::Envelope::Body;
-  for (int tag = 0; tag <= static_cast<int>(Body::BROKER_STATE); ++tag) {
+  for (int tag = 0; tag <= static_cast<int>(Body::RECONFIGURE); ++tag) {
     CAPTURE(tag);
     envelope_builder b(learner3, incarnation{9}, 100 + tag, 55, broker_epoch_of(9, 1));
     auto body = b.body();
@@ -85,6 +85,14 @@ TEST_CASE("every body round-trips with its header") {
         st.initTape(1).set(0, kj::arrayPtr(record, 3));
         break;
       }
+      case Body::RECONFIGURE: {
+        auto rc = body.initReconfigure();
+        auto s = rc.initSettings(1);
+        s[0].setKey("mesh.quorum");
+        s[0].setValue("3");
+        rc.setReplyEndpoint("tcp://127.0.0.1:7001");
+        break;
+      }
     }
     owned_message m(b.finish());
     auto r = decode(m);
@@ -114,6 +122,10 @@ TEST_CASE("every body round-trips with its header") {
       case Body::BROKER_STATE:
         CHECK(rb.getBrokerState().getRoundsLeased() == 512);
         CHECK(rb.getBrokerState().getTape()[0].size() == 3);
+        break;
+      case Body::RECONFIGURE:
+        CHECK(std::string(rb.getReconfigure().getSettings()[0].getValue().cStr()) == "3");
+        CHECK(std::string(rb.getReconfigure().getReplyEndpoint().cStr()) == "tcp://127.0.0.1:7001");
         break;
     }
   }

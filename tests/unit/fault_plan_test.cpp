@@ -156,7 +156,7 @@ TEST_CASE("fault plan: an unknown fault, target, negative duration or malformed 
   CHECK(error_of("duration = \"60s\"\n[rates]\nkinds = [\"partition\"]\n") ==
         "plan.toml:3: unknown or unsupported random fault kind 'partition' (rates draw crash, pause or slow)");
   CHECK(error_of("duration = \"60s\"\nspeed = 3\n") ==
-        "plan.toml:2: unknown plan key 'speed' (seed, duration, liveness, standbys, [[fault]], [rates])");
+        "plan.toml:2: unknown plan key 'speed' (seed, duration, liveness, standbys, [[fault]], [rates], [pass])");
   CHECK(error_of("[[fault]]\nat = \"1s\"\nkind = \"crash\"\ntarget = \"learner/0\"\nfor = \"1s\"\n") ==
         "plan.toml: the plan needs duration = \"...\" > 0");
   CHECK(error_of("duration = \"60s\"\n[[fault]\n").rfind("plan.toml:2: ", 0) == 0);  // TOML syntax

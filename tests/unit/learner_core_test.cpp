@@ -276,3 +276,31 @@ TEST_CASE("learner core: a re-anchor keeps the local progress and contributes it
   CHECK_FALSE(f.core.on_fragment_update({2}, 0, f.global({2}, 9.0f), f.params.data()));
   CHECK(f.core.on_fragment_update({2}, 1, f.global({2}, 3.0f), f.params.data()));
 }
+
+TEST_CASE("learner core: a fragment not installed from the mesh is never contributed, the others are") {
+  fixture f;
+  // A rejoin while fragment 2's shard is down: every fragment but 2 installed from the mesh.
+  for (std::uint32_t p = 0; p < f.core.fragments(); ++p)
+    if (p != 2) REQUIRE(f.core.install({p}, 1, f.global({p}, 1.0f), f.params.data()));
+  CHECK_FALSE(f.core.installed({2}));
+  f.core.on_step(64);
+  f.core.on_round_open(round_number{1}, {2});
+  f.core.on_round_open(round_number{2}, {0});
+  auto c = f.core.next_contribution(f.params.data());
+  REQUIRE(c);
+  CHECK(c->fragment == fragment_index{0});             // the installed one goes out
+  CHECK_FALSE(f.core.next_contribution(f.params.data()));  // fragment 2's round waits
+  CHECK(f.core.pending_rounds() == 1);
+  // A shard restart's reanchor does not count as an install either.
+  f.core.reanchor({2}, 5, f.global({2}, 3.0f));
+  CHECK_FALSE(f.core.installed({2}));
+  CHECK_FALSE(f.core.next_contribution(f.params.data()));
+  // Its shard back: the value it publishes is installed, and work after it is contributed.
+  REQUIRE(f.core.on_fragment_update({2}, 6, f.global({2}, 3.0f), f.params.data()));
+  f.core.on_step(64);
+  f.core.on_round_open(round_number{3}, {2});
+  auto c2 = f.core.next_contribution(f.params.data());
+  REQUIRE(c2);
+  CHECK(c2->fragment == fragment_index{2});
+  CHECK(c2->anchor_version == 6);
+}

@@ -22,11 +22,12 @@ TEST_CASE("peer identity: keygen names bind one identity each") {
   CHECK(*identity_of_key_name("learner-3") == key_identity{role::learner, 3u});
   CHECK(*identity_of_key_name("learner") == key_identity{role::learner, std::nullopt});
   CHECK(*identity_of_key_name("chaos") == key_identity{role::chaos_monkey, std::nullopt});
+  CHECK(*identity_of_key_name("admin") == key_identity{role::admin, std::nullopt});
   for (const char* bad : {"", "alice", "shard", "shard-", "shard-x", "learner-01", "learner--1", "broker-99999999999",
                           "chaos-1", "LEARNER-1"})
     CHECK_MESSAGE(!identity_of_key_name(bad), bad);
   // The names round trip, and a node's own name is the first the transport looks up.
-  for (const char* name : {"broker", "broker-1", "shard-0", "learner-7", "learner", "chaos"})
+  for (const char* name : {"broker", "broker-1", "shard-0", "learner-7", "learner", "chaos", "admin"})
     CHECK(identity_of_key_name(name)->name() == name);
   CHECK(key_name_of({role::sync_broker, 0}) == "broker");
   CHECK(key_name_of({role::sync_broker, 1}) == "broker-1");
@@ -65,6 +66,16 @@ TEST_CASE("peer identity: the role permissions table") {
   CHECK(role_may_send(role::chaos_monkey, B::CHAOS_COMMAND));
   for (role r : {role::learner, role::parameter_shard, role::sync_broker}) CHECK_FALSE(role_may_send(r, B::CHAOS_COMMAND));
   CHECK_FALSE(role_may_send(role::sync_broker, B::PROGRESS));
+  // Reconfigure: an admin's to the broker, which forwards it to the shards; nobody else.
+  CHECK(role_may_send(role::admin, B::RECONFIGURE));
+  CHECK(role_may_send(role::sync_broker, B::RECONFIGURE));
+  for (role r : {role::learner, role::parameter_shard, role::chaos_monkey}) CHECK_FALSE(role_may_send(r, B::RECONFIGURE));
+  for (auto b : {B::ROUND_CLOSE, B::CONTRIBUTION, B::JOIN, B::CHAOS_COMMAND}) CHECK_FALSE(role_may_send(role::admin, b));
+  auto learner_reconfigures = check_sender("learner-1", {role::learner, 1}, B::RECONFIGURE);
+  REQUIRE(learner_reconfigures);
+  CHECK_FALSE(learner_reconfigures->impersonation);
+  CHECK(check_sender("learner-1", {role::admin, 0}, B::RECONFIGURE)->impersonation);
+  CHECK_FALSE(check_sender("admin", {role::admin, 0}, B::RECONFIGURE));
   for (role r : {role::learner, role::parameter_shard, role::sync_broker, role::chaos_monkey}) {
     CHECK(role_may_send(r, B::HEARTBEAT));
     CHECK(role_may_send(r, B::ERROR));

@@ -167,3 +167,17 @@ TEST_CASE("shard core: mesh.merge = mean takes the token-weighted mean on every 
   CHECK(worst < 1e-6);
   CHECK(mean_shard.value(p) != f.shard.value(p));  // RDA (the default) merges differently
 }
+
+TEST_CASE("shard core: the robust merge set live takes effect, the same settings again change nothing") {
+  fixture f;
+  CHECK_FALSE(f.shard.robust().enabled);
+  robust_config on;
+  on.enabled = true;
+  on.norm_factor = 4;
+  CHECK(f.shard.set_robust(on));
+  CHECK(f.shard.robust().enabled);
+  CHECK(f.shard.robust().norm_factor == 4);
+  CHECK_FALSE(f.shard.set_robust(on));
+  CHECK(f.shard.set_robust(robust_config{}));
+  CHECK_FALSE(f.shard.robust().enabled);
+}

@@ -90,6 +90,10 @@ void print_report(const drill_report& r) {
               static_cast<unsigned long long>(l.overwritten), static_cast<unsigned long long>(l.lost), static_cast<unsigned long long>(l.rejected),
               static_cast<unsigned long long>(l.processed), static_cast<unsigned long long>(r.unreported_tokens),
               static_cast<unsigned long long>(s.tokens), r.ledger_exact ? "exact" : "NOT EXACT");
+  std::printf("participation %.1f %% (mean over %llu settled rounds of members merged / live learners)",
+              100 * s.broker.participation, static_cast<unsigned long long>(s.broker.participation_rounds));
+  if (r.min_participation > 0) std::printf("; the plan passes at >= %.0f %%", 100 * r.min_participation);
+  std::printf("\n");
   std::printf("refused or cut, by reason (every node): %s\n", describe_refusals(s.refused).c_str());
   std::printf("eval loss %.4f nats/byte", s.eval_loss);
   if (r.reference)
@@ -117,6 +121,9 @@ std::vector<std::string> failed_checks(const drill_report& r, double max_eval_ga
     const bool partition = r.faults.at(t.fault).what.starts_with("partition");
     if (partition && t.stepped_down_s < 0) out.push_back(fault + "it never stepped down after the heal");
   }
+  if (r.run.broker.participation < r.min_participation)
+    out.push_back("participation " + std::to_string(100 * r.run.broker.participation) + " % below the plan's " +
+                  std::to_string(100 * r.min_participation) + " %");
   if (const double gap = eval_gap(r); std::isfinite(gap) && gap > max_eval_gap)
     out.push_back("eval loss " + std::to_string(100 * gap) + " % above the reference");
   return out;

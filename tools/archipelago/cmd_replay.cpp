@@ -225,6 +225,7 @@ std::string tape_json(const storage::tape_record& t, double quorum_ms) {
       .add("broker", static_cast<std::int64_t>(leader_of_epoch(t.broker_epoch)))
       .add_raw("members", "[" + members + "]").add_raw("late", "[" + late + "]")
       .add_raw("screened_out", "[" + screened + "]");
+  if (!t.settings.empty()) row.add("settings", t.settings);
   return row.str();
 }
 
@@ -240,6 +241,7 @@ int run_tape(const replay_cli& c, const replay_store& s) {
       std::printf("-- from here broker/%u leads, epoch %llu (incarnation %llu)\n", leader_of_epoch(t.broker_epoch),
                   static_cast<unsigned long long>(t.broker_epoch), static_cast<unsigned long long>(t.broker_epoch >> 8));
     epoch = t.broker_epoch;
+    if (!t.settings.empty()) std::printf("-- set live %s\n", t.settings.c_str());
     const double quorum_ms = t.quorum_ns < 0 ? std::nan("") : static_cast<double>(t.quorum_ns - t.opened_ns) * 1e-6;
     std::printf("%8llu  %8u  %8llu  %9.1f  %9.1f  %-13s  %-30s  %s\n", static_cast<unsigned long long>(t.round),
                 t.fragment, static_cast<unsigned long long>(t.version), quorum_ms,

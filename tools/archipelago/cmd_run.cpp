@@ -55,10 +55,12 @@ int run_mesh_command(const run_options& o, logger& log) {
                 static_cast<unsigned long long>(s.resumed_from), o.snapshots.resume_db.c_str(), s.start_eval_loss,
                 static_cast<long long>(s.start_step));
   const ledger_totals& l = s.broker.ledger;
-  std::printf("ran %.1f s: %llu steps, %llu tokens; %llu rounds (%.2f members each), %llu versions published\n",
+  std::printf("ran %.1f s: %llu steps, %llu tokens; %llu rounds (%.2f members each), %llu versions published; "
+              "participation %.1f %% (members merged / live learners, mean over %llu rounds)\n",
               s.wall_s, static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(s.tokens),
               static_cast<unsigned long long>(s.rounds), s.mean_members,
-              static_cast<unsigned long long>(s.published));
+              static_cast<unsigned long long>(s.published), 100 * s.broker.participation,
+              static_cast<unsigned long long>(s.broker.participation_rounds));
   std::printf("token ledger (token-shares per fragment): merged %llu, late %llu, overwritten %llu, lost %llu, "
               "rejected %llu = %llu processed (%s)\n",
               static_cast<unsigned long long>(l.merged), static_cast<unsigned long long>(l.late),
@@ -115,6 +117,8 @@ int run_mesh_command(const run_options& o, logger& log) {
         .add("rounds", static_cast<std::int64_t>(s.rounds))
         .add("published", static_cast<std::int64_t>(s.published))
         .add("mean_members", s.mean_members)
+        .add("participation", s.broker.participation)
+        .add("participation_rounds", static_cast<std::int64_t>(s.broker.participation_rounds))
         .add_raw("ledger", ledger_json(l))
         .add("ledger_exact", s.ledger_exact)
         .add("closed_grace_expired", static_cast<std::int64_t>(s.broker.closed_grace_expired))

@@ -88,6 +88,15 @@ std::string render(const nlohmann::json& d) {
                 u64(d["rounds_opened"]), u64(d["rounds_closed"]), u64(d["rounds_open"]), u64(d["late"]),
                 num(d["grace_ms"]), 100 * num(d["goodput"]));
   out += line;
+  std::string last;  // the newest settled rounds: merged / live
+  if (d.contains("participation_recent")) {
+    const auto& recent = d["participation_recent"];
+    for (std::size_t i = recent.size() > 8 ? recent.size() - 8 : 0; i < recent.size(); ++i)
+      last += " " + std::to_string(u64(recent[i]["merged"])) + "/" + std::to_string(u64(recent[i]["live"]));
+  }
+  std::snprintf(line, sizeof line, "participation: %.1f %% mean over %llu settled rounds (members merged / live learners); last:%s\n",
+                100 * num(d["participation"]), u64(d["participation_rounds"]), last.empty() ? " -" : last.c_str());
+  out += line;
   std::snprintf(line, sizeof line, "ledger: %llu tokens processed = %llu merged + %llu late + %llu lost + %llu rejected (%s)\n",
                 u64(l["processed"]), u64(l["merged"]), u64(l["late"]), u64(l["lost"]), u64(l["rejected"]),
                 d.value("ledger_balanced", false) ? "balanced" : "NOT balanced");

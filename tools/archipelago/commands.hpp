@@ -21,6 +21,7 @@ runner add_node_command(CLI::App& app);
 runner add_replay_command(CLI::App& app);
 runner add_drill_command(CLI::App& app);
 runner add_status_command(CLI::App& app);
+runner add_set_command(CLI::App& app);
 runner add_simulate_command(CLI::App& app);
 
 }  // namespace archipelago::cli

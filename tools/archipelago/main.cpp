@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   add(add_replay_command);
   add(add_drill_command);
   add(add_status_command);
+  add(add_set_command);
   add(add_simulate_command);
   add(add_train_command);
   add(add_sample_command);

@@ -160,6 +160,9 @@ struct drill_report {
   /// tokens plus these equal the tokens the learners processed.
   std::uint64_t unreported_tokens = 0;
   bool ledger_exact = false;
+  /// The plan's [pass] participation: the least mean participation (the last leading
+  /// broker's, run.broker.participation) that passes; 0: no such criterion.
+  double min_participation = 0;
   std::uint64_t chaos_commands = 0, chaos_commands_failed = 0;
   nanos clock_zero_ns = 0;  // the chaos monkey's start on the mesh's clock (broker records use that clock)
 };

@@ -109,6 +109,7 @@ expected<prepared_drill> prepare_drill(const config& base, const drill_options& 
   r.mode = cfg.mesh.mode;
   r.seed = d.plan.seed;
   r.standbys = d.plan.standbys;
+  r.min_participation = d.plan.min_participation;
   r.learners = cfg.mesh.learners;
   r.shards = d.policy.shards;
   r.quorum = d.policy.wait_for_all ? cfg.mesh.learners : d.policy.quorum;

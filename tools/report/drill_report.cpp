@@ -130,6 +130,9 @@ std::string drill_summary_json(const drill_report& r) {
       .add_raw("fragment_availability", list_json(r.fragment_availability))
       .add("committed_rounds_lost", r.committed_rounds_lost)
       .add("ledger_exact", r.ledger_exact)
+      .add("participation", r.run.broker.participation)
+      .add("participation_rounds", r.run.broker.participation_rounds)
+      .add("min_participation", r.min_participation)
       .add("unreported_tokens", r.unreported_tokens)
       .add_raw("refused", refused_json(r.run.refused))
       .add_raw("ledger", ledger_json(r.run.broker.ledger))
@@ -247,6 +250,10 @@ std::string drill_report_html(const std::vector<drill_report>& drills) {
     row("committed rounds lost", std::to_string(r.committed_rounds_lost), "-", r.committed_rounds_lost > 0);
     row("ledger exact (tokens a killed learner never reported: " + std::to_string(r.unreported_tokens) + ")",
         r.ledger_exact ? "yes" : "NO", ref ? (ref->ledger_exact ? "yes" : "NO") : "-", !r.ledger_exact);
+    row("participation (mean over rounds: members merged / live learners" +
+            (r.min_participation > 0 ? ", pass at &ge; " + num(100 * r.min_participation, "%.0f") + " %" : std::string()) + ")",
+        num(100 * r.run.broker.participation, "%.1f") + " %",
+        ref ? num(100 * ref->broker.participation, "%.1f") + " %" : "-", r.run.broker.participation < r.min_participation);
     row("refused or cut, by reason (every node, every incarnation)", describe_refusals(r.run.refused),
         ref ? describe_refusals(ref->refused) : "-");
     row("rounds (per s)", std::to_string(r.run.rounds) + " (" + num(r.run.wall_s > 0 ? r.run.rounds / r.run.wall_s : 0, "%.2f") + ")",

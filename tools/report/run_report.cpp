@@ -33,6 +33,7 @@ std::string run_report_html(const mesh_summary& s, const config& cfg) {
   row("uptime", num(100 * s.broker.uptime, "%.1f") + " %");
   row("fragment availability (mean)", num(100 * s.broker.availability(), "%.1f") + " %");
   row("rounds (mean members)", std::to_string(s.rounds) + " (" + num(s.mean_members, "%.2f") + ")");
+  row("participation (mean over rounds: members merged / live learners)", num(100 * s.broker.participation, "%.1f") + " %");
   row("ledger (token-shares): merged + late + overwritten + lost + rejected = processed",
       std::to_string(l.merged) + " + " + std::to_string(l.late) + " + " + std::to_string(l.overwritten) + " + " +
           std::to_string(l.lost) + " + " + std::to_string(l.rejected) + " = " + std::to_string(l.processed) +
