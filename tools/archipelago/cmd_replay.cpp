@@ -495,7 +495,8 @@ runner add_replay_command(CLI::App& app) {
     return sub;
   };
   auto version_arg = [&](CLI::App* sub, std::string& field, const std::string& name) {
-    sub->add_option(name, field, "Mesh version, or cut of several stores (see replay list); head: the newest")
+    sub->add_option(name, field, "Mesh version, or cut of several stores (see replay list); head: the newest; "
+                                 "newest (several stores): the newest complete cut the tape names")
         ->required();
   };
   std::map<std::string, std::function<int(const replay_cli&, const replay_store&)>> subs;

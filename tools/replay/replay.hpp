@@ -164,8 +164,9 @@ struct mesh_cut {
 /// last the head cut when the tape did not see it.
 expected<std::vector<mesh_cut>> list_cuts(const mesh_view& v);
 
-/// Cut `which` ("head", or a tape sequence number), complete; an incomplete or
-/// unknown cut is an error saying what is missing.
+/// Cut `which` ("head", "newest": the newest complete cut the tape names — beside a
+/// live mesh the head is often newer than the tape — or a tape sequence number),
+/// complete; an incomplete or unknown cut is an error saying what is missing.
 expected<mesh_cut> find_cut(const mesh_view& v, const std::string& which);
 
 /// What a cut lacks: empty when complete.

@@ -306,6 +306,10 @@ expected<mesh_cut> find_cut(const mesh_view& v, const std::string& which) {
   if (which == "head") {
     for (const auto& c : *cuts)
       if (c.head) found = &c;
+  } else if (which == "newest") {
+    for (const auto& c : *cuts)
+      if (c.tape_seq && c.complete(v)) found = &c;
+    if (!found) return make_error(errc::not_found, "no complete cut on the tape (see `replay list`)");
   } else {
     std::uint64_t seq = 0;
     const auto [end, ec] = std::from_chars(which.data(), which.data() + which.size(), seq);
