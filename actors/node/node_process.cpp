@@ -102,7 +102,8 @@ status seed_shard_store(const mesh_setup& setup, const node_options& o, recovere
   if (!m) return m.err();
   storage::commit_job job;
   for (auto& f : states)
-    if (f.fragment < setup.fragments() && setup.shard_of_fragment[f.fragment] == o.index) job.fragments.push_back(std::move(f));
+    if (f.fragment < setup.fragments() && setup.shard_of_fragment[f.fragment] == o.index)
+      job.fragments.push_back(std::move(f));
   const auto expected_count = static_cast<std::size_t>(
       std::count(setup.shard_of_fragment.begin(), setup.shard_of_fragment.end(), o.index));
   if (job.fragments.size() != expected_count)
@@ -234,7 +235,8 @@ expected<node_result> run_node(const config& cfg, logger& log, const node_option
       metrics = std::move(*started_server);
     }
     const auto head = *store ? (*store)->head : std::nullopt;
-    caf::actor actor = o.kind == role::sync_broker       ? roles.broker(inc, head ? head : broker_from, writer != nullptr, o.index)
+    const auto broker_start = head ? head : broker_from;
+    caf::actor actor = o.kind == role::sync_broker       ? roles.broker(inc, broker_start, writer != nullptr, o.index)
                        : o.kind == role::parameter_shard ? roles.shard(o.index, inc, head)
                                                          : roles.learner(o.index, inc, start_step);
     self->monitor(actor);

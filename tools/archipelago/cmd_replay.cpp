@@ -1,7 +1,8 @@
 // archipelago replay --db DIR: read a run's snapshots back — list, show,
 // check, eval, sample, diff, export, tape, verify, save — and resume from one.
-// Every subcommand opens the store read-only: nothing on disk changes. The
-// reading is tools/replay's; this file parses flags and prints.
+// Every subcommand opens the stores read-only: nothing in them changes (save
+// and resume write only a new store). The reading is tools/replay's; this file
+// parses flags and prints.
 
 #include <algorithm>
 #include <charconv>
