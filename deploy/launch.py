@@ -17,6 +17,8 @@ learner one keypair (with a warning: it binds the role only).
 With --db DIR every broker and shard keeps its store under DIR, laid out as the
 Slurm job lays out ARCH_DB: DIR/broker (the primary's tape), DIR/broker-I (standby
 I's copy), DIR/shard-I; `archipelago replay --db DIR ...` reads the whole model back.
+With --resume-from STORE (a cut saved by `replay save`) the shards' new stores, the
+learners and the brokers start from that snapshot: a new mesh continuing from the cut.
 
 Example:
   deploy/launch.py --learners 3 --steps 300 --kill 1@8 --json
@@ -128,6 +130,8 @@ class Mesh:
         cmd = [self.args.binary, "node", "--role", role, "--index", str(index), *extra] + self.common
         if self.keys:
             cmd += self.key_of(role, index)
+        if self.args.resume_from:
+            cmd += ["--resume-from", self.args.resume_from]
         if self.args.db and role != "learner":
             store = role if role == "shard" or index == 0 else f"broker-{index}"
             cmd += ["--db", os.path.join(self.args.db, f"{store}-{index}" if role == "shard" else store)]
@@ -163,6 +167,8 @@ def main():
     ap.add_argument("--binary", default=os.path.join(REPO, "build", "archipelago"))
     ap.add_argument("--db", metavar="DIR", help="keep the brokers' and shards' stores under DIR (broker, broker-I, "
                     "shard-I), for `archipelago replay --db DIR`")
+    ap.add_argument("--resume-from", metavar="STORE", help="start the shards (their new stores under --db), the "
+                    "learners and the brokers from this store's newest snapshot (`archipelago replay --db DIR save CUT --out STORE`)")
     ap.add_argument("--json", action="store_true", help="print a one-line JSON summary last")
     ap.add_argument("--log-format", choices=["text", "json"], default="text",
                     help="every node's log lines: text, or one JSON object per line for a collector")

@@ -1,5 +1,6 @@
 #include "node/node_process.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -38,6 +39,8 @@ status check_options(const config& cfg, const sync_policy& policy, const node_op
     return make_error(errc::invalid_input, "--index " + std::to_string(o.index) + ": mesh.learners is " +
                                                std::to_string(cfg.mesh.learners));
   if (!o.db.empty() && o.kind == role::learner) return make_error(errc::invalid_input, "--db: learners keep no snapshots");
+  if (!o.resume_from.empty() && o.kind == role::parameter_shard && o.db.empty())
+    return make_error(errc::invalid_input, "--resume-from: a shard needs --db, the store its fragments are copied into");
   return {};
 }
 
@@ -75,6 +78,46 @@ expected<std::optional<recovered_store>> open_node_store(const config& cfg, cons
   for (const auto& d : opened->dropped)
     log.warn("node.recovery", "archipelago node: recovery of %s: %s", o.db.c_str(), d.c_str());
   return std::optional<recovered_store>{std::move(*opened)};
+}
+
+/// The newest snapshot of --resume-from (with `states`: its fragment states, read
+/// and verified); a store of another model is refused.
+expected<storage::manifest> resume_point(const mesh_setup& setup, const std::string& dir,
+                                         std::vector<storage::fragment_state>* states) {
+  auto source = open_store_read_only(dir);
+  if (!source) return source.err();
+  if ((*source)->info().layout_fingerprint != setup.layout.fingerprint())
+    return make_error(errc::invalid_input, "--resume-from " + dir + " holds another model (model.* knobs differ)");
+  auto m = pick_manifest(**source, std::nullopt, states);
+  if (!m) return make_error(m.err().code, "--resume-from " + dir + ": " + m.err().message);
+  return m;
+}
+
+/// A shard's new store seeded from --resume-from: its fragments' states, as they
+/// are there, become its first version (what a restore then starts from). The
+/// counts stay 0, as every manifest a node shard writes: it does not know them.
+status seed_shard_store(const mesh_setup& setup, const node_options& o, recovered_store& store) {
+  std::vector<storage::fragment_state> states;
+  auto m = resume_point(setup, o.resume_from, &states);
+  if (!m) return m.err();
+  storage::commit_job job;
+  for (auto& f : states)
+    if (f.fragment < setup.fragments() && setup.shard_of_fragment[f.fragment] == o.index)
+      job.fragments.push_back(std::move(f));
+  const auto expected_count = static_cast<std::size_t>(
+      std::count(setup.shard_of_fragment.begin(), setup.shard_of_fragment.end(), o.index));
+  if (job.fragments.size() != expected_count)
+    return make_error(errc::invalid_input, "--resume-from " + o.resume_from + ": its snapshot holds " +
+                                               std::to_string(job.fragments.size()) + " of shard " +
+                                               std::to_string(o.index) + "'s " + std::to_string(expected_count) +
+                                               " fragments");
+  job.time_ns = wall_clock_ns();
+  if (auto v = store.store->commit(job); !v) return make_error(v.err().code, o.db + ": " + v.err().message);
+  auto head = store.store->latest_manifest();
+  if (!head) return head.err();
+  store.head = std::move(*head);
+  store.head_states = std::move(job.fragments);
+  return {};
 }
 
 /// Waits until the role is done (a learner: its steps; its actor ended) or a stop is requested.
@@ -140,6 +183,21 @@ expected<node_result> run_node(const config& cfg, logger& log, const node_option
   }
   auto store = open_node_store(cfg, setup, o, log);
   if (!store) return store.err();
+  // --resume-from: a shard's new store seeded with its fragments; a learner's schedule
+  // step; the broker numbers its rounds after every round that made the snapshot's
+  // versions (a shard takes no round older than its fragment's).
+  std::int64_t start_step = -1;  // the setup's
+  std::optional<storage::manifest> broker_from;
+  if (!o.resume_from.empty() && o.kind == role::parameter_shard && !(*store)->head) {
+    if (auto ok = seed_shard_store(setup, o, **store); !ok) return ok.err();
+    log.info("node.resume", "archipelago node: %s seeded from %s (version %llu)", o.db.c_str(), o.resume_from.c_str(),
+             static_cast<unsigned long long>((*store)->head->mesh_version));
+  } else if (!o.resume_from.empty() && o.kind != role::parameter_shard) {
+    auto m = resume_point(setup, o.resume_from, nullptr);
+    if (!m) return m.err();
+    start_step = static_cast<std::int64_t>(m->learner_steps);
+    broker_from = std::move(*m);
+  }
 
   status_board board;
   steady_clock_source clock;
@@ -177,9 +235,10 @@ expected<node_result> run_node(const config& cfg, logger& log, const node_option
       metrics = std::move(*started_server);
     }
     const auto head = *store ? (*store)->head : std::nullopt;
-    caf::actor actor = o.kind == role::sync_broker       ? roles.broker(inc, head, writer != nullptr, o.index)
+    const auto broker_start = head ? head : broker_from;
+    caf::actor actor = o.kind == role::sync_broker       ? roles.broker(inc, broker_start, writer != nullptr, o.index)
                        : o.kind == role::parameter_shard ? roles.shard(o.index, inc, head)
-                                                         : roles.learner(o.index, inc);
+                                                         : roles.learner(o.index, inc, start_step);
     self->monitor(actor);
     served.set({actor}, o.kind == role::sync_broker ? actor : caf::actor{});
     const auto started = std::chrono::steady_clock::now();

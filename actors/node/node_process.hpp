@@ -29,6 +29,7 @@ struct node_options {
                                              // port); broker, shard: instead of their own --broker / --shards entry
   std::string db;                            // broker, shard: keep snapshots (shard) or the tape (broker) here
   bool record_contributions = false;         // shard: record merged contributions (replay verify)
+  std::string resume_from;                   // start from this store's newest snapshot (shard: into a new db)
   metrics_endpoint metrics;                  // serve /metrics (and the broker /status) here
 };
 

@@ -14,6 +14,14 @@ Checked:
   for that version (`replay --db shard-I show M`, one store read alone); the
   safetensors tensors equal the npy ones bit for bit.
 - `eval` of the head cut is below the initial model's; `sample` runs.
+- `list` over node shards' stores: tokens and steps come from the tape (its
+  merges' work), never a made-up 0: they grow from cut 0 to the head.
+- `resume` of a middle cut in one process: the new run's first eval (before any
+  training) is exactly `replay eval` of the cut, and its loss then falls.
+- The same cut as a new mesh of nodes: `replay save` writes it as one store,
+  `deploy/launch.py --resume-from` starts the shards (new stores) and learners
+  from it; each shard's first version is exactly the cut's fragments (versions
+  and checksums), and the new mesh's head evaluates below the cut.
 - Refusals: a store of another run (another configuration), a shard's store
   given twice, and a view missing a shard (export says which).
 
@@ -99,20 +107,53 @@ def check_export(binary, mesh, shard_dbs, cut, manifests, work):
     check(len(header) - 1 == len(arrays), f"cut {cut}: safetensors holds the same {len(arrays)} tensors bit for bit")
 
 
+def launch(binary, steps, db, *extra):
+    cmd = [sys.executable, os.path.join(REPO, "deploy", "launch.py"), "--binary", binary, "--learners", "2",
+           "--shards", "2", "--standbys", "0", "--steps", str(steps), "--db", db, "--json", *extra]
+    for k in KNOBS:
+        cmd += ["--set", k]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    summary = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    check(out.returncode == 0 and summary, f"a mesh of 4 processes trained ({' '.join(extra) or 'fresh'})",
+          out.stdout + out.stderr)
+    return json.loads(summary[-1])["logs"]
+
+
+def check_resume(binary, mesh, mid, work):
+    """Cut `mid` resumed in one process and as a new mesh of nodes."""
+    cut = mid["cut"]
+    at_cut = replay(binary, [mesh], "eval", cut, "--threads", "1")["eval_loss"]
+    rdb = os.path.join(work, "resumed.db")
+    r = replay(binary, [mesh], "resume", cut, "--db", rdb, "--report", "", "--out", "", "--set", "train.threads=1")
+    check(r["start_eval_loss"] == at_cut,
+          f"resume of cut {cut} in one process: its first eval {r['start_eval_loss']:.6f} is exactly the cut's "
+          f"{at_cut:.6f} (learners' schedule at step {r['start_step']})", json.dumps(r)[:1500])
+    check(r["eval_loss"] < at_cut, f"then the loss falls: {at_cut:.4f} -> {r['eval_loss']:.4f} after {r['steps']} steps")
+
+    seed = os.path.join(work, "seed.db")
+    saved = replay(binary, [mesh], "save", cut, "--out", seed)
+    check(replay(binary, [seed], "eval", "head", "--threads", "1")["eval_loss"] == at_cut,
+          f"cut {cut} saved as one store (step {saved['learner_steps']}) evaluates the same")
+    mesh2 = os.path.join(work, "mesh2")
+    logs = launch(binary, int(os.environ.get("REPLAY_MESH_STEPS", "300")), mesh2, "--resume-from", seed)
+    seeded = {e["fragment"]: (e["version"], e["checksum"]) for e in replay(binary, [seed], "show", "head")["entries"]}
+    for s in range(2):
+        first = replay(binary, [os.path.join(mesh2, f"shard-{s}")], "show", "1")["entries"]
+        check(first and all(seeded[e["fragment"]] == (e["version"], e["checksum"]) for e in first),
+              f"the new mesh's shard {s} started from exactly the cut's {len(first)} fragments")
+        check(last_json(os.path.join(logs, f"shard-{s}.{2 + s}.log"))["resumed_version"] == 1,
+              f"shard {s} restored its seeded version")
+    after = replay(binary, [mesh2], "eval", "head", "--threads", "1")["eval_loss"]
+    check(after < at_cut, f"the resumed mesh of nodes trained on from the cut: {at_cut:.4f} -> {after:.4f}")
+
+
 def main():
     binary = os.environ.get("ARCHIPELAGO", os.path.join(REPO, "build", "archipelago"))
     steps = int(os.environ.get("REPLAY_MESH_STEPS", "300"))
     work = tempfile.mkdtemp(prefix="archipelago-replay-mesh-")
     mesh = os.path.join(work, "mesh")
     try:
-        cmd = [sys.executable, os.path.join(REPO, "deploy", "launch.py"), "--binary", binary, "--learners", "2",
-               "--shards", "2", "--standbys", "0", "--steps", str(steps), "--db", mesh, "--json"]
-        for k in KNOBS:
-            cmd += ["--set", k]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        summary = [line for line in out.stdout.splitlines() if line.startswith("{")]
-        check(out.returncode == 0 and summary, "the mesh of 4 processes trained", out.stdout + out.stderr)
-        logs = json.loads(summary[-1])["logs"]
+        logs = launch(binary, steps, mesh)
         shard_dbs = [os.path.join(mesh, f"shard-{s}") for s in range(2)]
         final = [last_json(os.path.join(logs, f"shard-{s}.{2 + s}.log")) for s in range(2)]
 
@@ -134,6 +175,12 @@ def main():
         first = replay(binary, [mesh], "eval", "0", "--threads", "1")["eval_loss"]
         last = replay(binary, [mesh], "eval", "head", "--threads", "1")["eval_loss"]
         check(last < first, f"eval loss of the whole model: cut 0 {first:.4f}, head {last:.4f} nats/byte")
+        counted = [r for r in listed["rows"] if r["complete"]]
+        check(listed["counts_from"] == "tape" and counted[0]["tokens"] == 0 and head["tokens"] > 0 and
+              head["learner_steps"] > 0 and all(a["tokens"] <= b["tokens"] for a, b in zip(counted, counted[1:])),
+              f"list's tokens and steps over node shards come from the tape: cut 0 0, head {head['tokens']} tokens, "
+              f"step {head['learner_steps']}")
+        check_resume(binary, mesh, mid, work)
         text = replay(binary, [mesh], "sample", "head", "--bytes", "32")["text"]
         check(len(text) > 0, "sample from the head cut")
         # The same stores named one by one (the broker's last) read the same.

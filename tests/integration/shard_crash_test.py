@@ -10,6 +10,13 @@ version the broker saw committed (its tape) may be missing. At the end the
 restarted shard has moved on from its snapshot, and `replay verify` re-applies
 every recorded merge, across all the crashes, bit for bit.
 
+Replay follows the live mesh meanwhile, over both stores as one view (`replay
+--db SHARD --db BROKER`, secondary instances caught up at open): before every
+kill, while the shard writes, the newest complete cut the tape names is exported
+(`export newest`: every fragment read and checked against its manifest's
+checksum), and its fragment versions must be the ones the broker's tape names up
+to that cut (checked after the kill against the tape read then).
+
 Environment: ARCHIPELAGO (the binary), SHARD_KILLS (default 20), SHARD_CRASH_SEED.
 """
 
@@ -48,6 +55,27 @@ def replay(binary, db, *args, live=False):
                   f"no summary\n{out.stdout}\n{out.stderr}")
 
 
+def tape_versions(tape, seq):
+    """Each fragment's version after tape record `seq`: the newest the tape names by then (0: none)."""
+    versions = {}
+    for r in tape["rounds"]:
+        if r["sequence"] <= seq:
+            versions[r["fragment"]] = max(versions.get(r["fragment"], 0), r["version"])
+    return versions
+
+
+def follow(binary, dbs, out, cut):
+    """Replay over the mesh's stores beside the live writers: export cut `cut` (newest:
+    the newest complete cut the tape names), every fragment checked against its
+    manifest's checksum. Returns (cut name, versions)."""
+    shutil.rmtree(out, ignore_errors=True)
+    code, exported, stderr = replay(binary, dbs[0], *[x for db in dbs[1:] for x in ("--db", db)], "export", cut,
+                                    "--out", out, live=True)
+    if code != 0:
+        raise Failure(f"replay export {cut} over the live mesh: exit {code}\n{stderr}")
+    return exported["cut"], exported["versions"]
+
+
 def main():
     binary = os.environ["ARCHIPELAGO"]
     kills = int(os.environ.get("SHARD_KILLS", "20"))
@@ -78,12 +106,21 @@ def main():
         time.sleep(0.5)
         for i in range(2):
             processes.append(start("learner", i)[0])
-        time.sleep(3)  # the mesh is merging
+        # The mesh is merging: the broker's tape holds a round (a generous bound: a loaded machine).
+        deadline = time.time() + 120
+        while not os.path.exists(os.path.join(broker_db, "CURRENT")) or \
+                not replay(binary, broker_db, "tape", live=True)[1]["rounds"]:
+            if time.time() > deadline:
+                raise Failure("the mesh merged nothing in 120 s")
+            time.sleep(0.5)
         committed_seen = 0
+        verified_cuts = 0
         wrote_before_kill = 0  # kills that hit an incarnation after it had committed new versions
         head_at_restart = 0
         restarted_at = time.time()
         back_in = []  # restart → its first new committed version, seconds
+        followed = []  # (cut, its versions) read by replay over the live mesh, to check against the tape
+        export_dir = os.path.join(work, "export")
         for k in range(1, kills + 1):
             # Mostly while it writes: after the incarnation committed something new;
             # otherwise at any point, start-up and recovery included.
@@ -99,6 +136,7 @@ def main():
                 time.sleep(rng.uniform(0.0, 0.8))
             else:
                 time.sleep(rng.uniform(0.1, 1.5))
+            followed.append(follow(binary, [shard_db, broker_db], export_dir, "newest"))  # while the shard writes
             if shard.poll() is not None:
                 raise Failure(f"the shard exited by itself ({shard.returncode}) before kill {k}; log {shard_log.name}")
             shard.send_signal(signal.SIGKILL)
@@ -122,10 +160,23 @@ def main():
                 raise Failure(f"after kill {k}: versions the broker saw committed are missing: {missing} "
                               f"(store heads {heads})")
             committed_seen = max(committed_seen, len(tape["rounds"]))
+            for cut, versions in followed:
+                said = tape_versions(tape, int(cut))
+                if any(v != said.get(p, 0) for p, v in enumerate(versions)):
+                    raise Failure(f"after kill {k}: cut {cut} as replay read it beside the live mesh {versions} "
+                                  f"differs from the broker's tape {said}")
+            verified_cuts += len(followed)
+            followed = []
             head_at_restart = check["head"]
             shard, shard_log = start("shard", 0, "--db", shard_db, "--record-contributions")
             restarted_at = time.time()
-        time.sleep(6)  # the last incarnation resumes and merges again
+        # The last incarnation resumes and merges again (a generous bound: a loaded machine).
+        deadline = time.time() + 90
+        while time.time() < deadline and shard.poll() is None:
+            _, listed, _ = replay(binary, shard_db, "list", live=True)
+            if listed["rows"] and listed["rows"][-1]["version"] > head_at_restart:
+                break
+            time.sleep(0.5)
         for p in processes[1:]:
             p.send_signal(signal.SIGTERM)
         for p in processes[1:]:
@@ -150,7 +201,8 @@ def main():
               f"after each ({wrote_before_kill} kills after the incarnation had committed new versions); "
               f"restart to first new commit: median {sorted(back_in)[len(back_in) // 2] if back_in else 0:.1f} s, "
               f"max {max(back_in, default=0):.1f} s (polled every 0.2 s); tape rounds {committed_seen}; last incarnation resumed at mesh version "
-              f"{final['resumed_version']} and reached {final['mesh_version']}; verify replayed "
+              f"{final['resumed_version']} and reached {final['mesh_version']}; {verified_cuts} cuts exported by replay "
+              f"beside the live mesh, checksums valid, versions as the tape says; verify replayed "
               f"{verify['merges']} merges, {verify['compared']} versions bit for bit")
     except Failure as f:
         print(f"FAIL (seed {seed}, logs in {work}): {f}", flush=True)

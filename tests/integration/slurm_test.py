@@ -12,8 +12,12 @@ the job completion log); the roles ran on three different nodes and addresses;
 every process left its JSON summary; each learner ran its steps; the broker
 closed rounds, its ledger balances and holds exactly the tokens each learner
 reports (per learner and in total), and nothing was rejected or lost to a
-crash; the shard published and committed versions; the global model trained:
-the eval loss of the shard's last snapshot is below that of its first.
+crash; the shard published and committed versions. The model is pulled out of
+the job's stores with one command, `replay --db ARCH_DB export head` (the
+brokers' and the shard's stores as one view): numpy loads it, and every fragment
+hashes to the checksum the shard's store records for the version the head cut
+names, the shard's final one; the global model trained: the eval loss of the
+head cut is below that of cut 0 (the initial model).
 The cluster is always torn down (daemons, namespaces, bridge, directory).
 
 Needs root, slurm-wlm, munge and iproute2 (tools/setup.sh test); exits 77
@@ -32,6 +36,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from replay_mesh_test import Failure, check_export, replay as replay_view  # noqa: E402  (numpy, libxxhash)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SLURM_DIR = os.path.join(HERE, "..", "..", "deploy", "slurm")
 CLUSTER = os.path.join(SLURM_DIR, "local_cluster.sh")
@@ -39,10 +46,6 @@ SBATCH = os.path.join(SLURM_DIR, "mesh.sbatch")
 NODES = 3       # one per component: Slurm's backfill places each on a node of its own
 LEARNERS = 2
 SKIP = 77
-
-
-class Failure(Exception):
-    pass
 
 
 def run(cmd, env, timeout=60, check=True):
@@ -68,15 +71,6 @@ def job_states(env, job):
 def read_json(path):
     with open(path) as f:
         return json.loads(f.read())
-
-
-def replay(binary, db, *args):
-    out = subprocess.run([binary, "replay", "--db", db, *args, "--json"], capture_output=True, text=True,
-                         timeout=40)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        raise Failure(f"replay {' '.join(args)} on {db}: exit {out.returncode}\n{out.stdout}\n{out.stderr}")
-    return json.loads(lines[-1])
 
 
 def logs_of(work):
@@ -139,16 +133,19 @@ def check_mesh(binary, job_dir, db, steps):
         raise Failure(f"the shard published or committed nothing, or rejected something: {shard}; "
                       f"broker committed {broker['committed']}")
 
-    rows = replay(binary, os.path.join(db, "shard-0"), "list")["rows"]
-    if len(rows) < 2:
-        raise Failure(f"the shard's store holds {len(rows)} version(s)")
-    first, last = rows[0]["version"], rows[-1]["version"]
-    loss_first = replay(binary, os.path.join(db, "shard-0"), "eval", str(first))["eval_loss"]
-    loss_last = replay(binary, os.path.join(db, "shard-0"), "eval", str(last))["eval_loss"]
+    # The model out of the job's stores, as deploy/slurm/README.md says: one command over ARCH_DB.
+    listed = replay_view(binary, [db], "list")
+    head = next((r for r in listed["rows"] if r["head"]), None)
+    if not head or not head["complete"] or head["manifests"] != [shard["mesh_version"]]:
+        raise Failure(f"the head cut over {db} is not the shard's final version {shard['mesh_version']}: {head}")
+    export_dir = os.path.join(os.path.dirname(job_dir), "export")
+    os.makedirs(export_dir, exist_ok=True)
+    check_export(binary, db, [os.path.join(db, "shard-0")], "head", head["manifests"], export_dir)
+    loss_first = replay_view(binary, [db], "eval", "0", "--threads", "1")["eval_loss"]
+    loss_last = replay_view(binary, [db], "eval", "head", "--threads", "1")["eval_loss"]
     if not loss_last < loss_first:
-        raise Failure(f"the model did not train: eval loss {loss_first} at version {first}, "
-                      f"{loss_last} at version {last}")
-    return mesh, broker, (first, loss_first), (last, loss_last)
+        raise Failure(f"the model did not train: eval loss {loss_first} at cut 0, {loss_last} at the head")
+    return mesh, broker, ("cut 0", loss_first), ("head", loss_last)
 
 
 def main():
@@ -209,8 +206,8 @@ def main():
         print(f"ok: job {job} (3 components on {mesh['broker_node']}, {mesh['shard_nodes']}, "
               f"{mesh['learner_nodes']}) COMPLETED in {job_s:.0f} s (cluster up in {up:.0f} s): "
               f"{LEARNERS} learners × {steps} steps, {broker['rounds']} rounds, ledger {broker['ledger']} exact, "
-              f"{broker['committed']} versions committed; eval loss {first[1]:.3f} (v{first[0]}) → "
-              f"{last[1]:.3f} (v{last[0]}); {time.time() - started:.0f} s in all")
+              f"{broker['committed']} versions committed; model exported from {db} and loaded by numpy; eval loss "
+              f"{first[1]:.3f} ({first[0]}) → {last[1]:.3f} ({last[0]}); {time.time() - started:.0f} s in all")
         return 0
     except (Failure, subprocess.TimeoutExpired) as e:
         print(f"FAIL: {e}", file=sys.stderr)

@@ -119,6 +119,11 @@ runner add_node_command(CLI::App& app) {
   cmd->add_option("--db", n->options.db,
                   "Shard: keep versioned snapshots in this RocksDB directory and resume from it after a crash; "
                   "broker: keep the round tape and the ledger there");
+  cmd->add_option("--resume-from", n->options.resume_from,
+                  "Start from the newest snapshot of this store (replay save, or a run --db): a shard with --db "
+                  "whose store is new takes its fragments from it (a store holding versions continues its own); "
+                  "a learner takes up the learning-rate schedule at its step; a broker numbers its rounds after "
+                  "the snapshot's");
   cmd->add_flag("--record-contributions", n->options.record_contributions,
                 "Shard with --db: also record every merged contribution (replay verify)");
   n->flags.add_shortcut(*cmd, "--mode", "mesh.mode", "MODE", "dp, diloco, streaming or decoupled");

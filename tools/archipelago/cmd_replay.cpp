@@ -1,7 +1,8 @@
 // archipelago replay --db DIR: read a run's snapshots back — list, show,
-// check, eval, sample, diff, export, tape, verify — and resume from one.
-// Every subcommand opens the store read-only: nothing on disk changes. The
-// reading is tools/replay's; this file parses flags and prints.
+// check, eval, sample, diff, export, tape, verify, save — and resume from one.
+// Every subcommand opens the stores read-only: nothing in them changes (save
+// and resume write only a new store). The reading is tools/replay's; this file
+// parses flags and prints.
 
 #include <algorithm>
 #include <charconv>
@@ -219,7 +220,8 @@ std::string tape_json(const storage::tape_record& t, double quorum_ms) {
   for (const auto& m : t.late) late += (late.empty() ? "" : ",") + std::to_string(m.learner);
   for (const auto& m : t.screened_out) screened += (screened.empty() ? "" : ",") + std::to_string(m.learner);
   json_line row;
-  row.add("round", t.round).add("fragment", static_cast<std::int64_t>(t.fragment)).add("version", t.version)
+  row.add("sequence", t.sequence).add("round", t.round).add("fragment", static_cast<std::int64_t>(t.fragment))
+      .add("version", t.version)
       .add("quorum_ms", quorum_ms).add("grace_ms", static_cast<double>(t.grace_ns) * 1e-6).add("reason", t.reason)
       .add("committed_ns", static_cast<std::int64_t>(t.committed_ns)).add("epoch", t.broker_epoch)
       .add("broker", static_cast<std::int64_t>(leader_of_epoch(t.broker_epoch)))
@@ -294,6 +296,8 @@ int run_mesh_list(const replay_cli& c, const mesh_view& v) {
     std::printf("  store %zu: %s (%zu fragments, %u to %u; %zu manifests)\n", i, v.parts[i].db.c_str(),
                 v.parts[i].fragments.size(), v.parts[i].fragments.front(), v.parts[i].fragments.back(),
                 v.parts[i].manifests);
+  if (!v.manifest_counts)
+    std::printf("tokens, steps: the work the tape's merges carried by the cut (mean over fragments; steps per learner)\n");
   std::printf("%8s  %-19s  %-8s  %12s  %7s  %s\n", "cut", "time (UTC)", "complete", "tokens", "steps",
               "manifest per store (- none kept)");
   std::string json_rows;
@@ -308,14 +312,15 @@ int run_mesh_list(const replay_cli& c, const mesh_view& v) {
     const bool ok = cut.complete(v);
     if (ok) ++complete, newest = cut.name();
     const std::string name = cut.name() + (cut.head && cut.tape_seq ? "*" : "");
-    std::printf("%8s  %-19s  %-8s  %12llu  %7llu  %s\n", name.c_str(), clock_time(cut.time_ns).c_str(),
-                ok ? "yes" : "no", static_cast<unsigned long long>(cut.tokens),
-                static_cast<unsigned long long>(cut.learner_steps), per_store.c_str());
+    const std::string tokens = cut.counts_known ? std::to_string(cut.tokens) : "-";
+    const std::string steps = cut.counts_known ? std::to_string(cut.learner_steps) : "-";
+    std::printf("%8s  %-19s  %-8s  %12s  %7s  %s\n", name.c_str(), clock_time(cut.time_ns).c_str(),
+                ok ? "yes" : "no", tokens.c_str(), steps.c_str(), per_store.c_str());
     std::string versions;
     for (std::uint64_t x : cut.versions) versions += (versions.empty() ? "" : ",") + std::to_string(x);
     json_line row;
     row.add("cut", cut.name()).add("head", cut.head).add("complete", ok).add("time_ns", static_cast<std::int64_t>(cut.time_ns))
-        .add("tokens", cut.tokens).add("learner_steps", cut.learner_steps)
+        .add_raw("tokens", cut.counts_known ? tokens : "null").add_raw("learner_steps", cut.counts_known ? steps : "null")
         .add_raw("manifests", "[" + per_store_json + "]").add_raw("versions", "[" + versions + "]");
     if (!ok) row.add("missing", missing_of(v, cut));
     json_rows += (json_rows.empty() ? "" : ",") + row.str();
@@ -327,6 +332,7 @@ int run_mesh_list(const replay_cli& c, const mesh_view& v) {
   json_line j;
   j.add("command", "replay list").add_raw("stores", part_list(v)).add("tape_db", v.tape_db)
       .add("tape_records", static_cast<std::int64_t>(v.tape.size())).add("cuts", static_cast<std::int64_t>(cuts->size()))
+      .add("counts_from", v.manifest_counts ? "manifests" : "tape")
       .add("complete", static_cast<std::int64_t>(complete)).add("newest_complete", newest)
       .add_raw("rows", "[" + json_rows + "]");
   return print_json(j);
@@ -418,6 +424,50 @@ int run_mesh_export(const replay_cli& c, const mesh_view& v) {
   return print_json(j);
 }
 
+int print_saved(const replay_cli& c, const std::string& what, const saved_point& p, std::uint64_t written) {
+  std::printf("%s saved to %s as its version %llu (%zu fragments; learners' schedule at step %llu, %llu tokens)\n",
+              what.c_str(), c.out.c_str(), static_cast<unsigned long long>(written), p.states.size(),
+              static_cast<unsigned long long>(p.learner_steps), static_cast<unsigned long long>(p.tokens));
+  if (!c.json) return exit_ok;
+  json_line j;
+  j.add("command", "replay save").add("from", what).add("out", c.out).add("version", written)
+      .add("fragments", static_cast<std::int64_t>(p.states.size())).add("learner_steps", p.learner_steps)
+      .add("tokens", p.tokens);
+  return print_json(j);
+}
+
+int run_save(const replay_cli& c, const replay_store& s) {
+  saved_point p;
+  auto m = pick_manifest(*s.store, c.version, &p.states);
+  if (!m) return report_input(make_error(m.err().code, c.db + ": " + m.err().message));
+  p.tokens = m->ledger.processed;
+  p.learner_steps = m->learner_steps;
+  auto written = save_point(s.setup, p, c.out);
+  if (!written) return report_input(written.err());
+  return print_saved(c, "version " + std::to_string(c.version) + " of " + c.db, p, *written);
+}
+
+/// Cut `c.version_text` of the view saved as one store in `c.out`.
+expected<std::pair<saved_point, std::uint64_t>> save_cut(const replay_cli& c, const mesh_view& v) {
+  auto cut = find_cut(v, c.version_text);
+  if (!cut) return cut.err();
+  saved_point p;
+  auto states = states_of(v, *cut);
+  if (!states) return states.err();
+  p.states = std::move(*states);
+  if (cut->counts_known) p.tokens = cut->tokens, p.learner_steps = cut->learner_steps;
+  auto written = save_point(v.setup, p, c.out);
+  if (!written) return written.err();
+  return std::pair{std::move(p), *written};
+}
+
+int run_mesh_save(const replay_cli& c, const mesh_view& v) {
+  auto saved = save_cut(c, v);
+  if (!saved) return report_input(saved.err());
+  return print_saved(c, "cut " + c.version_text + " of " + std::to_string(v.parts.size()) + " stores", saved->first,
+                     saved->second);
+}
+
 /// A version argument against one store: a number, or head (its newest valid manifest).
 expected<std::uint64_t> resolve_version(const replay_store& s, const std::string& text) {
   if (text == "head") {
@@ -450,7 +500,8 @@ runner add_replay_command(CLI::App& app) {
     return sub;
   };
   auto version_arg = [&](CLI::App* sub, std::string& field, const std::string& name) {
-    sub->add_option(name, field, "Mesh version, or cut of several stores (see replay list); head: the newest")
+    sub->add_option(name, field, "Mesh version, or cut of several stores (see replay list); head: the newest; "
+                                 "newest (several stores): the newest complete cut the tape names")
         ->required();
   };
   std::map<std::string, std::function<int(const replay_cli&, const replay_store&)>> subs;
@@ -499,14 +550,23 @@ runner add_replay_command(CLI::App& app) {
   add("verify", "Re-apply every recorded merge from the first version; compare every version bit for bit");
   subs["verify"] = run_verify;
 
-  CLI::App* resume = cmd->add_subcommand("resume", "Start a new run from a version (a rollback)");
-  std::uint64_t* resume_version = &c->version;
-  resume->add_option("VERSION", *resume_version, "Mesh version to start from")->required();
+  {
+    CLI::App* sub = add("save", "Write a version (a cut of several stores) into a new store: its one manifest holds "
+                                "every fragment; run --resume DIR and node --resume-from DIR start from it");
+    version_arg(sub, c->version_text, "VERSION");
+    sub->add_option("--out", c->out, "The new store's directory (must not exist)")->required();
+  }
+  subs["save"] = run_save;
+
+  CLI::App* resume = cmd->add_subcommand("resume", "Start a new run in one process from a version, or from a cut "
+                                                   "of several stores (a rollback)");
+  resume->add_option("VERSION", c->version_text, "Mesh version (a cut of several stores) to start from; head: the newest")
+      ->required();
   add_run_flags(*resume, c->resume);
 
   std::map<std::string, std::function<int(const replay_cli&, const mesh_view&)>> mesh_subs{
       {"list", run_mesh_list}, {"check", run_mesh_check}, {"eval", run_mesh_eval},
-      {"sample", run_mesh_sample}, {"export", run_mesh_export}};
+      {"sample", run_mesh_sample}, {"export", run_mesh_export}, {"save", run_mesh_save}};
 
   return [c, cmd, resume, subs, mesh_subs](logger& log) {
     auto dirs = expand_store_dirs(c->dbs);
@@ -516,21 +576,37 @@ runner add_replay_command(CLI::App& app) {
       if (!view) return report_input(view.err());
       for (const auto& [name, fn] : mesh_subs)
         if (cmd->get_subcommand(name)->parsed()) return fn(*c, *view);
-      return report_input(make_error(errc::invalid_input, "replay over several stores does list, check, eval, sample "
-                                                          "and export; show, diff, tape, verify and resume read one "
-                                                          "store: give its --db alone"));
+      if (resume->parsed()) {
+        // The cut becomes the new run's first snapshot; the run continues from it, as run --resume does.
+        run_options& o = c->resume;
+        if (o.snapshots.db.empty())
+          return report_input(make_error(errc::invalid_input, "resume of several stores: give the new run's store "
+                                                              "(resume CUT --db DIR): the cut is written there first"));
+        c->out = o.snapshots.db;
+        auto saved = save_cut(*c, *view);
+        if (!saved) return report_input(saved.err());
+        std::printf("cut %s of %zu stores written to %s\n", c->version_text.c_str(), view->parts.size(),
+                    o.snapshots.db.c_str());
+        o.snapshots.resume_db = o.snapshots.db;
+        return run_mesh_command(o, log);
+      }
+      return report_input(make_error(errc::invalid_input, "replay over several stores does list, check, eval, sample, "
+                                                          "export, save and resume; show, diff, tape and verify read "
+                                                          "one store: give its --db alone"));
     }
     c->db = dirs->front();
+    auto s = open_replay(c->db);
+    if (!s) return report_input(s.err());
     if (resume->parsed()) {
       run_options& o = c->resume;
       if (o.snapshots.db == c->db)
         return report_input(make_error(errc::invalid_input, "--db of the new run must differ from the replayed store"));
+      auto v = resolve_version(*s, c->version_text);
+      if (!v) return report_input(v.err());
       o.snapshots.resume_db = c->db;
-      o.snapshots.resume_version = c->version;
+      o.snapshots.resume_version = *v;
       return run_mesh_command(o, log);
     }
-    auto s = open_replay(c->db);
-    if (!s) return report_input(s.err());
     for (auto [text, field] : {std::pair{&c->version_text, &c->version}, std::pair{&c->other_text, &c->other}}) {
       if (text->empty()) continue;
       auto v = resolve_version(*s, *text);

@@ -130,6 +130,9 @@ struct mesh_view {
   std::vector<storage::tape_record> tape;  // in sequence order
   std::vector<std::uint32_t> missing;      // fragments no store holds
   std::vector<int> owner;                  // fragment → index into parts, -1: missing
+  /// The shards' manifests record the learners' tokens and schedule steps (a `run`
+  /// store's do; a `node` shard's record 0: a shard process does not know them).
+  bool manifest_counts = false;
   config cfg;
   mesh_setup setup;
 };
@@ -146,7 +149,13 @@ struct mesh_cut {
   std::vector<std::uint64_t> versions;                    // fragment → version
   std::vector<std::optional<std::uint64_t>> manifests;    // part → its manifest's mesh version; nullopt: none kept
   std::int64_t time_ns = 0;                               // the newest of its manifests (or tape record)
-  std::uint64_t tokens = 0, learner_steps = 0;            // the largest its manifests recorded
+  /// The largest its manifests recorded; for node shards' stores (manifest_counts
+  /// false), from the tape: the tokens the merged contributions carried, summed per
+  /// fragment up to the cut and averaged over fragments, and their steps likewise,
+  /// per learner (mesh.learners). counts_known false: neither is known (a head the
+  /// tape did not see, or no tape given).
+  std::uint64_t tokens = 0, learner_steps = 0;
+  bool counts_known = true;
   bool complete(const mesh_view& v) const;
   std::string name() const;                               // "k" or "head"
 };
@@ -155,15 +164,34 @@ struct mesh_cut {
 /// last the head cut when the tape did not see it.
 expected<std::vector<mesh_cut>> list_cuts(const mesh_view& v);
 
-/// Cut `which` ("head", or a tape sequence number), complete; an incomplete or
-/// unknown cut is an error saying what is missing.
+/// Cut `which` ("head", "newest": the newest complete cut the tape names — beside a
+/// live mesh the head is often newer than the tape — or a tape sequence number),
+/// complete; an incomplete or unknown cut is an error saying what is missing.
 expected<mesh_cut> find_cut(const mesh_view& v, const std::string& which);
 
 /// What a cut lacks: empty when complete.
 std::string missing_of(const mesh_view& v, const mesh_cut& c);
 
+/// Every fragment's state in a complete cut (ascending fragment), each checked
+/// against its manifest's checksum.
+expected<std::vector<storage::fragment_state>> states_of(const mesh_view& v, const mesh_cut& c);
+
 /// The whole model of a complete cut, every fragment's checksum verified against its manifest.
 expected<std::vector<float>> params_of(const mesh_view& v, const mesh_cut& c);
+
+// ---- a version or cut saved as a store of its own (replay_save.cpp) ---------------------
+
+/// What a saved store starts from: every fragment's state, with the learners'
+/// tokens and schedule step recorded in its manifest.
+struct saved_point {
+  std::vector<storage::fragment_state> states;
+  std::uint64_t tokens = 0, learner_steps = 0;
+};
+/// Writes `p` as the one manifest of a new store in `dir` (which must not exist),
+/// under `setup`'s configuration without its node's own key file: `run --resume DIR`
+/// continues from it, `node --resume-from DIR` seeds a shard's new store (its
+/// fragments) and a learner's schedule step from it. Returns the version written.
+expected<std::uint64_t> save_point(const mesh_setup& setup, const saved_point& p, const std::string& dir);
 
 // ---- tape, verify ---------------------------------------------------------------------
 

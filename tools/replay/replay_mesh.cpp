@@ -168,6 +168,7 @@ expected<mesh_view> open_mesh_view(const std::vector<std::string>& dbs) {
     std::set<std::uint32_t> fragments;
     auto ok = s->store->for_each_manifest([&](const storage::manifest& m) {
       ++part.manifests;
+      if (m.learner_steps > 0 || m.ledger.processed > 0) v.manifest_counts = true;
       for (const auto& e : m.entries) fragments.insert(e.fragment);
       return true;
     });
@@ -245,6 +246,8 @@ expected<std::vector<mesh_cut>> list_cuts(const mesh_view& v) {
   };
   std::vector<std::optional<std::uint64_t>> current(v.parts.size());
   for (std::size_t i = 0; i < v.parts.size(); ++i) current[i] = match(i);
+  // The work the tape's merges carried, per fragment (node shards' manifests record none).
+  std::vector<std::uint64_t> merged_tokens(versions.size(), 0), merged_steps(versions.size(), 0);
   auto emit = [&](std::uint64_t seq, std::int64_t tape_ns) {
     if (std::none_of(current.begin(), current.end(), [](const auto& m) { return m.has_value(); })) return;
     if (!out.empty() && out.back().manifests == current && out.back().versions == versions) return;
@@ -254,12 +257,20 @@ expected<std::vector<mesh_cut>> list_cuts(const mesh_view& v) {
     c.manifests = current;
     c.time_ns = tape_ns;
     fill_from_manifests(v, *idx, c);
+    if (!v.manifest_counts && !versions.empty()) {
+      std::uint64_t tokens = 0, steps = 0;
+      for (std::size_t p = 0; p < versions.size(); ++p) tokens += merged_tokens[p], steps += merged_steps[p];
+      const auto learners = static_cast<std::uint64_t>(std::max(1, v.cfg.mesh.learners));
+      c.tokens = tokens / versions.size();
+      c.learner_steps = steps / versions.size() / learners;
+    }
     out.push_back(std::move(c));
   };
   emit(0, 0);
   for (const auto& t : v.tape) {
     if (t.fragment >= versions.size() || t.version <= versions[t.fragment]) continue;
     versions[t.fragment] = t.version;
+    for (const auto& m : t.members) merged_tokens[t.fragment] += m.tokens, merged_steps[t.fragment] += m.steps;
     if (v.owner[t.fragment] >= 0) {
       const auto i = static_cast<std::size_t>(v.owner[t.fragment]);
       current[i] = match(i);
@@ -278,6 +289,7 @@ expected<std::vector<mesh_cut>> list_cuts(const mesh_view& v) {
     for (const auto& e : m.entries) head.versions[e.fragment] = e.version;
   }
   fill_from_manifests(v, *idx, head);
+  head.counts_known = v.manifest_counts;  // a head the tape did not see: only the manifests know
   for (auto it = out.rbegin(); it != out.rend(); ++it)
     if (it->manifests == head.manifests) {
       it->head = true;
@@ -294,6 +306,10 @@ expected<mesh_cut> find_cut(const mesh_view& v, const std::string& which) {
   if (which == "head") {
     for (const auto& c : *cuts)
       if (c.head) found = &c;
+  } else if (which == "newest") {
+    for (const auto& c : *cuts)
+      if (c.tape_seq && c.complete(v)) found = &c;
+    if (!found) return make_error(errc::not_found, "no complete cut on the tape (see `replay list`)");
   } else {
     std::uint64_t seq = 0;
     const auto [end, ec] = std::from_chars(which.data(), which.data() + which.size(), seq);
@@ -311,9 +327,9 @@ expected<mesh_cut> find_cut(const mesh_view& v, const std::string& which) {
   return *found;
 }
 
-expected<std::vector<float>> params_of(const mesh_view& v, const mesh_cut& c) {
+expected<std::vector<storage::fragment_state>> states_of(const mesh_view& v, const mesh_cut& c) {
   if (!c.complete(v)) return make_error(errc::not_found, "cut " + c.name() + " is incomplete: " + missing_of(v, c));
-  std::vector<float> params(v.setup.layout.total_floats, 0.f);
+  std::vector<storage::fragment_state> states;
   for (std::size_t i = 0; i < v.parts.size(); ++i) {
     const auto& part = v.parts[i];
     auto m = part.store.store->read_manifest(*c.manifests[i]);
@@ -329,9 +345,19 @@ expected<std::vector<float>> params_of(const mesh_view& v, const mesh_cut& c) {
       if (checksum64(f->theta.data(), f->theta.size() * 4) != e.theta_checksum)
         return make_error(errc::corrupt_data, part.db + ": fragment " + std::to_string(e.fragment) + " version " +
                                                   std::to_string(e.version) + " differs from its manifest's checksum");
-      storage::scatter_fragment(v.setup.layout, spec, f->theta.data(), params.data());
+      states.push_back(std::move(*f));
     }
   }
+  std::sort(states.begin(), states.end(), [](const auto& a, const auto& b) { return a.fragment < b.fragment; });
+  return states;
+}
+
+expected<std::vector<float>> params_of(const mesh_view& v, const mesh_cut& c) {
+  auto states = states_of(v, c);
+  if (!states) return states.err();
+  std::vector<float> params(v.setup.layout.total_floats, 0.f);
+  for (const auto& f : *states)
+    storage::scatter_fragment(v.setup.layout, v.setup.plan.fragments[f.fragment], f.theta.data(), params.data());
   return params;
 }
 
