@@ -51,6 +51,7 @@ void learner_wire::send_join() {
   auto b = port_.make_envelope();
   auto j = b.body().initJoin();
   j.setLayoutFingerprint(setup_.layout.fingerprint());
+  j.setLayout(setup_.layout.description());
   j.setConfigHash(mesh_agreement_hash(setup_.cfg));
   j.setBatchTokens(model_.tokens_per_step);
   j.setThreads(model_.threads);

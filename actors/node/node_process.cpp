@@ -38,6 +38,9 @@ status check_options(const config& cfg, const sync_policy& policy, const node_op
     return make_error(errc::invalid_input, "--index " + std::to_string(o.index) + ": mesh.learners is " +
                                                std::to_string(cfg.mesh.learners));
   if (!o.db.empty() && o.kind == role::learner) return make_error(errc::invalid_input, "--db: learners keep no snapshots");
+  if (o.kind == role::learner && !cfg.model.layout.empty())
+    return make_error(errc::invalid_input, "model.layout: a native learner trains only the GPT; a model of your own "
+                                           "joins through the Python package (tools/python)");
   return {};
 }
 
