@@ -95,7 +95,7 @@ class py_learner {
     index_ = index;
     inc_ = incarnation{static_cast<std::uint64_t>(wall_clock_ns() / 1'000'000)};
     params_.assign(setup_.layout.total_floats, 0.f);
-    versions_.assign(setup_.fragments(), 0);
+    versions_.assign(setup_.fragments(), not_copied);
     const node_address me{role::learner, index};
     auto tc = transport::transport_config_from(setup_.cfg, me, inc_, listen);
     if (!tc) raise(tc.err());
@@ -250,6 +250,7 @@ class py_learner {
     d["steps"] = s.counts.steps;
     d["tokens"] = s.counts.tokens;
     d["contributions"] = s.counts.contributions;
+    d["non_finite"] = learner_->non_finite();
     d["wait_s"] = static_cast<double>(s.counts.wait_ns) * 1e-9;
     d["ready"] = stepping_;
     d["refused"] = refused_;
@@ -271,6 +272,7 @@ class py_learner {
     bool alive = false;
   };
   static constexpr std::size_t inbox_capacity = 4096;
+  static constexpr std::uint64_t not_copied = std::numeric_limits<std::uint64_t>::max();
 
   static log_options log_options_for(const std::string& level) {
     log_options o;
@@ -350,6 +352,7 @@ class py_learner {
   void copy_out(bool all = false) {
     std::lock_guard lock(wire_mu_);
     for (std::uint32_t p = 0; p < setup_.fragments(); ++p) {
+      if (!learner_->core().installed({p})) continue;
       const std::uint64_t v = learner_->core().version({p});
       if (v == versions_[p] && !all) continue;
       versions_[p] = v;

@@ -85,30 +85,38 @@ def run_learner(a):
         else:
             learner.adopt(model)
         learner.wait_ready()
+        if a.barrier:  # every learner starts stepping together (imports take seconds on a loaded machine)
+            open(os.path.join(a.barrier, f"ready-{a.learner}"), "w").close()
+            deadline = time.time() + 180
+            while sum(f.startswith("ready-") for f in os.listdir(a.barrier)) < a.learners and time.time() < deadline:
+                learner.poll()
+                time.sleep(0.05)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
     start_loss = evaluate(model, heldout)
     losses = []
     t0 = time.perf_counter()
+    stop = os.path.join(a.barrier, "stop") if a.barrier else None
     for step in range(a.steps):
+        if stop and step % 10 == 0 and os.path.exists(stop):  # the launcher ends the run early
+            break
         x, y = data.next(a.batch)
         loss = loss_of(model, torch.from_numpy(x), torch.from_numpy(y))
         opt.zero_grad()
         loss.backward()
-        if a.nan_at == step:
-            with torch.no_grad():
-                model.fc1.weight[0, 0] = float("nan")
+        if a.nan_at == step:  # a gradient blows up: AdamW's moments carry the NaN on
+            model.fc1.weight.grad[0, 0] = float("nan")
         opt.step()
         losses.append(float(loss))
         if learner:
             learner.after_step(a.batch * data.context)
     wall = time.perf_counter() - t0
-    report = {"index": a.learner, "steps": a.steps, "steps_per_s": a.steps / wall,
+    report = {"index": a.learner, "steps": len(losses), "steps_per_s": len(losses) / wall,
               "heldout_start": start_loss, "heldout_end": evaluate(model, heldout),
               "train_first": sum(losses[:20]) / 20, "train_last": sum(losses[-20:]) / 20}
     if learner:
         s = learner.status()
         report.update(incarnation=s["incarnation"], tokens=s["tokens"], contributions=s["contributions"],
-                      versions=s["versions"])
+                      non_finite=s["non_finite"], versions=s["versions"])
         learner.close("steps done")
     print(json.dumps(report), flush=True)
 
@@ -140,6 +148,7 @@ def main():
     ap.add_argument("--config", help=argparse.SUPPRESS)
     ap.add_argument("--broker", help=argparse.SUPPRESS)
     ap.add_argument("--shards", help=argparse.SUPPRESS)
+    ap.add_argument("--barrier", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.learner >= 0:
         return run_learner(a)
@@ -157,7 +166,7 @@ def main():
         for i in range(a.learners):
             cmd = [sys.executable, os.path.abspath(__file__), "--learner", str(i), "--config", a.config,
                    "--broker", mesh.broker, "--shards", ",".join(mesh.shards), "--steps", str(a.steps),
-                   "--batch", str(a.batch), "--lr", str(a.lr)]
+                   "--batch", str(a.batch), "--lr", str(a.lr), "--learners", str(a.learners), "--barrier", folder]
             cmd += ["--copy"] if a.copy else []
             cmd += ["--nan-at", str(a.nan_at)] if a.nan_at >= 0 and i == 0 else []
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
@@ -178,7 +187,8 @@ def main():
     rejected = sum((nodes.get(f"shard-{s}") or {}).get("rejected", 0) for s in range(2))
     for r in reports:
         print(f"learner/{r['index']}: {r['steps']} steps at {r['steps_per_s']:.1f}/s, held-out loss "
-              f"{r['heldout_start']:.3f} -> {r['heldout_end']:.3f} nats/byte, {r['contributions']} contributions")
+              f"{r['heldout_start']:.3f} -> {r['heldout_end']:.3f} nats/byte, {r['contributions']} contributions, "
+              f"{r['non_finite']} held back (not finite)")
     print(f"broker: {broker.get('rounds', 0)} rounds; ledger {ledger} balanced={balanced} "
           f"matches learners={matches}; shards rejected {rejected} contribution(s); logs in {folder}")
     if a.json:
