@@ -36,9 +36,11 @@ def last_json(path):
 
 class LocalMesh:
     """Broker and `shards` shard nodes of the mesh `config` (a TOML file) with `knobs`
-    (["KEY=VALUE", ...] for every node). CURVE is off unless the knobs turn it on."""
+    (["KEY=VALUE", ...] for every node). CURVE is off unless the knobs turn it on. With
+    `db`, the broker and shards keep their stores under it (broker, shard-I), as
+    deploy/launch.py --db lays them out for `archipelago replay --db DIR`."""
 
-    def __init__(self, binary, config, shards, knobs=(), logs=None):
+    def __init__(self, binary, config, shards, knobs=(), logs=None, db=None):
         self.binary = binary
         self.logs = logs or tempfile.mkdtemp(prefix="archipelago-pymesh-")
         ports = free_ports(1 + shards)
@@ -46,13 +48,15 @@ class LocalMesh:
         self.shards = [f"tcp://127.0.0.1:{p}" for p in ports[1:]]
         self.common = ["--config", config, "--broker", self.broker, "--shards", ",".join(self.shards), "--json"]
         self.common += [a for k in ("wire.curve=false", *knobs) for a in ("--set", k)]
+        self.db = db
         self.processes = {}  # name -> (Popen, log)
 
     def start_node(self, role, index=0):
         name = f"{role}-{index}"
         log = os.path.join(self.logs, f"{name}.{len(self.processes)}.log")
+        store = ["--db", os.path.join(self.db, "broker" if role == "broker" else name)] if self.db else []
         with open(log, "w") as out:
-            proc = subprocess.Popen([self.binary, "node", "--role", role, "--index", str(index), *self.common],
+            proc = subprocess.Popen([self.binary, "node", "--role", role, "--index", str(index), *self.common, *store],
                                     stdout=out, stderr=subprocess.STDOUT)
         self.processes[name] = (proc, log)
         return proc

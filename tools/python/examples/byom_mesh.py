@@ -94,6 +94,7 @@ def run_learner(a):
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
     start_loss = evaluate(model, heldout)
     losses = []
+    in_package = 0.0  # seconds inside after_step
     t0 = time.perf_counter()
     stop = os.path.join(a.barrier, "stop") if a.barrier else None
     for step in range(a.steps):
@@ -108,9 +109,12 @@ def run_learner(a):
         opt.step()
         losses.append(float(loss))
         if learner:
+            t = time.perf_counter()
             learner.after_step(a.batch * data.context)
+            in_package += time.perf_counter() - t
     wall = time.perf_counter() - t0
     report = {"index": a.learner, "steps": len(losses), "steps_per_s": len(losses) / wall,
+              "after_step_share": in_package / wall,
               "heldout_start": start_loss, "heldout_end": evaluate(model, heldout),
               "train_first": sum(losses[:20]) / 20, "train_last": sum(losses[-20:]) / 20}
     if learner:
@@ -142,6 +146,7 @@ def main():
     ap.add_argument("--copy", action="store_true", help="bind the model's arrays (copies) instead of adopting")
     ap.add_argument("--alone", action="store_true", help="one learner, no package, no mesh (the overhead's baseline)")
     ap.add_argument("--nan-at", type=int, default=-1, metavar="STEP", help="learner 0 puts a NaN in its model here")
+    ap.add_argument("--db", metavar="DIR", help="the broker and shards keep their stores here (archipelago replay)")
     ap.add_argument("--json", action="store_true")
     # A learner process (started by the launcher part below).
     ap.add_argument("--learner", type=int, default=-1, help=argparse.SUPPRESS)
@@ -158,7 +163,7 @@ def main():
     if a.alone:
         a.learner = 0
         return run_learner(a)
-    mesh = LocalMesh(a.binary, a.config, shards=2, logs=folder).start()
+    mesh = LocalMesh(a.binary, a.config, shards=2, logs=folder, db=a.db).start()
     procs = []
     try:
         time.sleep(0.5)
@@ -186,7 +191,8 @@ def main():
     balanced, matches, ledger = ledger_check(broker, reports)
     rejected = sum((nodes.get(f"shard-{s}") or {}).get("rejected", 0) for s in range(2))
     for r in reports:
-        print(f"learner/{r['index']}: {r['steps']} steps at {r['steps_per_s']:.1f}/s, held-out loss "
+        print(f"learner/{r['index']}: {r['steps']} steps at {r['steps_per_s']:.1f}/s "
+              f"({100 * r['after_step_share']:.1f} % of it in after_step), held-out loss "
               f"{r['heldout_start']:.3f} -> {r['heldout_end']:.3f} nats/byte, {r['contributions']} contributions, "
               f"{r['non_finite']} held back (not finite)")
     print(f"broker: {broker.get('rounds', 0)} rounds; ledger {ledger} balanced={balanced} "
