@@ -160,18 +160,20 @@ def main():
 
     folder = tempfile.mkdtemp(prefix="archipelago-byom-")
     a.config = write_mesh_files(a, folder)
-    if a.alone:
-        a.learner = 0
-        return run_learner(a)
+    common = ["--config", a.config, "--steps", str(a.steps), "--batch", str(a.batch), "--lr", str(a.lr)]
+    if a.alone:  # in a process of its own, as a learner runs (not in this one, which built a model already)
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--learner", "0", "--alone", *common],
+                             stdout=subprocess.PIPE, text=True, check=True).stdout
+        print(out.strip().splitlines()[-1])
+        return 0
     mesh = LocalMesh(a.binary, a.config, shards=2, logs=folder, db=a.db).start()
     procs = []
     try:
         time.sleep(0.5)
         mesh.check_alive()
         for i in range(a.learners):
-            cmd = [sys.executable, os.path.abspath(__file__), "--learner", str(i), "--config", a.config,
-                   "--broker", mesh.broker, "--shards", ",".join(mesh.shards), "--steps", str(a.steps),
-                   "--batch", str(a.batch), "--lr", str(a.lr), "--learners", str(a.learners), "--barrier", folder]
+            cmd = [sys.executable, os.path.abspath(__file__), "--learner", str(i), *common, "--broker", mesh.broker,
+                   "--shards", ",".join(mesh.shards), "--learners", str(a.learners), "--barrier", folder]
             cmd += ["--copy"] if a.copy else []
             cmd += ["--nan-at", str(a.nan_at)] if a.nan_at >= 0 and i == 0 else []
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
