@@ -7,7 +7,8 @@ PYTHONPATH=build/python. One case per argument:
 
   train    the example (tools/python/examples/byom_mesh.py): two PyTorch learners of a
            byte MLP train (held-out loss falls), the broker's ledger is balanced and
-           holds exactly the tokens each learner reports, every fragment advanced.
+           holds exactly the tokens each learner reports, every fragment advanced; the
+           snapshot `replay export` writes loads into the PyTorch model (load_state_dict).
   layout   a learner whose layout file differs from the mesh's is refused, the
            refusal naming the first differing tensor; a model whose names differ
            from the layout is refused by the package before it joins.
@@ -45,7 +46,8 @@ def example(*args, timeout=240):
 
 
 def case_train():
-    r, out = example("--learners", "2", "--steps", "300")
+    db = tempfile.mkdtemp(prefix="archipelago-pytrain-")
+    r, out = example("--learners", "2", "--steps", "300", "--db", db)
     if not (r["ledger_balanced"] and r["ledger_matches_learners"]):
         fail("the ledger is balanced and holds exactly each learner's tokens", json.dumps(r))
     for l in r["learners"]:
@@ -55,6 +57,19 @@ def case_train():
             fail(f"learner/{l['index']} contributed and received every fragment again", json.dumps(l))
     if r["rejected"] != 0:
         fail("no contribution of a healthy model is rejected", json.dumps(r))
+    # The global model exported (replay) loads into the user's PyTorch model under its own names.
+    out_file = os.path.join(db, "model.safetensors")
+    subprocess.run([BINARY, "replay", "--db", db, "export", "head", "--format", "safetensors", "--out", out_file],
+                   check=True, capture_output=True, timeout=60)
+    import archipelago
+    import torch
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    import byom_mesh
+    model = byom_mesh.ByteMLP()
+    tensors = archipelago.load_safetensors(out_file)
+    if list(tensors) != [n for n, _ in model.named_parameters()]:
+        fail("the export holds the model's tensors under their names, in order", str(list(tensors)))
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
     print(f"ok train: {[round(l['heldout_start'], 2) for l in r['learners']]} -> "
           f"{[round(l['heldout_end'], 2) for l in r['learners']]}, ledger {r['ledger']}")
 

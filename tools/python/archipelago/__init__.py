@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _native
 
-__all__ = ["Learner", "DataShard", "layout_of", "write_layout", "mesh_layout", "gpt_layout"]
+__all__ = ["Learner", "DataShard", "layout_of", "write_layout", "mesh_layout", "gpt_layout", "load_safetensors"]
 
 
 def _overrides(knobs):
@@ -83,6 +83,25 @@ def mesh_layout(config="", knobs=None):
 def gpt_layout(size="nano"):
     """The native GPT's layout for a preset: what a PyTorch GPT must match to train beside native learners."""
     return mesh_layout("", {"model.size": size})
+
+
+def load_safetensors(path):
+    """{name: float32 numpy array} of a safetensors file (`archipelago replay export --format
+    safetensors`), in file order: a small reader, since Debian has no safetensors package and
+    torch 1.13 cannot read the format. model.load_state_dict({k: torch.from_numpy(v) ...})."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    size = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + size])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        if t["dtype"] != "F32":
+            raise ValueError(f"{path}: tensor {name!r} is {t['dtype']}, not F32")
+        begin, end = t["data_offsets"]
+        out[name] = np.frombuffer(blob, np.float32, (end - begin) // 4, 8 + size + begin).reshape(t["shape"]).copy()
+    return out
 
 
 class DataShard:
