@@ -37,7 +37,7 @@ def _overrides(knobs):
     return list(knobs)
 
 
-def _init_law(values, kind):
+def _init_law(values):
     """A layout file's init law that draws values like these (their spread, not the values)."""
     flat = np.asarray(values, dtype=np.float64).ravel()
     if flat.size == 0 or np.all(flat == flat[0]):
@@ -62,7 +62,7 @@ def layout_of(named_arrays, kinds=None):
     for name, a in named_arrays.items():
         a = np.asarray(a)
         kind = kinds.get(name, "vector" if a.ndim == 1 else "matrix")
-        tensors.append({"name": name, "shape": list(a.shape), "kind": kind, "init": _init_law(a, kind)})
+        tensors.append({"name": name, "shape": list(a.shape), "kind": kind, "init": _init_law(a)})
     return {"tensors": tensors}
 
 
@@ -135,7 +135,6 @@ class Learner:
         self._native = _native.NativeLearner(config, _overrides(knobs), index, broker, list(shards), listen,
                                              tokens_per_step, metrics_port, log_level)
         self.names = self._native.names()
-        self._last = None
 
     # -- the parameters ------------------------------------------------------------
     def array(self, name):
@@ -169,10 +168,13 @@ class Learner:
         self._native.bind(dict(named_arrays))
 
     def _check_names(self, named):
-        if list(named) != self.names:
-            for i, (a, b) in enumerate(zip(self.names + [None] * len(named), list(named) + [None] * len(self.names))):
-                if a != b:
-                    raise ValueError(f"tensor {i}: the layout has {a!r}, the model has {b!r}")
+        """The model's tensor names, in order, are the layout's; else the first difference."""
+        names = list(named)
+        for i in range(max(len(names), len(self.names))):
+            a = self.names[i] if i < len(self.names) else None
+            b = names[i] if i < len(names) else None
+            if a != b:
+                raise ValueError(f"tensor {i}: the layout has {a!r}, the model has {b!r}")
 
     # -- the loop ------------------------------------------------------------------
     def wait_ready(self, timeout_s=120.0):
