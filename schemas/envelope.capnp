@@ -86,6 +86,7 @@ struct Join {
   batchTokens @2 :UInt32;        # tokens per inner step (learners)
   threads @3 :UInt16;            # compute threads (learners)
   endpoint @4 :Text;             # where this node can be reached, e.g. "tcp://10.0.0.5:7100"
+  layout @5 :Text;               # param_layout::description(): a refusal names the first difference
 }
 
 struct ShardInfo {

@@ -23,12 +23,12 @@ packages=(
   g++ cmake ninja-build pkg-config python3 python3-numpy
   libcaf-dev libzmq3-dev cppzmq-dev capnproto libcapnp-dev librocksdb-dev
   libeigen3-dev doctest-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcpp-httplib-dev
-  nlohmann-json3-dev libsodium-dev libspdlog-dev libdnnl-dev
+  nlohmann-json3-dev libsodium-dev libspdlog-dev libdnnl-dev pybind11-dev python3-dev
 )
 # What only the tests need: the one-node Slurm cluster, the network-namespace test bed,
-# a browser for the dashboard test.
+# a browser for the dashboard test, PyTorch for the Python package's tests.
 if [[ $ACTION == test ]]; then
-  packages+=(slurm-wlm munge iproute2 prometheus etcd-server etcd-client chromium)
+  packages+=(slurm-wlm munge iproute2 prometheus etcd-server etcd-client chromium python3-torch)
 fi
 if [[ ${WITH_TORCH:-0} == 1 ]]; then
   packages+=(python3-torch libopenblas0-pthread libopenblas0-openmp)

@@ -167,6 +167,10 @@ std::vector<knob> make_knobs() {
                   "Attention heads; must divide d_model; 0 keeps the preset's. Default: 0."),
       bool_knob("model.tied", m, &model_config::tied,
                 "Unembedding shares the token embedding. Default: true."),
+      text_knob("model.layout", m, &model_config::layout, "path or empty",
+                "A layout file (JSON: named float32 tensors with shapes) for a model of your own, trained by "
+                "learners of the Python package; the shards start from its init laws. Native learners train "
+                "only the GPT and refuse it. model.context still sets the data's window. Default: empty (the GPT)."),
       // optimizer
       number_knob("optimizer.lr", o, &optimizer_config::lr, 1e-9, 10.0,
                   "Peak inner AdamW learning rate. Default: 3e-3."),
@@ -539,8 +543,18 @@ expected<model_shape> resolve_model(const model_config& m) {
   return s;
 }
 
+expected<param_layout> resolve_layout(const config& cfg) {
+  auto shape = resolve_model(cfg.model);
+  if (!shape) return shape.err();
+  if (cfg.model.layout.empty()) return make_layout(*shape);
+  auto layout = load_layout_file(cfg.model.layout);
+  if (!layout) return make_error(layout.err().code, "model.layout: " + layout.err().message);
+  layout->shape = *shape;  // the data's context (model.context) still comes from the shape
+  return layout;
+}
+
 status validate(const config& cfg) {
-  if (auto shape = resolve_model(cfg.model); !shape) return status(shape.err());
+  if (auto layout = resolve_layout(cfg); !layout) return status(layout.err());
   if (cfg.wire.reconnect_max_ms < cfg.wire.reconnect_initial_ms)
     return invalid("wire.reconnect_max_ms (" + std::to_string(cfg.wire.reconnect_max_ms) +
                    ") must be at least wire.reconnect_initial_ms (" +
@@ -559,8 +573,7 @@ status validate_mesh(const config& cfg) {
     if (m.shards > m.fragments)
       return invalid("mesh.shards (" + std::to_string(m.shards) + ") must not exceed mesh.fragments (" +
                      std::to_string(m.fragments) + ")");
-    const auto shape = *resolve_model(cfg.model);
-    if (auto plan = make_fragment_plan(make_layout(shape), m.fragments); !plan)
+    if (auto plan = make_fragment_plan(*resolve_layout(cfg), m.fragments); !plan)
       return invalid("mesh.fragments: " + plan.err().message);
   }
   for (const auto& [key, text] : {std::pair{"mesh.learner_threads", &m.learner_threads},

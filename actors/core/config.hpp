@@ -21,6 +21,7 @@ struct model_config {
   int n_layer = 0;
   int n_head = 0;
   bool tied = true;
+  std::string layout;  // a layout file (core/layout.hpp); empty: the GPT of the shape above
 };
 
 struct optimizer_config {
@@ -173,6 +174,8 @@ std::string to_toml(const config& cfg);
 
 /// Cross-knob checks and the resolved model shape (preset + overrides).
 expected<model_shape> resolve_model(const model_config& m);
+/// The mesh's parameter layout: model.layout's file, or the GPT of resolve_model.
+expected<param_layout> resolve_layout(const config& cfg);
 status validate(const config& cfg);
 /// validate() plus the checks a mesh needs (K ≤ M, shards ≤ fragments, a fragment plan exists,
 /// per-learner lists of the right length).

@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <cassert>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/checksum.hpp"
+#include "core/prng.hpp"
 
 namespace archipelago {
 
@@ -13,14 +18,168 @@ const tensor_spec* param_layout::find(const std::string& name) const {
   return nullptr;
 }
 
+namespace {
+
+const char* kind_name(tensor_kind k) {
+  switch (k) {
+    case tensor_kind::embedding: return "embedding";
+    case tensor_kind::matrix: return "matrix";
+    case tensor_kind::vector: return "vector";
+  }
+  return "?";
+}
+
+std::string dims_text(const tensor_spec& t) {
+  if (t.dims.empty()) return std::to_string(t.rows) + 'x' + std::to_string(t.cols);
+  std::string out = "[";
+  for (std::size_t i = 0; i < t.dims.size(); ++i) out += (i ? "," : "") + std::to_string(t.dims[i]);
+  return out + ']';
+}
+
+}  // namespace
+
 std::uint64_t param_layout::fingerprint() const {
   std::string text;
   for (const auto& t : tensors) {
     text += t.name;
     text += ':' + std::to_string(t.rows) + 'x' + std::to_string(t.cols) + '@' +
             std::to_string(t.offset) + ';';
+    // Only a layout file's tensors add these, so that the GPT's fingerprint (in
+    // snapshots and checkpoints) stays what it was.
+    if (!t.dims.empty()) text += dims_text(t) + kind_name(t.kind) + ';';
   }
   return checksum64(text.data(), text.size());
+}
+
+std::string param_layout::description() const {
+  std::string out;
+  for (const auto& t : tensors) out += t.name + ' ' + dims_text(t) + ' ' + kind_name(t.kind) + '\n';
+  return out;
+}
+
+std::string first_layout_difference(const std::string& here, const std::string& there) {
+  auto lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  };
+  const auto a = lines(here), b = lines(there);
+  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const std::string x = i < a.size() ? "'" + a[i] + "'" : "no tensor";
+    const std::string y = i < b.size() ? "'" + b[i] + "'" : "no tensor";
+    if (x != y) return "tensor " + std::to_string(i) + ": " + x + " in the mesh, " + y + " in the joiner";
+  }
+  return {};
+}
+
+namespace {
+
+void append_tensor(param_layout& layout, tensor_spec t) {
+  t.offset = layout.total_floats;
+  layout.total_floats += (t.size() + tensor_alignment_floats - 1) / tensor_alignment_floats * tensor_alignment_floats;
+  layout.param_count += t.size();
+  layout.tensors.push_back(std::move(t));
+}
+
+}  // namespace
+
+expected<param_layout> parse_layout_json(const std::string& text, const std::string& origin) {
+  using json = nlohmann::json;
+  auto bad = [&](const std::string& what) { return make_error(errc::invalid_input, origin + ": " + what); };
+  const json doc = json::parse(text, nullptr, false);
+  if (doc.is_discarded()) return bad("not valid JSON");
+  if (!doc.is_object() || !doc.contains("tensors") || !doc["tensors"].is_array() || doc["tensors"].empty())
+    return bad("expected {\"tensors\": [ ... ]} with at least one tensor");
+  param_layout layout;
+  for (const json& e : doc["tensors"]) {
+    const std::string where = "tensor " + std::to_string(layout.tensors.size());
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || e["name"].get<std::string>().empty())
+      return bad(where + " has no name");
+    tensor_spec t;
+    t.name = e["name"].get<std::string>();
+    if (layout.find(t.name)) return bad("tensor '" + t.name + "' is declared twice");
+    if (!e.contains("shape") || !e["shape"].is_array() || e["shape"].empty())
+      return bad("tensor '" + t.name + "' has no shape (a list of extents)");
+    std::uint64_t count = 1;
+    for (const json& d : e["shape"]) {
+      if (!d.is_number_integer() || d.get<std::int64_t>() < 1 || d.get<std::int64_t>() > (1LL << 31))
+        return bad("tensor '" + t.name + "' has an extent that is not an integer >= 1");
+      t.dims.push_back(d.get<int>());
+      count *= static_cast<std::uint64_t>(t.dims.back());
+      if (count > (1ULL << 31)) return bad("tensor '" + t.name + "' has more than 2^31 values");
+    }
+    t.rows = t.dims.size() == 1 ? 1 : t.dims[0];
+    t.cols = static_cast<int>(count / static_cast<std::uint64_t>(t.rows));
+    t.kind = t.dims.size() == 1 ? tensor_kind::vector : tensor_kind::matrix;
+    if (e.contains("kind")) {
+      const std::string k = e["kind"].is_string() ? e["kind"].get<std::string>() : "";
+      if (k == "embedding") t.kind = tensor_kind::embedding;
+      else if (k == "matrix") t.kind = tensor_kind::matrix;
+      else if (k == "vector") t.kind = tensor_kind::vector;
+      else return bad("tensor '" + t.name + "' has kind '" + k + "' (known: embedding, matrix, vector)");
+    }
+    t.init = t.kind == tensor_kind::vector ? tensor_init{tensor_init::law::constant, 0.f} : tensor_init{};
+    if (e.contains("init")) {
+      const json& i = e["init"];
+      if (!i.is_object() || i.size() != 1 || !i.begin().value().is_number())
+        return bad("tensor '" + t.name + "' has an init that is not {\"normal\"|\"uniform\"|\"constant\": number}");
+      const std::string law = i.begin().key();
+      const auto value = i.begin().value().get<double>();
+      if (law == "normal") t.init = {tensor_init::law::normal, static_cast<float>(value)};
+      else if (law == "uniform") t.init = {tensor_init::law::uniform, static_cast<float>(value)};
+      else if (law == "constant") t.init = {tensor_init::law::constant, static_cast<float>(value)};
+      else return bad("tensor '" + t.name + "' has init law '" + law + "' (known: normal, uniform, constant)");
+    }
+    append_tensor(layout, std::move(t));
+  }
+  return layout;
+}
+
+expected<param_layout> load_layout_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return make_error(errc::not_found, "cannot read the layout file " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_layout_json(text.str(), path);
+}
+
+std::string layout_json(const param_layout& layout) {
+  using json = nlohmann::json;
+  json tensors = json::array();
+  for (const auto& t : layout.tensors) {
+    json e;
+    e["name"] = t.name;
+    e["shape"] = t.dims.empty() ? (t.rows == 1 && t.kind == tensor_kind::vector ? json::array({t.cols})
+                                                                                 : json::array({t.rows, t.cols}))
+                                : json(t.dims);
+    e["kind"] = kind_name(t.kind);
+    if (!t.dims.empty()) {
+      const char* law = t.init.kind == tensor_init::law::normal    ? "normal"
+                        : t.init.kind == tensor_init::law::uniform ? "uniform"
+                                                                   : "constant";
+      e["init"] = {{law, t.init.value}};
+    }
+    tensors.push_back(std::move(e));
+  }
+  return json{{"tensors", tensors}}.dump(1);
+}
+
+std::vector<float> initial_layout_params(const param_layout& layout, std::uint64_t seed) {
+  std::vector<float> out(layout.total_floats, 0.f);
+  for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
+    const tensor_spec& t = layout.tensors[i];
+    prng rng(derive_seed(seed, 7000 + i));
+    float* p = out.data() + t.offset;
+    for (std::size_t k = 0; k < t.size(); ++k) {
+      switch (t.init.kind) {
+        case tensor_init::law::normal: p[k] = static_cast<float>(rng.normal() * t.init.value); break;
+        case tensor_init::law::uniform: p[k] = static_cast<float>((2 * rng.uniform() - 1) * t.init.value); break;
+        case tensor_init::law::constant: p[k] = t.init.value; break;
+      }
+    }
+  }
+  return out;
 }
 
 status validate(const model_shape& s) {
@@ -42,13 +201,13 @@ param_layout make_layout(const model_shape& s) {
   assert(validate(s));
   param_layout layout;
   layout.shape = s;
-  std::size_t offset = 0;
   auto add = [&](std::string name, int rows, int cols, tensor_kind kind) {
-    tensor_spec t{std::move(name), rows, cols, offset, kind};
-    offset += (t.size() + tensor_alignment_floats - 1) / tensor_alignment_floats *
-              tensor_alignment_floats;
-    layout.param_count += t.size();
-    layout.tensors.push_back(std::move(t));
+    tensor_spec t;
+    t.name = std::move(name);
+    t.rows = rows;
+    t.cols = cols;
+    t.kind = kind;
+    append_tensor(layout, std::move(t));
   };
   const int c = s.d_model;
   add("wte", s.vocab, c, tensor_kind::embedding);
@@ -71,7 +230,6 @@ param_layout make_layout(const model_shape& s) {
   add("lnf.g", 1, c, tensor_kind::vector);
   add("lnf.b", 1, c, tensor_kind::vector);
   if (!s.tied) add("lm_head", c, s.vocab, tensor_kind::embedding);
-  layout.total_floats = offset;
   return layout;
 }
 

@@ -33,12 +33,23 @@ enum class tensor_kind : std::uint8_t {
   vector,     // bias or LayerNorm gain/shift: no weight decay
 };
 
+/// How a tensor of a layout file starts in the shards' initial global model.
+struct tensor_init {
+  enum class law : std::uint8_t { normal, uniform, constant };
+  law kind = law::normal;
+  float value = 0.02f;  // normal: the standard deviation; uniform: the bound (±); constant: the value
+};
+
 struct tensor_spec {
   std::string name;     // e.g. "h1.attn.wqkv"
   int rows = 0;         // for vectors rows == 1
   int cols = 0;
   std::size_t offset = 0;  // in floats from the start of the buffer; multiple of 16
   tensor_kind kind = tensor_kind::vector;
+  /// A layout file's tensor: its declared shape (rows × cols is its 2-D view:
+  /// rows = the first extent, cols = the product of the others). Empty for the GPT.
+  std::vector<int> dims;
+  tensor_init init;  // a layout file's tensor: its initial values
 
   std::size_t size() const { return static_cast<std::size_t>(rows) * cols; }
   bool decays() const { return kind == tensor_kind::matrix; }
@@ -55,9 +66,34 @@ struct param_layout {
   std::size_t param_count = 0;   // trainable parameters (no padding)
 
   const tensor_spec* find(const std::string& name) const;
-  /// A stable 64-bit fingerprint of names, shapes and offsets.
+  /// A stable 64-bit fingerprint of names, shapes and offsets (and, for a layout
+  /// file's tensors, their declared shapes and kinds, which the fragment plan follows).
   std::uint64_t fingerprint() const;
+  /// One line per tensor, "name dims kind" (the GPT's: "name rowsxcols kind"):
+  /// what a Join carries, so that a refusal can name the first difference.
+  std::string description() const;
 };
+
+/// The first difference between two layouts' description() texts, e.g.
+/// "tensor 3: 'fc1.weight' [64,32] matrix here, 'fc1.weight' [64,16] matrix there"; empty if equal.
+std::string first_layout_difference(const std::string& here, const std::string& there);
+
+/// A layout file: {"tensors": [{"name": "fc1.weight", "shape": [64, 32],
+/// "kind": "matrix", "init": {"normal": 0.02}}, ...]}, float32 tensors in this
+/// order. "kind" is embedding | matrix | vector (default: vector for one
+/// dimension, matrix otherwise); "init" is {"normal": std}, {"uniform": bound}
+/// or {"constant": value} (default: normal 0.02 for matrices and embeddings,
+/// constant 0 for vectors). Errors (invalid_input, naming the tensor): no
+/// tensors, a duplicate or empty name, a shape with an extent < 1 or more than
+/// 2^31 values, an unknown kind or init law.
+expected<param_layout> parse_layout_json(const std::string& text, const std::string& origin);
+expected<param_layout> load_layout_file(const std::string& path);
+/// A layout as a layout file's JSON (the GPT's too: its tensors with their 2-D shapes).
+std::string layout_json(const param_layout& layout);
+
+/// The initial values of a layout file's tensors (tensor_spec::init), seeded;
+/// padding is zero. Deterministic from the layout and the seed alone.
+std::vector<float> initial_layout_params(const param_layout& layout, std::uint64_t seed);
 
 /// Which tensors make up each fragment, the unit of synchronisation, wire
 /// transfer, outer-optimizer state and snapshot (ALGORITHM.md §3).

@@ -14,7 +14,7 @@ mesh_setup make_mesh_setup(const config& cfg, const sync_policy& policy) {
   setup.cfg = cfg;
   setup.policy = policy;
   setup.shape = *resolve_model(cfg.model);
-  setup.layout = make_layout(setup.shape);
+  setup.layout = *resolve_layout(cfg);
   setup.plan = *make_fragment_plan(setup.layout, policy.fragments);
   setup.shard_of_fragment =
       round_robin_shards(static_cast<int>(setup.plan.fragments.size()), static_cast<std::uint32_t>(policy.shards));

@@ -51,6 +51,7 @@ void learner_wire::send_join() {
   auto b = port_.make_envelope();
   auto j = b.body().initJoin();
   j.setLayoutFingerprint(setup_.layout.fingerprint());
+  j.setLayout(setup_.layout.description());
   j.setConfigHash(mesh_agreement_hash(setup_.cfg));
   j.setBatchTokens(model_.tokens_per_step);
   j.setThreads(model_.threads);
@@ -178,8 +179,13 @@ void learner_wire::send_contributions(bool with_progress) {
     body.setStep(c->step);
     body.setBrokerEpoch(broker_.epoch());  // shards refuse rounds of an older epoch
     if (!cb.add_tensor_values("delta/" + std::to_string(c->fragment.value), c->delta.data(), c->delta.size(),
-                              encoding_, block))
-      continue;  // a non-finite delta is never sent
+                              encoding_, block)) {  // a non-finite delta is never sent
+      ++non_finite_;
+      log_.warn("learner.non_finite", "archipelago learner/%u: contribution to round %llu held back: fragment %u's "
+                "delta is not finite (a NaN or Inf in the model)", index_,
+                static_cast<unsigned long long>(c->round.value), c->fragment.value);
+      continue;
+    }
     // What the encoding puts on the wire, not the fp32 delta it came from.
     counts_.bytes_sent += encoded_bytes(encoding_, c->delta.size(), setup_.cfg.wire.block_size);
     ++counts_.contributions;
@@ -370,6 +376,9 @@ void learner_wire::add_metrics(prometheus_text& page) const {
                static_cast<double>(counts_.wait_ns) * 1e-9, l);
   page.counter("archipelago_learner_contributions_total", "Fragment contributions sent to the shards.",
                static_cast<double>(counts_.contributions), l);
+  page.counter("archipelago_learner_non_finite_total",
+               "Contributions held back because their delta held a NaN or an Inf (never sent).",
+               static_cast<double>(non_finite_), l);
   refusals().add_metrics(page, l);
   if (forged_sequence_ != 0)
     page.counter("archipelago_learner_forged_total",

@@ -97,6 +97,8 @@ class learner_wire {
   /// The chaos monkey's slow-down factor (1: none).
   double slowdown() const { return chaos_.slowdown; }
   const learner_core& core() const { return *core_; }
+  /// Contributions held back because their delta was not finite (a NaN or Inf in the model).
+  std::uint64_t non_finite() const { return non_finite_; }
   /// This incarnation's figures.
   node_status status() const;
   /// The learner's figures on a /metrics page (the transport's are the shell's).
@@ -126,6 +128,7 @@ class learner_wire {
   refusal_counts refusals_;  // by reason (core/refusals.hpp)
   /// refusals_ and the chaos commands refused for their sender.
   refusal_counts refusals() const;
+  std::uint64_t non_finite_ = 0;        // contributions held back: not finite
   std::uint64_t forged_sequence_ = 0;  // an attacker drill's forged envelopes (their own sequence)
   std::size_t to_install_ = 0;
   nanos last_install_ns_ = -1;  // joining: when a fragment last arrived (-1: the first timer starts the clock)

@@ -309,6 +309,9 @@ class local_run {
 status local_run::prepare() {
   auto policy = resolve_policy(base_);
   if (!policy) return policy.err();
+  if (!base_.model.layout.empty())
+    return make_error(errc::invalid_input, "model.layout: a one-process mesh runs native learners, which train only "
+                                           "the GPT; run a layout file's mesh with `node` processes");
   setup_ = make_mesh_setup(base_, *policy);
   setup_.broker_endpoint = "inproc://broker";
   if (snapshots_.broker_dbs.size() > max_brokers)

@@ -41,6 +41,9 @@ status check_options(const config& cfg, const sync_policy& policy, const node_op
   if (!o.db.empty() && o.kind == role::learner) return make_error(errc::invalid_input, "--db: learners keep no snapshots");
   if (!o.resume_from.empty() && o.kind == role::parameter_shard && o.db.empty())
     return make_error(errc::invalid_input, "--resume-from: a shard needs --db, the store its fragments are copied into");
+  if (o.kind == role::learner && !cfg.model.layout.empty())
+    return make_error(errc::invalid_input, "model.layout: a native learner trains only the GPT; a model of your own "
+                                           "joins through the Python package (tools/python)");
   return {};
 }
 

@@ -59,6 +59,7 @@ void shard_wire::send_join() {
   auto b = port_.make_envelope();
   auto join = b.body().initJoin();
   join.setLayoutFingerprint(setup_.layout.fingerprint());
+  join.setLayout(setup_.layout.description());
   join.setConfigHash(mesh_agreement_hash(setup_.cfg));
   (void)port_.broadcast(broker_.join_targets(setup_.brokers()), b.finish());
 }

@@ -45,6 +45,7 @@ broker_seat::broker_seat(const mesh_setup& setup, broker_config settings, incarn
   auto b = port_.make_envelope();
   auto join = b.body().initJoin();
   join.setLayoutFingerprint(setup.layout.fingerprint());
+  join.setLayout(setup.layout.description());
   join.setConfigHash(mesh_agreement_hash(setup.cfg));
   join.setEndpoint(port_.endpoint());
   (void)port_.broadcast(others, b.finish());

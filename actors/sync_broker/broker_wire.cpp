@@ -453,11 +453,15 @@ void broker_wire::on_join(const transport::decoded_envelope& env, nanos now) {
   (void)port_.add_peer(from, join.getEndpoint().cStr());
   if (join.getLayoutFingerprint() != setup_.layout.fingerprint() ||
       join.getConfigHash() != mesh_agreement_hash(setup_.cfg)) {
-    const std::string why = from.to_string() + " refused: its " +
-                            (join.getLayoutFingerprint() != setup_.layout.fingerprint()
-                                 ? "model layout (model.* knobs) differs from the mesh's"
-                                 : "mesh policy (mesh.mode, fragments, shards, inner_steps, rounds_in_flight or "
-                                   "wire.encoding) differs from the mesh's");
+    std::string why = from.to_string() + " refused: its " +
+                      (join.getLayoutFingerprint() != setup_.layout.fingerprint()
+                           ? "model layout (model.* knobs) differs from the mesh's"
+                           : "mesh policy (mesh.mode, fragments, shards, inner_steps, rounds_in_flight or "
+                             "wire.encoding) differs from the mesh's");
+    if (join.getLayoutFingerprint() != setup_.layout.fingerprint() && join.hasLayout()) {
+      const std::string first = first_layout_difference(setup_.layout.description(), join.getLayout().cStr());
+      why += first.empty() ? " (the same tensors at other offsets)" : ": " + first;
+    }
     log_.warn("broker.join_refused", "archipelago broker: %s", why.c_str());
     note_event(now, why);
     refused_.insert({{from.index}, inc});

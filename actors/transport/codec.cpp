@@ -17,7 +17,10 @@ void touch_texts(wire::Envelope::Reader root) {
   for (auto t : root.getTensors()) t.getName();
   auto body = root.getBody();
   switch (body.which()) {
-    case wire::Envelope::Body::JOIN: body.getJoin().getEndpoint(); break;
+    case wire::Envelope::Body::JOIN:
+      body.getJoin().getEndpoint();
+      body.getJoin().getLayout();
+      break;
     case wire::Envelope::Body::WELCOME:
       for (auto s : body.getWelcome().getShards()) {
         s.getEndpoint();

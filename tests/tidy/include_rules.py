@@ -34,6 +34,7 @@ ALLOWED = {
     "tools/report": BELOW_NODE | {"drill"},
     "tools/bench": BELOW_NODE | {"drill", "report"},
     "tools/replay": BELOW_NODE,
+    "tools/python": BELOW_NODE,
     "tools/archipelago": BELOW_NODE | {"drill", "report", "simulate", "bench", "replay"},
 }
 # A quoted include's first folder → the component it belongs to.

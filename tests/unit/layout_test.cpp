@@ -1,7 +1,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "core/layout.hpp"
 
@@ -96,4 +98,70 @@ TEST_CASE("greedy packing balances equal tensors and refuses too many fragments"
   auto too_many = make_fragment_plan(layout, 1000);
   REQUIRE_FALSE(too_many);
   CHECK(too_many.err().code == errc::invalid_input);
+}
+
+TEST_CASE("a layout file gives named tensors with shapes, kinds and init laws") {
+  const std::string text = R"({"tensors": [
+    {"name": "embed.weight", "shape": [256, 16], "kind": "embedding", "init": {"normal": 0.5}},
+    {"name": "conv.weight", "shape": [8, 16, 3], "init": {"uniform": 0.1}},
+    {"name": "conv.bias", "shape": [8]},
+    {"name": "norm.weight", "shape": [8], "init": {"constant": 1}}]})";
+  auto layout = parse_layout_json(text, "test.json");
+  REQUIRE(layout);
+  REQUIRE(layout->tensors.size() == 4);
+  CHECK(layout->tensors[1].rows == 8);
+  CHECK(layout->tensors[1].cols == 48);
+  CHECK(layout->tensors[1].kind == tensor_kind::matrix);
+  CHECK(layout->tensors[2].kind == tensor_kind::vector);
+  CHECK(layout->param_count == 256 * 16 + 8 * 48 + 8 + 8);
+  for (const auto& t : layout->tensors) CHECK(t.offset % tensor_alignment_floats == 0);
+  const auto params = initial_layout_params(*layout, 7);
+  CHECK(params == initial_layout_params(*layout, 7));
+  CHECK(params[layout->tensors[3].offset] == 1.f);
+  CHECK(params[layout->tensors[2].offset] == 0.f);
+  for (std::size_t i = 0; i < layout->tensors[1].size(); ++i)
+    CHECK(std::abs(params[layout->tensors[1].offset + i]) <= 0.1f);
+  // Embeddings get a fragment of their own, as the GPT's do.
+  auto plan = make_fragment_plan(*layout, 2);
+  REQUIRE(plan);
+  CHECK(plan->fragments[plan->fragment_of_tensor[0]].embedding);
+  // Round trip through layout_json keeps the fingerprint.
+  auto again = parse_layout_json(layout_json(*layout), "again");
+  REQUIRE(again);
+  CHECK(again->fingerprint() == layout->fingerprint());
+}
+
+TEST_CASE("a layout file's differences change the fingerprint and are named") {
+  auto a = parse_layout_json(R"({"tensors": [{"name": "w", "shape": [4, 8]}, {"name": "b", "shape": [8]}]})", "a");
+  auto b = parse_layout_json(R"({"tensors": [{"name": "w", "shape": [8, 4]}, {"name": "b", "shape": [8]}]})", "b");
+  auto c = parse_layout_json(R"({"tensors": [{"name": "w", "shape": [4, 8], "kind": "embedding"},
+                                             {"name": "b", "shape": [8]}]})", "c");
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE(c);
+  CHECK(a->fingerprint() != b->fingerprint());
+  CHECK(a->fingerprint() != c->fingerprint());
+  CHECK(first_layout_difference(a->description(), b->description()) ==
+        "tensor 0: 'w [4,8] matrix' in the mesh, 'w [8,4] matrix' in the joiner");
+  CHECK(first_layout_difference(a->description(), a->description()).empty());
+  CHECK(first_layout_difference(a->description(), "w [4,8] matrix\n") ==
+        "tensor 1: 'b [8] vector' in the mesh, no tensor in the joiner");
+}
+
+TEST_CASE("a bad layout file is refused naming what is wrong") {
+  auto refused = [](const std::string& text) {
+    auto l = parse_layout_json(text, "f.json");
+    REQUIRE_FALSE(l);
+    return l.err().message;
+  };
+  CHECK(refused("{").find("not valid JSON") != std::string::npos);
+  CHECK(refused(R"({"tensors": []})").find("at least one tensor") != std::string::npos);
+  CHECK(refused(R"({"tensors": [{"name": "w", "shape": [4]}, {"name": "w", "shape": [4]}]})")
+            .find("'w' is declared twice") != std::string::npos);
+  CHECK(refused(R"({"tensors": [{"name": "w", "shape": [0]}]})").find("'w' has an extent") != std::string::npos);
+  CHECK(refused(R"({"tensors": [{"name": "w", "shape": [4], "kind": "bias"}]})").find("kind 'bias'") !=
+        std::string::npos);
+  CHECK(refused(R"({"tensors": [{"name": "w", "shape": [4], "init": {"xavier": 1}}]})").find("law 'xavier'") !=
+        std::string::npos);
+  CHECK(load_layout_file("/nonexistent/layout.json").err().code == errc::not_found);
 }

@@ -13,6 +13,11 @@ namespace {
 
 /// The tensor's shape as exported: a matrix (rows, cols); a vector (cols).
 std::string shape_text(const tensor_spec& t, char open, char close) {
+  if (!t.dims.empty()) {  // a layout file's tensor: its declared shape
+    std::string out(1, open);
+    for (std::size_t i = 0; i < t.dims.size(); ++i) out += (i ? "," : "") + std::to_string(t.dims[i]);
+    return out + (t.dims.size() == 1 && open == '(' ? ",)" : std::string(1, close));
+  }
   return t.rows == 1 && t.kind == tensor_kind::vector
              ? std::string(1, open) + std::to_string(t.cols) + (open == '(' ? ",)" : std::string(1, close))
              : std::string(1, open) + std::to_string(t.rows) + "," + std::to_string(t.cols) + close;
@@ -25,6 +30,12 @@ status write_file(const std::filesystem::path& path, const std::string& head, co
   f.close();
   if (!f) return make_error(errc::io_error, "cannot write " + path.string());
   return {};
+}
+
+/// A mesh of a layout file (model.layout) trains a model the native engine cannot run.
+error native_only(const char* what) {
+  return make_error(errc::unsupported, std::string("replay ") + what + ": the mesh trained a model of its own "
+                                       "(model.layout); only the native GPT can be run here (export it instead)");
 }
 
 /// One .npy file per tensor (format 1.0, little-endian float32, C order) in directory `out`.
@@ -95,6 +106,7 @@ expected<std::vector<float>> params_of(const replay_store& s, std::uint64_t vers
 
 expected<eval_result> evaluate_params(const config& run_cfg, const mesh_setup& setup, const std::vector<float>& params,
                                       const std::string& corpus, int threads) {
+  if (!setup.cfg.model.layout.empty()) return native_only("eval");
   config cfg = run_cfg;
   if (!corpus.empty()) cfg.data.corpus = corpus;
   auto data = load_dataset(cfg.data, 1, setup.shape.context, cfg.train.seed);
@@ -107,6 +119,7 @@ expected<eval_result> evaluate_params(const config& run_cfg, const mesh_setup& s
 
 expected<std::string> sample_params(const mesh_setup& setup, const std::vector<float>& params,
                                     const sample_options& options, int threads) {
+  if (!setup.cfg.model.layout.empty()) return native_only("sample");
   if (auto ok = validate(options); !ok) return ok.err();
   set_compute_threads(threads);
   gpt<float> model(setup.layout);

@@ -104,6 +104,7 @@ eval_result engine::evaluate() {
 }
 
 std::vector<float> initial_global_params(const config& cfg, const model_shape& shape, const dataset& data) {
+  if (!cfg.model.layout.empty()) return initial_layout_params(*resolve_layout(cfg), derive_seed(cfg.train.seed, 3));
   engine init(cfg, shape, data, 0);
   return {init.model().params(), init.model().params() + init.model().buffer_size()};
 }

@@ -1,0 +1,200 @@
+#!/usr/bin/python3
+"""Integration: PyTorch learners of a model of their own (the Python package,
+tools/python) in a mesh of `archipelago node` processes over tcp:// loopback.
+
+Run by ctest with Debian's /usr/bin/python3 (python3-torch) and
+PYTHONPATH=build/python. One case per argument:
+
+  train    the example (tools/python/examples/byom_mesh.py): two PyTorch learners of a
+           byte MLP train (held-out loss falls), the broker's ledger is balanced and
+           holds exactly the tokens each learner reports, every fragment advanced; the
+           snapshot `replay export` writes loads into the PyTorch model (load_state_dict).
+  layout   a learner whose layout file differs from the mesh's is refused, the
+           refusal naming the first differing tensor; a model whose names differ
+           from the layout is refused by the package before it joins.
+  nan      a NaN in learner 0's model: its contributions are held back (the wire layer
+           never sends a non-finite delta) and counted; none reaches a shard, the other
+           learner's held-out loss still falls, the ledger stays exact.
+  rejoin   a PyTorch learner SIGKILLed mid-run restarts as a new incarnation, gets the
+           global model and contributes again; the ledger stays exact.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(HERE, "..", "..", "tools", "python", "examples", "byom_mesh.py")
+BINARY = os.environ["ARCHIPELAGO"]
+
+
+def fail(what, detail=""):
+    sys.exit(f"FAIL: {what}\n{detail}")
+
+
+def example(*args, timeout=240):
+    cmd = [sys.executable, EXAMPLE, "--binary", BINARY, "--json", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        fail(f"{' '.join(cmd)} exited {out.returncode} without a summary", out.stdout + out.stderr)
+    return json.loads(lines[-1]), out
+
+
+def case_train():
+    db = tempfile.mkdtemp(prefix="archipelago-pytrain-")
+    r, out = example("--learners", "2", "--steps", "300", "--db", db)
+    if not (r["ledger_balanced"] and r["ledger_matches_learners"]):
+        fail("the ledger is balanced and holds exactly each learner's tokens", json.dumps(r))
+    for l in r["learners"]:
+        if not l["heldout_end"] < l["heldout_start"] - 0.5:
+            fail(f"learner/{l['index']}'s held-out loss fell by more than 0.5 nats/byte", json.dumps(l))
+        if l["contributions"] < 10 or min(l["versions"]) < 2:
+            fail(f"learner/{l['index']} contributed and received every fragment again", json.dumps(l))
+    if r["rejected"] != 0:
+        fail("no contribution of a healthy model is rejected", json.dumps(r))
+    # The global model exported (replay) loads into the user's PyTorch model under its own names.
+    out_file = os.path.join(db, "model.safetensors")
+    subprocess.run([BINARY, "replay", "--db", db, "export", "head", "--format", "safetensors", "--out", out_file],
+                   check=True, capture_output=True, timeout=60)
+    import archipelago
+    import torch
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    import byom_mesh
+    model = byom_mesh.ByteMLP()
+    tensors = archipelago.load_safetensors(out_file)
+    if list(tensors) != [n for n, _ in model.named_parameters()]:
+        fail("the export holds the model's tensors under their names, in order", str(list(tensors)))
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()})
+    print(f"ok train: {[round(l['heldout_start'], 2) for l in r['learners']]} -> "
+          f"{[round(l['heldout_end'], 2) for l in r['learners']]}, ledger {r['ledger']}")
+
+
+def case_nan():
+    r, out = example("--learners", "2", "--steps", "200", "--nan-at", "40")
+    sick, healthy = r["learners"]
+    if sick["non_finite"] < 1:
+        fail("the NaN learner held back its non-finite contributions and counted them", json.dumps(sick))
+    if r["rejected"] != 0:
+        fail("no non-finite contribution reached a shard", json.dumps(r))
+    if not (r["ledger_balanced"] and r["ledger_matches_learners"]):
+        fail("the ledger stays exact around the held-back contributions", json.dumps(r))
+    if not healthy["heldout_end"] < healthy["heldout_start"] - 0.5 or healthy["heldout_end"] != healthy["heldout_end"]:
+        fail("the healthy learner still learns: the NaN never reached the global model", json.dumps(healthy))
+    print(f"ok nan: {sick['non_finite']} contribution(s) held back, ledger {r['ledger']}")
+
+
+def mesh_files(folder, layout_shapes):
+    """A config whose model.layout is a two-tensor file with these shapes."""
+    layout = os.path.join(folder, f"layout-{len(os.listdir(folder))}.json")
+    with open(layout, "w") as f:
+        json.dump({"tensors": [{"name": n, "shape": s} for n, s in layout_shapes]}, f)
+    config = os.path.join(folder, f"mesh-{len(os.listdir(folder))}.toml")
+    with open(config, "w") as f:
+        f.write(f'[model]\nlayout = "{layout}"\ncontext = 16\n\n[mesh]\nlearners = 2\nfragments = 2\nshards = 1\n\n'
+                f'[data]\nsynthetic_bytes = 200000\n')
+    return config
+
+
+def case_layout():
+    import archipelago
+    from archipelago.mesh import LocalMesh
+    import numpy as np
+    folder = tempfile.mkdtemp(prefix="archipelago-pylayout-")
+    mesh_config = mesh_files(folder, [("w1", [8, 16]), ("w2", [16, 4]), ("b", [4])])
+    other_config = mesh_files(folder, [("w1", [8, 16]), ("w2", [16, 5]), ("b", [4])])
+    with LocalMesh(BINARY, mesh_config, shards=1, logs=folder) as mesh:
+        time.sleep(0.5)
+        mesh.check_alive()
+        wrong = archipelago.Learner(other_config, 0, mesh.broker, mesh.shards, {"wire.curve": False})
+        try:
+            wrong.wait_ready(60)
+            fail("a learner of another layout was refused")
+        except RuntimeError as e:
+            refusal = str(e)
+            expected = "tensor 1: 'w2 [16,4] matrix' in the mesh, 'w2 [16,5] matrix' in the joiner"
+            if expected not in refusal:
+                fail(f"the refusal names the first difference ({expected!r})", refusal)
+        wrong.close()
+        right = archipelago.Learner(mesh_config, 1, mesh.broker, mesh.shards, {"wire.curve": False})
+        try:
+            right.bind({"w1": np.zeros((8, 16), np.float32), "w3": np.zeros((16, 4), np.float32),
+                        "b": np.zeros(4, np.float32)})
+            fail("arrays named otherwise than the layout are refused")
+        except ValueError as e:
+            if "tensor 1: the layout has 'w2', the model has 'w3'" not in str(e):
+                fail("the package names the first differing name", str(e))
+        arrays = {"w1": np.zeros((8, 16), np.float32), "w2": np.zeros((16, 4), np.float32),
+                  "b": np.zeros(4, np.float32)}
+        right.bind(arrays)
+        right.wait_ready(60)
+        if not np.any(arrays["w1"] != 0):
+            fail("the global model (the shards' init) was installed into the bound arrays")
+        right.close()
+    print(f"ok layout: {refusal}")
+
+
+def case_rejoin():
+    folder = tempfile.mkdtemp(prefix="archipelago-pyrejoin-")
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    import archipelago
+    from archipelago.mesh import LocalMesh, ledger_check
+    import byom_mesh
+
+    class A:
+        learners = 2
+    config = byom_mesh.write_mesh_files(A, folder)
+    reports = []
+    with LocalMesh(BINARY, config, shards=2, logs=folder) as mesh:
+        time.sleep(0.5)
+        mesh.check_alive()
+
+        def learner(i, steps):
+            cmd = [sys.executable, EXAMPLE, "--learner", str(i), "--config", config, "--broker", mesh.broker,
+                   "--shards", ",".join(mesh.shards), "--steps", str(steps), "--learners", "1", "--barrier", folder]
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+        # The steady learner steps until the restarted one is done: rounds go on meanwhile
+        # (with no learner alive, a round opened before waits for mesh.round_timeout_s).
+        steady = learner(0, 100000)
+        victim = learner(1, 100000)
+        deadline = time.time() + 90
+        while not all(os.path.exists(os.path.join(folder, f"ready-{i}")) for i in (0, 1)) and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)  # both step and contribute
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        restarted = learner(1, 150)
+        restarted_at = time.time()
+        for p in (restarted, steady):
+            if p is steady:
+                open(os.path.join(folder, "stop"), "w").close()
+            out, _ = p.communicate(timeout=180)
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            if p.returncode != 0 or not lines:
+                fail(f"a learner exited with {p.returncode}", out)
+            reports.append(json.loads(lines[-1]))
+        nodes = mesh.stop()
+    broker = nodes.get("broker-0") or {}
+    balanced, matches, ledger = ledger_check(broker, reports)
+    back = reports[0]
+    if back["contributions"] < 5:
+        fail("the restarted learner contributed again", json.dumps(back))
+    incarnations = [r for r in broker.get("learners", []) if r["learner"] == 1]
+    if len(incarnations) < 2 or not all(r["first_merged_s"] >= 0 for r in incarnations) or \
+            not any(r["incarnation"] == back["incarnation"] for r in incarnations):
+        fail("the broker merged work of both incarnations of learner/1", json.dumps(broker.get("learners")))
+    if not (balanced and matches):
+        fail("the ledger is balanced and holds exactly the finished learners' tokens", json.dumps(broker))
+    new = next(r for r in incarnations if r["incarnation"] == back["incarnation"])
+    rejoin_s = broker["started_unix_ms"] / 1000 + new["first_merged_s"] - restarted_at
+    print(f"ok rejoin: restart to first merged contribution {rejoin_s:.2f} s "
+          f"(process start, torch import and data included), ledger {ledger}")
+
+
+if __name__ == "__main__":
+    {"train": case_train, "layout": case_layout, "nan": case_nan, "rejoin": case_rejoin}[sys.argv[1]]()
