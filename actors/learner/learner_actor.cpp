@@ -158,7 +158,7 @@ caf::behavior learner_actor(learner_self* self, learner_actor_args args) {
       [self](metrics_atom, const metrics_page& page) {
         const auto& st = self->state;
         const node_address me{role::learner, st.args.index};
-        add_node_metrics(*page, me, st.args.inc, st.now() - st.started_ns, st.wire->counters());
+        add_node_metrics(*page, me, st.args.inc, st.now() - st.started_ns, st.wire->counters(), st.args.logs);
         st.learner->add_metrics(*page);
         const metric_labels l = role_labels(me);
         page->gauge("archipelago_learner_step_seconds", "The last inner step's time, as the ledger counts it (paced).",

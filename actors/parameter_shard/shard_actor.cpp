@@ -211,7 +211,7 @@ caf::behavior shard_actor(shard_self* self, shard_actor_args args) {
       },
       [self, me](metrics_atom, const metrics_page& page) {
         const auto& st = self->state;
-        add_node_metrics(*page, me, st.args.inc, st.args.clock->now() - st.started_ns, st.wire->counters());
+        add_node_metrics(*page, me, st.args.inc, st.args.clock->now() - st.started_ns, st.wire->counters(), st.args.logs);
         st.shard->add_metrics(*page);
         if (st.args.writer) add_writer_metrics(*page, me, st.args.writer->stats());
         return true;

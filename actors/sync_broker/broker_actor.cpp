@@ -178,7 +178,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, broker_actor
         const nanos now = st.now();
         const broker_wire* leader = st.seat->leading();
         add_node_metrics(*page, st.self_address(), st.args.inc, leader ? now - leader->started_ns() : 0,
-                         st.wire->counters());
+                         st.wire->counters(), st.args.logs);
         if (leader) leader->add_metrics(*page, now);
         const metric_labels l = {{"role", to_string(role::sync_broker)}, {"index", std::to_string(st.args.index)}};
         page->gauge("archipelago_broker_leading", "1 while this broker leads, 0 while it follows (a standby).",

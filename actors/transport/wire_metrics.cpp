@@ -9,7 +9,7 @@ metric_labels role_labels(node_address self) {
 }
 
 void add_node_metrics(prometheus_text& page, node_address self, incarnation inc, nanos up_ns,
-                      const transport::transport_counters& wire) {
+                      const transport::transport_counters& wire, const logger* logs) {
   const metric_labels me = role_labels(self);
   auto with = [&](std::string key, std::string value) {
     metric_labels l = me;
@@ -20,6 +20,13 @@ void add_node_metrics(prometheus_text& page, node_address self, incarnation inc,
              with("incarnation", std::to_string(inc.value)));
   page.gauge("archipelago_node_uptime_seconds", "Time since this incarnation started.",
              static_cast<double>(up_ns) * 1e-9, me);
+  if (logs)
+    for (const auto& [outcome, n] : {std::pair{"written", logs->lines_written()}, std::pair{"suppressed", logs->lines_suppressed()}})
+      page.counter("archipelago_log_lines_total",
+                   "Log lines of this process: written (rate-limit summaries included), or suppressed by the "
+                   "per-kind rate limit (counted, never formatted). The process's logger: every actor of a process "
+                   "shows the same figures.",
+                   static_cast<double>(n), with("outcome", outcome));
   for (const auto& [peer, link] : wire.links) {
     const metric_labels l = with("peer", peer.to_string());
     page.counter("archipelago_wire_sent_bytes_total", "Bytes sent to a peer (frames as written to its socket).",

@@ -15,9 +15,10 @@ namespace archipelago {
 metric_labels role_labels(node_address self);
 
 /// The actor's identity and uptime, and its transport: bytes and messages per
-/// link (peer), rejected and duplicate messages, peers lost, reconnects.
+/// link (peer), rejected and duplicate messages, peers lost, reconnects; with
+/// `logs`, the lines its process's logger wrote and those its rate limit cut.
 void add_node_metrics(prometheus_text& page, node_address self, incarnation inc, nanos up_ns,
-                      const transport::transport_counters& wire);
+                      const transport::transport_counters& wire, const logger* logs = nullptr);
 
 /// The transport's figures a node's status carries: peers declared dead, the
 /// control lane's longest round trip, inbound messages rejected by reason.

@@ -85,6 +85,7 @@ std::vector<std::vector<std::uint8_t>> fuzz_seeds() {
   t.reason = "quorum";
   t.members = {{0, 1, 0.5, 4096, 10}, {1, 1, 0.5, 4096, 10}};
   t.late = {{2, 3, 0, 100, 1}};
+  t.screened_out = {{3, 1, 0.5, 4096, 10}};
   t.broker_epoch = 1 << 8;
   records.push_back(encode_record(t));
   learner_ledger l;

@@ -9,6 +9,7 @@
 
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -23,6 +24,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,6 +60,38 @@ std::vector<std::uint8_t> wrong_version_heartbeat() {
   return env;
 }
 
+/// The body of GET `path` at 127.0.0.1:`port` (HTTP/1.0: the server closes when done); empty on failure.
+std::string http_get(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return {};
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) response.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  const auto body = response.find("\r\n\r\n");
+  return body == std::string::npos ? std::string{} : response.substr(body + 4);
+}
+
+/// The value of the first sample of `metric` whose labels contain `label` (-1: none).
+double sample_of(const std::string& page, const std::string& metric, const std::string& label) {
+  std::istringstream in(page);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(metric + "{", 0) == 0 && line.find(label) != std::string::npos)
+      return std::stod(line.substr(line.rfind(' ') + 1));
+  return -1;
+}
+
 }  // namespace
 
 TEST_CASE("a node process under 10,000 malformed messages: 11 log lines of the kind, and it keeps answering") {
@@ -65,9 +99,11 @@ TEST_CASE("a node process under 10,000 malformed messages: 11 log lines of the k
                                     ("archipelago_log_flood_" + std::to_string(::getpid()) + ".err");
   const int port = free_port();
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  const int metrics_port = free_port();
   std::vector<std::string> args = {ARCHIPELAGO_BINARY, "node", "--role", "broker", "--broker", endpoint,
                                    "--shards", "tcp://127.0.0.1:1,tcp://127.0.0.1:2", "--set", "wire.curve=false",
-                                   "--log-format", "json", "--log-burst", "10", "--log-interval-s", "3600"};
+                                   "--log-format", "json", "--log-burst", "10", "--log-interval-s", "3600",
+                                   "--metrics-port", std::to_string(metrics_port)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -120,6 +156,11 @@ TEST_CASE("a node process under 10,000 malformed messages: 11 log lines of the k
   // Still serving after the flood: one probe, one answer (read after every junk message).
   raw.set(zmq::sockopt::rcvtimeo, 30000);
   CHECK(answers());
+  // The lines the rate limit cut are counted on the node's /metrics.
+  const std::string page = http_get(metrics_port, "/metrics");
+  INFO("GET /metrics on port " << metrics_port << ": " << page.size() << " bytes");
+  CHECK(sample_of(page, "archipelago_log_lines_total", "outcome=\"suppressed\"") >= flood - 10);
+  CHECK(sample_of(page, "archipelago_log_lines_total", "outcome=\"written\"") >= 10);
 
   kill(pid, SIGTERM);
   int status = 0;

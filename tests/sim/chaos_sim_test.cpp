@@ -787,6 +787,12 @@ TEST_CASE("sim: attacker lie_tokens.toml is cut by the broker and rejected by th
   CHECK(rejected > 0);
   CHECK(rejected <= r.broker.claims_cut);  // a cut member of a round closed without a merge is dropped, not rejected
   CHECK(merged_tokens > 0);
+  // The shards tell the broker: its ledger books the refused claims as rejected, never as merged.
+  std::uint64_t attacker_rejected = 0;
+  for (const auto& [who, totals] : r.ledger_by_incarnation)
+    if (who.learner.value == 1) attacker_rejected += totals.rejected;
+  CHECK(attacker_rejected > 0);
+  CHECK(r.ledger.balanced());
   CHECK(r.final_loss < r.initial_loss);
 }
 

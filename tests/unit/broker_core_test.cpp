@@ -203,6 +203,32 @@ TEST_CASE("K=1 without grace closes on the first arrival, later arrivals are lat
   CHECK(h.all<late_contribution>().size() == 1);
 }
 
+TEST_CASE("a member a shard rejected at the close moves to the record's screened_out") {
+  auto cfg = make_config();
+  cfg.adaptive_grace = false;
+  cfg.quorum = 2;
+  auto h = two_learners(cfg);
+  h.at(3 * ms);
+  h.contribute(0, 0, 400, 4);
+  h.contribute(0, 1, 300, 3);
+  const round_record* rec = h.core.find_record(R(0));
+  REQUIRE(rec != nullptr);
+  REQUIRE(rec->members.size() == 2);
+  const fragment_index p = rec->fragment;
+  h.core.on_member_rejected(R(0), fragment_index{p.value + 1}, {L(1), I(1)});  // another fragment: nothing
+  h.core.on_member_rejected(R(0), p, {L(1), I(2)});                          // another incarnation: nothing
+  CHECK(rec->members.size() == 2);
+  h.core.on_member_rejected(R(0), p, {L(1), I(1)});
+  REQUIRE(rec->members.size() == 1);
+  CHECK(rec->members[0].learner == L(0));
+  REQUIRE(rec->screened_out.size() == 1);
+  CHECK(rec->screened_out[0].learner == L(1));
+  CHECK(rec->screened_out[0].tokens == 300);
+  h.core.on_member_rejected(R(0), p, {L(1), I(1)});  // a repeated notice changes nothing
+  CHECK(rec->members.size() == 1);
+  CHECK(rec->screened_out.size() == 1);
+}
+
 TEST_CASE("adaptive grace waits the computed window") {
   auto cfg = make_config(3, 2, 1);
   cfg.grace_factor = 0.5;

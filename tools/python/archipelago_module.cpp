@@ -369,7 +369,7 @@ class py_learner {
     std::lock_guard lock(wire_mu_);
     if (!wire_) return page.str();
     const node_address me{role::learner, index_};
-    add_node_metrics(page, me, inc_, clock_.now() - started_ns_, wire_->counters());
+    add_node_metrics(page, me, inc_, clock_.now() - started_ns_, wire_->counters(), &log_);
     learner_->add_metrics(page);
     return page.str();
   }
