@@ -121,10 +121,10 @@ expected<std::optional<published_fragment>> shard_core::on_round_close(
     round_number r, fragment_index p, const std::vector<learner_ref>& members) {
   std::vector<decided_member> decided;
   for (const learner_ref& m : members) decided.push_back({m, false, 0, 0});
-  return on_round_close(r, p, decided);
+  return on_round_decided(r, p, decided);
 }
 
-expected<std::optional<published_fragment>> shard_core::on_round_close(
+expected<std::optional<published_fragment>> shard_core::on_round_decided(
     round_number r, fragment_index p, const std::vector<decided_member>& members) {
   auto it = fragments_.find(p.value);
   if (it == fragments_.end())

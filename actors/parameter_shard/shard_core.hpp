@@ -144,8 +144,8 @@ class shard_core {
     bool bounded = false;  // false: no bound (a broker of before the bound), the claim as is
     std::uint64_t tokens = 0, steps = 0;
   };
-  expected<std::optional<published_fragment>> on_round_close(round_number r, fragment_index p,
-                                                             const std::vector<decided_member>& members);
+  expected<std::optional<published_fragment>> on_round_decided(round_number r, fragment_index p,
+                                                               const std::vector<decided_member>& members);
 
   /// The broker restarted (a higher incarnation): the rounds the old one opened
   /// will never close. Every buffered contribution is dropped (unmerged: the

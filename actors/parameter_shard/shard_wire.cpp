@@ -210,7 +210,7 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
       members.push_back({{{mb.getLearner()}, incarnation{mb.getIncarnation()}}, bounded, mb.getTokens(), mb.getSteps()});
     }
   if (paused && close.getQuorumNs() >= 0) ++deferred_rounds_;
-  auto published = core_->on_round_close(r, p, members);
+  auto published = core_->on_round_decided(r, p, members);
   report_screened();
   if (!published) {
     log_.warn("shard.not_merged", "archipelago shard %u: round %llu not merged: %s", index_,

@@ -168,7 +168,7 @@ TEST_CASE("claims: the shard rejects a contribution that claims more than its bo
   std::vector<float> d(plan.fragments[0].floats, 0.01f);
   CHECK(shard.on_contribution(round_number{1}, p, {{0}, {1}}, 3, 300, d) == contribution_verdict::buffered);
   CHECK(shard.on_contribution(round_number{1}, p, {{1}, {1}}, 3, 300'000, d) == contribution_verdict::buffered);
-  auto published = shard.on_round_close(round_number{1}, p, {{{{0}, {1}}, true, 300, 3}, {{{1}, {1}}, true, 300, 3}});
+  auto published = shard.on_round_decided(round_number{1}, p, {{{{0}, {1}}, true, 300, 3}, {{{1}, {1}}, true, 300, 3}});
   REQUIRE(published);
   REQUIRE(published->has_value());
   CHECK((*published)->members == 1);
