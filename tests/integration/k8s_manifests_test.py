@@ -525,6 +525,8 @@ def needed_packages(binary):
     candidates = {}
     for lib in libs:
         m = re.search(rf"^\s*{re.escape(lib)} => (\S+)", ldd, re.M)
+        if not m:  # the dynamic loader (NEEDED by position-independent code using TLS): "\t/lib64/ld-linux-x86-64.so.2 (0x...)"
+            m = re.search(rf"^\s*(/\S*/{re.escape(lib)}) \(", ldd, re.M)
         if not m:
             raise Failed(f"ldd does not resolve {lib} of {binary}")
         real = os.path.realpath(m.group(1))
