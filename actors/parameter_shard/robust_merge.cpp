@@ -42,20 +42,20 @@ double norm_of(std::span<const float> v) {
 
 }  // namespace
 
-direction_figures direction_cosines(std::span<const std::span<const float>> deltas, std::span<const float> descent) {
+direction_figures direction_cosines(std::span<const std::span<const float>> deltas, std::span<const float> momentum) {
   direction_figures out;
   out.cosines.assign(deltas.size(), 0.0);
   if (deltas.empty()) return out;
   const std::size_t n = deltas.front().size();
+  std::vector<double> norms, inverse_norms;
+  for (auto d : deltas) {
+    norms.push_back(norm_of(d));
+    inverse_norms.push_back(norms.back() > 0 ? 1 / norms.back() : 0);
+  }
   std::vector<double> reference;
   if (deltas.size() >= min_round_reference) {
     // The coordinate-wise median of unit vectors: one attacker of three or more
     // cannot pull any coordinate past an honest value.
-    std::vector<double> inverse_norms;
-    for (auto d : deltas) {
-      const double norm = norm_of(d);
-      inverse_norms.push_back(norm > 0 ? 1 / norm : 0);
-    }
     reference.resize(n);
     std::vector<double> column(deltas.size());
     for (std::size_t i = 0; i < n; ++i) {
@@ -67,8 +67,8 @@ direction_figures direction_cosines(std::span<const std::span<const float>> delt
         median = (median + *std::max_element(column.begin(), column.begin() + static_cast<std::ptrdiff_t>(k))) / 2;
       reference[i] = median;
     }
-  } else if (!descent.empty()) {
-    reference.assign(descent.begin(), descent.end());
+  } else {
+    for (float m : momentum) reference.push_back(-static_cast<double>(m));  // the descent
   }
   double reference_norm = 0;
   for (double x : reference) reference_norm += x * x;
@@ -76,11 +76,10 @@ direction_figures direction_cosines(std::span<const std::span<const float>> delt
   if (reference_norm == 0) return out;
   out.has_reference = true;
   for (std::size_t m = 0; m < deltas.size(); ++m) {
-    const double norm = norm_of(deltas[m]);
-    if (norm == 0) continue;
+    if (norms[m] == 0) continue;
     double dot = 0;
     for (std::size_t i = 0; i < n; ++i) dot += deltas[m][i] * reference[i];
-    out.cosines[m] = dot / (norm * reference_norm);
+    out.cosines[m] = dot / (norms[m] * reference_norm);
   }
   return out;
 }

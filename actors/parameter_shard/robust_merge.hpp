@@ -71,13 +71,14 @@ inline constexpr std::size_t min_round_reference = 3;
 
 /// The direction screen's cosines: each delta's cosine with the reference — the
 /// coordinate-wise median of the deltas' unit vectors when there are at least
-/// min_round_reference of them, else `descent` (an empty span or a zero vector:
-/// no reference, every cosine 0 and `has_reference` false). All spans have one length.
+/// min_round_reference of them, else the descent: the opposite of the fragment's
+/// outer `momentum` (an empty span or a zero vector: no reference, every cosine 0
+/// and `has_reference` false). All spans have one length.
 struct direction_figures {
   bool has_reference = false;
   std::vector<double> cosines;
 };
-direction_figures direction_cosines(std::span<const std::span<const float>> deltas, std::span<const float> descent);
+direction_figures direction_cosines(std::span<const std::span<const float>> deltas, std::span<const float> momentum);
 
 /// One fragment's screening state: a bounded window of recently accepted norms.
 class norm_screen {

@@ -230,13 +230,10 @@ void shard_core::screen_directions(const fragment_state& f, round_number r, frag
   std::vector<std::span<const float>> deltas;
   for (const buffered_contribution* c : merged) deltas.emplace_back(c->delta);
   // A small round's reference: the way this fragment has been descending, the
-  // opposite of its outer momentum (the outer step moves Θ along the members' deltas).
-  std::vector<float> descent;
-  if (!config_.gradient_mode) {
-    descent.resize(f.momentum.size());
-    for (std::size_t i = 0; i < descent.size(); ++i) descent[i] = -f.momentum[i];
-  }
-  const direction_figures figures = direction_cosines(deltas, descent);
+  // opposite of its outer momentum (the outer step moves Θ along the members' deltas);
+  // the AdamW outer optimizer of send_gradients keeps none.
+  const direction_figures figures =
+      direction_cosines(deltas, config_.gradient_mode ? std::span<const float>{} : std::span<const float>(f.momentum));
   if (!figures.has_reference) return;
   std::vector<contribution_view> kept_views;
   std::vector<buffered_contribution*> kept;

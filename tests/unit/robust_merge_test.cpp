@@ -272,10 +272,10 @@ TEST_CASE("robust: direction cosines against the round's median direction") {
 TEST_CASE("robust: a small round is compared with the descent, and without one nothing is screened") {
   prng rng(17);
   auto deltas = correlated_deltas(rng, 2048, 2, 0.5);
-  std::vector<float> descent(2048);
-  for (std::size_t i = 0; i < descent.size(); ++i) descent[i] = deltas[0][i] + deltas[1][i];
+  std::vector<float> momentum(2048);  // the outer momentum points against the descent
+  for (std::size_t i = 0; i < momentum.size(); ++i) momentum[i] = -(deltas[0][i] + deltas[1][i]);
   for (auto& x : deltas[1]) x = -x;
-  const direction_figures with = direction_cosines(spans_of(deltas), descent);
+  const direction_figures with = direction_cosines(spans_of(deltas), momentum);
   REQUIRE(with.has_reference);
   CHECK(with.cosines[0] > 0.3);
   CHECK(with.cosines[1] < -0.3);
