@@ -462,10 +462,11 @@ def cross_check(objects):
                     p(f"{where}: pod {i}'s key {path} does not match {name}.pub on the allow-list")
     if mesh.cfg.get("wire", {}).get("curve", True):
         # The names under which nodes find their servers' keys (transport::curve_key_names).
-        for name in ([curve_key_names("broker", i)[0] for i in range(brokers_n)] + ["learner"]
-                     + [f"shard-{i}" for i in range(shards_n)]):
-            if name not in key_pubs:
-                p(f"the allow-list has no {name}.pub: peers dialling {name} find no server key")
+        for names in ([curve_key_names("broker", i) for i in range(brokers_n)]
+                      + [curve_key_names("learner", i) for i in range(learners_n)]
+                      + [curve_key_names("shard", i) for i in range(shards_n)]):
+            if not any(n in key_pubs for n in names):
+                p(f"the allow-list has no {names[0]}.pub: peers dialling {names[0]} find no server key")
     return problems
 
 
@@ -656,7 +657,12 @@ def negative_checks(binary, vdir, tmp, rendered, objects):
          .update({"prometheus.io/port": "9000"}), "prometheus.io annotations"),
         # A Secret file that no longer matches its public key on the allow-list.
         (lambda o, by: by[("Secret", "archipelago-broker-keys")]["data"].update(
-            {"broker-1.key": by[("Secret", "archipelago-learner-key")]["data"]["learner.key"]}), "does not match broker-1.pub"),
+            {"broker-1.key": by[("Secret", "archipelago-learner-keys")]["data"]["learner-0.key"]}), "does not match broker-1.pub"),
+        # Two learner pods with one keypair: learner 3 would present learner 2's identity.
+        (lambda o, by: by[("Secret", "archipelago-learner-keys")]["data"].update(
+            {"learner-3.key": by[("Secret", "archipelago-learner-keys")]["data"]["learner-2.key"]}),
+         "pod 3's key /etc/archipelago/keys/learner-3.key does not match learner-3.pub"),
+        (lambda o, by: by[("ConfigMap", "archipelago-allow")]["data"].pop("learner-5.pub"), "no learner-5.pub"),
         # The key volume's items swapped: the standby would present the primary's key.
         (lambda o, by: swap_key_items(by), "pod 1's key /etc/archipelago/keys/broker-1.key does not match broker-1.pub"),
         (lambda o, by: by[("ConfigMap", "archipelago-allow")]["data"].pop("broker-1.pub"), "no broker-1.pub"),
