@@ -256,8 +256,15 @@ def main():
         merged = [r["first_merged_s"] for r in later if r["first_merged_s"] >= 0]
         rejoin.append(round(started + min(merged) - at, 2) if merged else None)
 
+    # mesh.global_eval_every: learner 0's last evaluation of the global model it held (its newest incarnation's).
+    held = [r for r in learner_reports if r.get("index") == 0 and "global_eval" in r.get("status", {})]
+    global_eval = max(held, key=lambda r: r["incarnation"])["status"]["global_eval"] if held else None
+
     ledger = broker.get("ledger", {})
     print(f"mesh of {args.learners} learners, {args.shards} shards ({args.mode}); logs in {mesh.logs}")
+    if global_eval:
+        print(f"learner 0's last evaluation of the global model: {global_eval['loss']:.4f} nats/byte at its step "
+              f"{global_eval['step']} (replay eval {','.join(map(str, global_eval['versions']))})")
     print(f"broker/{broker.get('index', 0)}: {broker.get('rounds', 0)} rounds, uptime {100 * broker.get('uptime', 0):.1f} %; "
           f"ledger {ledger} balanced={broker.get('ledger_balanced')} matches learners={matches}")
     if restarts:
@@ -269,7 +276,7 @@ def main():
                           "rounds": broker.get("rounds", 0), "uptime": broker.get("uptime", 0),
                           "ledger": ledger, "ledger_balanced": broker.get("ledger_balanced", False),
                           "ledger_matches_learners": matches, "kills": killed, "rejoin_s": rejoin,
-                          "failure": failure, "logs": mesh.logs, "db": args.db}))
+                          "global_eval": global_eval, "failure": failure, "logs": mesh.logs, "db": args.db}))
     return 1 if failure or interrupted else 0
 
 

@@ -319,6 +319,10 @@ std::vector<knob> make_knobs() {
                   "A fixed compute budget: every inner step takes at least this long (the learner "
                   "sleeps the rest); drills use it so a lost learner does not speed up the others. "
                   "0: as fast as the CPU allows. Default: 0."),
+      number_knob("mesh.global_eval_every", h, &mesh_config::global_eval_every, I{0}, I{1} << 40,
+                  "Learner 0 evaluates the global model it holds (the fragments it last received, at "
+                  "their versions) every this many of its steps and when it leaves: a mesh of nodes' "
+                  "eval curve (its status, /metrics and log). 0: never. Default: 0."),
       // wire
       number_knob("wire.heartbeat_interval_ms", w, &wire_config::heartbeat_interval_ms, I{10}, I{600000},
                   "Heartbeat interval, both ways, on the control lane; any control message counts. "

@@ -92,6 +92,10 @@ struct mesh_config {
   // learner sleeps the rest), so a learner lost in a drill does not hand its
   // CPU to the others on a small machine. 0: as fast as the CPU allows.
   double step_time_ms = 0;
+  // A mesh of nodes has no evaluator of its own: learner 0 evaluates the global
+  // model it holds (the fragment values it last received, each at its version)
+  // every this many of its steps and when it leaves. 0: never.
+  std::int64_t global_eval_every = 0;
 };
 
 struct wire_config {

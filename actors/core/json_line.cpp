@@ -1,8 +1,8 @@
 #include "core/json_line.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <sstream>
 
 namespace archipelago {
 
@@ -43,11 +43,9 @@ json_line& json_line::add(const std::string& k, double value) {
   key(k);
   if (!std::isfinite(value)) {
     body_ += "null";
-  } else {
-    std::ostringstream out;
-    out.precision(6);
-    out << value;
-    body_ += out.str();
+  } else {  // the shortest text that reads back as exactly this double
+    char text[32];
+    body_.append(text, std::to_chars(text, text + sizeof text, value).ptr);
   }
   return *this;
 }

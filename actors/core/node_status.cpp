@@ -131,6 +131,9 @@ std::string to_json(const node_status& s) {
             {"committed_versions", s.committed_versions},
             {"broker_epoch", s.broker_epoch}};
   if (s.report) j["report"] = report_json(*s.report);
+  if (s.eval)
+    j["global_eval"] = {{"loss", s.eval->loss}, {"bits_per_byte", s.eval->bits_per_byte}, {"step", s.eval->step},
+                        {"versions", s.eval->versions}, {"evaluations", s.eval->evaluations}};
   return j.dump();
 }
 
@@ -162,6 +165,11 @@ expected<node_status> node_status_from_json(std::string_view text) {
     s.committed_versions = j.at("committed_versions").get<std::vector<std::uint64_t>>();
     s.broker_epoch = j.at("broker_epoch").get<std::uint64_t>();
     if (j.contains("report")) s.report = report_of(j.at("report"));
+    if (j.contains("global_eval")) {
+      const json& e = j.at("global_eval");
+      s.eval = global_eval{e.at("loss").get<double>(), e.at("bits_per_byte").get<double>(), e.at("step").get<std::int64_t>(),
+                           e.at("versions").get<std::vector<std::uint64_t>>(), e.at("evaluations").get<std::uint64_t>()};
+    }
     return s;
   } catch (const json::exception& e) {
     return make_error(errc::invalid_input, std::string("a node status is malformed: ") + e.what());

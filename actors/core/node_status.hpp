@@ -84,6 +84,16 @@ struct node_counters {
   node_counters& operator+=(const node_counters& o);
 };
 
+/// The global model as one learner holds it — every fragment's last received
+/// value, at its version — evaluated on the held-out text (mesh.global_eval_every).
+/// `versions` names the cut (`replay eval V0,V1,...` reads the same model back).
+struct global_eval {
+  double loss = 0, bits_per_byte = 0;  // nats/byte, bits/byte
+  std::int64_t step = 0;               // the learner's schedule step when it was taken
+  std::vector<std::uint64_t> versions; // per fragment
+  std::uint64_t evaluations = 0;       // by this incarnation, so far
+};
+
 struct node_status {
   node_address node;
   std::uint64_t incarnation = 0;
@@ -92,6 +102,7 @@ struct node_status {
   bool left = false;    // it sent Leave: its steps are done, or it was stopped
   std::string refusal;  // the broker refused its Join (layout or policy differ)
   std::int64_t schedule_step = 0;  // where it is in the learning-rate schedule
+  std::optional<global_eval> eval; // its newest evaluation of the global model (learner 0 only)
   // parameter shard: per fragment of the mesh (0 for fragments it does not own)
   std::vector<std::uint64_t> published_versions, committed_versions;
   // sync broker: its report while it leads (a standby that follows has none), and

@@ -1,7 +1,10 @@
 #include "learner/learner_actor.hpp"
 
 #include <chrono>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "core/prng.hpp"
 #include "learner/learner_wire.hpp"
@@ -26,6 +29,7 @@ struct learner_state {
   std::uint64_t wake_generation = 0;  // invalidates wake-ups of finished waits
   nanos started_ns = 0, last_step_ns = 0;
   std::uint64_t overruns = 0;  // steps whose compute exceeded mesh.step_time_ms
+  std::optional<global_eval> last_eval;  // mesh.global_eval_every: the newest evaluation of Θ
   static inline const char* name = "learner";
 
   const mesh_setup& setup() const { return *args.setup; }
@@ -36,6 +40,7 @@ struct learner_state {
     s.counts.budget_overruns = overruns;
     if (wire) count_wire(s.counts, wire->counters());
     s.schedule_step = eng->steps_done();
+    s.eval = last_eval;
     args.board->update(s);
   }
 };
@@ -54,7 +59,40 @@ nanos pace_step(learner_state& st, nanos compute_ns) {
   return std::max(paced, compute_ns);
 }
 
+/// mesh.global_eval_every: learner 0 evaluates Θ as it holds it — every fragment's
+/// anchor, the value it last received — in its own model's buffer, then puts its
+/// parameters back. Its ledger is untouched: the time is not a step's.
+bool evaluates_global(const learner_state& st) {
+  return st.args.index == 0 && st.setup().cfg.mesh.global_eval_every > 0;
+}
+
+void evaluate_global(learner_state& st) {
+  const learner_core& core = st.learner->core();
+  global_eval e;
+  for (std::uint32_t p = 0; p < core.fragments(); ++p) {
+    if (!core.installed({p})) return;  // not joined yet: no Θ to speak of
+    e.versions.push_back(core.version({p}));
+  }
+  float* params = st.eng->model().params();
+  const std::vector<float> own(params, params + st.eng->model().buffer_size());
+  for (std::uint32_t p = 0; p < core.fragments(); ++p) core.scatter({p}, core.anchor({p}).data(), params);
+  const eval_result r = st.eng->evaluate();
+  std::copy(own.begin(), own.end(), params);
+  e.loss = r.loss;
+  e.bits_per_byte = r.bits_per_byte;
+  e.step = st.eng->steps_done();
+  e.evaluations = (st.last_eval ? st.last_eval->evaluations : 0) + 1;
+  std::string cut;
+  for (std::uint64_t v : e.versions) cut += (cut.empty() ? "" : ",") + std::to_string(v);
+  st.args.logs->info("learner.global_eval",
+                     "archipelago learner/%u: the global model it holds evaluates to %.4f nats/byte at step %lld "
+                     "(fragment versions %s)",
+                     st.args.index, e.loss, static_cast<long long>(e.step), cut.c_str());
+  st.last_eval = std::move(e);
+}
+
 void leave(learner_self* self, const char* reason) {
+  if (evaluates_global(self->state)) evaluate_global(self->state);
   self->state.learner->leave(reason);
   self->state.publish();
 }
@@ -75,6 +113,7 @@ void step(learner_self* self) {
   else st.eng->step();
   st.last_step_ns = pace_step(st, st.now() - t0);
   st.learner->after_step(static_cast<std::uint64_t>(st.eng->tokens_per_step()), st.last_step_ns);
+  if (evaluates_global(st) && st.eng->steps_done() % setup.cfg.mesh.global_eval_every == 0) evaluate_global(st);
   st.publish();
   self->send(self, step_atom::value);
 }
@@ -165,6 +204,10 @@ caf::behavior learner_actor(learner_self* self, learner_actor_args args) {
                     static_cast<double>(st.last_step_ns) * 1e-9, l);
         page->counter("archipelago_learner_budget_overruns_total", "Steps whose compute exceeded mesh.step_time_ms.",
                       static_cast<double>(st.overruns), l);
+        if (st.last_eval)
+          page->gauge("archipelago_global_eval_loss",
+                      "The global model as this learner holds it (mesh.global_eval_every), held-out nats/byte.",
+                      st.last_eval->loss, l);
         page->gauge("archipelago_learner_schedule_step",
                     "Where this learner is in the learning-rate schedule (a new incarnation starts at the mesh's).",
                     static_cast<double>(st.eng->steps_done()), l);

@@ -94,6 +94,8 @@ class learner_core {
   std::size_t on_broker_restarted();
 
   std::uint64_t version(fragment_index p) const { return state_.at(p.value).version; }
+  /// Θ_p as last received (the anchor), the fragment's flat vector.
+  std::span<const float> anchor(fragment_index p) const { return state_.at(p.value).anchor; }
   /// Fragment p's shard restarted from its snapshot, at `version` with value
   /// Θ_p = `global`: the anchor becomes the recovered value and the local
   /// progress stays — θ_p and the counters are kept, so the next contribution

@@ -14,6 +14,10 @@ Checked:
   for that version (`replay --db shard-I show M`, one store read alone); the
   safetensors tensors equal the npy ones bit for bit.
 - `eval` of the head cut is below the initial model's; `sample` runs.
+- The mesh's own evaluation (mesh.global_eval_every: learner 0 evaluates the
+  global model it holds, every fragment as last received): `replay eval` of the
+  cut it names (its fragment versions, V0,V1,...) gives exactly its loss, and that
+  cut exported to numpy is bit for bit the shard stores' versions.
 - `list` over node shards' stores: tokens and steps come from the tape (its
   merges' work), never a made-up 0: they grow from cut 0 to the head.
 - `resume` of a middle cut in one process: the new run's first eval (before any
@@ -41,7 +45,9 @@ from launch import last_json  # noqa: E402
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 KNOBS = ["mesh.shards=2", "data.synthetic_bytes=1048576", "data.eval_tokens=8192", "data.batch=4",
-         "train.threads=1"]
+         "train.threads=1", "mesh.global_eval_every=100",
+         # Learner 0 may finish well before learner 1: the shards keep every manifest, so its last cut is kept.
+         "storage.keep_last=100000"]
 
 
 class Failure(Exception):
@@ -70,11 +76,15 @@ xxh.XXH3_64bits.restype = ctypes.c_uint64
 xxh.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 
 
-def check_export(binary, mesh, shard_dbs, cut, manifests, work):
-    """Exports cut `cut` (npy and safetensors) and checks it against each shard store read alone."""
+def check_export(binary, mesh, shard_dbs, cut, work, manifests=None):
+    """Exports cut `cut` (npy and safetensors) and checks it against each shard store read alone
+    (the manifests export names, which must be `manifests` when given)."""
     import numpy as np
     npy = os.path.join(work, f"npy-{cut}")
     ex = replay(binary, [mesh], "export", cut, "--format", "npy", "--out", npy)
+    check(manifests is None or ex["manifests"] == manifests, f"cut {cut}: export reads the shards' manifests "
+          f"{ex['manifests']}")
+    manifests = ex["manifests"]
     st = os.path.join(work, f"cut-{cut}.safetensors")
     replay(binary, [mesh], "export", cut, "--format", "safetensors", "--out", st)
     arrays = {f[:-4]: np.load(os.path.join(npy, f)) for f in os.listdir(npy)}
@@ -169,12 +179,20 @@ def main():
               f"{listed['tape_records']} rounds, middle ones among them")
         mid = middle[len(middle) // 2]
 
-        check_export(binary, mesh, shard_dbs, "head", head["manifests"], work)
-        check_export(binary, mesh, shard_dbs, mid["cut"], mid["manifests"], work)
+        check_export(binary, mesh, shard_dbs, "head", work, head["manifests"])
+        check_export(binary, mesh, shard_dbs, mid["cut"], work, mid["manifests"])
 
         first = replay(binary, [mesh], "eval", "0", "--threads", "1")["eval_loss"]
         last = replay(binary, [mesh], "eval", "head", "--threads", "1")["eval_loss"]
         check(last < first, f"eval loss of the whole model: cut 0 {first:.4f}, head {last:.4f} nats/byte")
+        # The mesh's own last evaluation of the global model, by learner 0 as it left.
+        held = last_json(os.path.join(logs, "learner-0.4.log"))["status"].get("global_eval")
+        check(held and held["evaluations"] >= 3, f"learner 0 evaluated the global model it held: {held}")
+        named = ",".join(str(v) for v in held["versions"])
+        own = replay(binary, [mesh], "eval", named, "--threads", "1")["eval_loss"]
+        check(own == held["loss"], f"replay eval of the cut learner 0 evaluated ({named}) gives its loss exactly: "
+              f"{own:.6f} vs {held['loss']:.6f}; head {last:.4f}")
+        check_export(binary, mesh, shard_dbs, named, work)
         counted = [r for r in listed["rows"] if r["complete"]]
         check(listed["counts_from"] == "tape" and counted[0]["tokens"] == 0 and head["tokens"] > 0 and
               head["learner_steps"] > 0 and all(a["tokens"] <= b["tokens"] for a, b in zip(counted, counted[1:])),

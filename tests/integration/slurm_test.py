@@ -140,7 +140,7 @@ def check_mesh(binary, job_dir, db, steps):
         raise Failure(f"the head cut over {db} is not the shard's final version {shard['mesh_version']}: {head}")
     export_dir = os.path.join(os.path.dirname(job_dir), "export")
     os.makedirs(export_dir, exist_ok=True)
-    check_export(binary, db, [os.path.join(db, "shard-0")], "head", head["manifests"], export_dir)
+    check_export(binary, db, [os.path.join(db, "shard-0")], "head", export_dir, head["manifests"])
     loss_first = replay_view(binary, [db], "eval", "0", "--threads", "1")["eval_loss"]
     loss_last = replay_view(binary, [db], "eval", "head", "--threads", "1")["eval_loss"]
     if not loss_last < loss_first:

@@ -86,6 +86,14 @@ TEST_CASE("node status: a learner's and a shard's status round-trip, malformed o
   CHECK(back->refusal == l.refusal);
   CHECK(back->schedule_step == 440);
   CHECK(!back->report.has_value());
+  CHECK(!back->eval.has_value());
+  l.eval = global_eval{0.8125, 1.172, 400, {12, 9, 15}, 4};
+  back = node_status_from_json(to_json(l));
+  REQUIRE(back.has_value());
+  REQUIRE(back->eval.has_value());
+  CHECK(back->eval->loss == 0.8125);
+  CHECK(back->eval->versions == std::vector<std::uint64_t>{12, 9, 15});
+  CHECK(to_json(*back) == to_json(l));
   const node_status sh = shard_status(5, 90);
   CHECK(to_json(*node_status_from_json(to_json(sh))) == to_json(sh));
 

@@ -410,8 +410,9 @@ int run_mesh_export(const replay_cli& c, const mesh_view& v) {
   if (!m) return report_input(m.err());
   if (auto ok = export_params(v.setup, m->second, c.format, c.out, "cut " + m->first.name()); !ok)
     return report_input(ok.err());
-  std::string versions;
+  std::string versions, manifests;
   for (std::uint64_t x : m->first.versions) versions += (versions.empty() ? "" : ",") + std::to_string(x);
+  for (const auto& x : m->first.manifests) manifests += (manifests.empty() ? "" : ",") + std::to_string(x.value_or(0));
   std::printf("cut %s of %zu stores: %zu tensors, %zu parameters written to %s (%s)\n", m->first.name().c_str(),
               v.parts.size(), v.setup.layout.tensors.size(), v.setup.layout.param_count, c.out.c_str(), c.format.c_str());
   if (!c.json) return exit_ok;
@@ -420,7 +421,7 @@ int run_mesh_export(const replay_cli& c, const mesh_view& v) {
       .add("tensors", static_cast<std::int64_t>(v.setup.layout.tensors.size()))
       .add("parameters", static_cast<std::int64_t>(v.setup.layout.param_count))
       .add_raw("versions", "[" + versions + "]").add_raw("stores", part_list(v))
-      .add_raw("fragments", plan_json(v.setup));
+      .add_raw("manifests", "[" + manifests + "]").add_raw("fragments", plan_json(v.setup));
   return print_json(j);
 }
 
@@ -501,7 +502,9 @@ runner add_replay_command(CLI::App& app) {
   };
   auto version_arg = [&](CLI::App* sub, std::string& field, const std::string& name) {
     sub->add_option(name, field, "Mesh version, or cut of several stores (see replay list); head: the newest; "
-                                 "newest (several stores): the newest complete cut the tape names")
+                                 "newest (several stores): the newest complete cut the tape names; V0,V1,... "
+                                 "(several stores): one version per fragment, as a learner's evaluation of the "
+                                 "global model names it")
         ->required();
   };
   std::map<std::string, std::function<int(const replay_cli&, const replay_store&)>> subs;

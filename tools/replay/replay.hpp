@@ -156,8 +156,9 @@ struct mesh_cut {
   /// tape did not see, or no tape given).
   std::uint64_t tokens = 0, learner_steps = 0;
   bool counts_known = true;
+  std::string given;                                      // a cut named by its fragment versions, as given
   bool complete(const mesh_view& v) const;
-  std::string name() const;                               // "k" or "head"
+  std::string name() const;                               // "k", "head" or the versions given
 };
 
 /// Every cut some store kept a manifest of (complete or not), in tape order, and
@@ -165,7 +166,8 @@ struct mesh_cut {
 expected<std::vector<mesh_cut>> list_cuts(const mesh_view& v);
 
 /// Cut `which` ("head", "newest": the newest complete cut the tape names — beside a
-/// live mesh the head is often newer than the tape — or a tape sequence number),
+/// live mesh the head is often newer than the tape —, a tape sequence number, or
+/// one version per fragment "V0,V1,...", as a learner's evaluation of Θ names it),
 /// complete; an incomplete or unknown cut is an error saying what is missing.
 expected<mesh_cut> find_cut(const mesh_view& v, const std::string& which);
 

@@ -109,7 +109,10 @@ bool mesh_cut::complete(const mesh_view& v) const {
   return std::all_of(manifests.begin(), manifests.end(), [](const auto& m) { return m.has_value(); });
 }
 
-std::string mesh_cut::name() const { return tape_seq ? std::to_string(*tape_seq) : "head"; }
+std::string mesh_cut::name() const {
+  if (!given.empty()) return given;
+  return tape_seq ? std::to_string(*tape_seq) : "head";
+}
 
 std::string missing_of(const mesh_view& v, const mesh_cut& c) {
   std::string out;
@@ -299,7 +302,43 @@ expected<std::vector<mesh_cut>> list_cuts(const mesh_view& v) {
   return out;
 }
 
+namespace {
+
+/// The cut "V0,V1,...": every fragment at the version named, complete when each
+/// shard's store kept a manifest naming exactly those versions of its fragments.
+expected<mesh_cut> cut_of_versions(const mesh_view& v, const std::string& text) {
+  mesh_cut c;
+  c.given = text;
+  for (std::size_t pos = 0; pos <= text.size();) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    std::uint64_t version = 0;
+    const auto [end, ec] = std::from_chars(text.data() + pos, text.data() + comma, version);
+    if (ec != std::errc{} || end != text.data() + comma)
+      return make_error(errc::invalid_input, "cut '" + text + "': '" + text.substr(pos, comma - pos) +
+                                                 "' is not a version (expected one per fragment: V0,V1,...)");
+    c.versions.push_back(version);
+    pos = comma + 1;
+  }
+  if (c.versions.size() != v.setup.fragments())
+    return make_error(errc::invalid_input, "cut '" + text + "' names " + std::to_string(c.versions.size()) +
+                                               " versions, the model has " + std::to_string(v.setup.fragments()) +
+                                               " fragments");
+  auto idx = index_parts(v);
+  if (!idx) return idx.err();
+  c.manifests.resize(v.parts.size());
+  for (std::size_t i = 0; i < v.parts.size(); ++i)
+    if (auto it = (*idx)[i].by_versions.find(key_of(v.parts[i], c.versions)); it != (*idx)[i].by_versions.end())
+      c.manifests[i] = it->second->mesh_version;
+  fill_from_manifests(v, *idx, c);
+  c.counts_known = v.manifest_counts;
+  if (!c.complete(v)) return make_error(errc::not_found, "cut " + text + " is incomplete: " + missing_of(v, c));
+  return c;
+}
+
+}  // namespace
+
 expected<mesh_cut> find_cut(const mesh_view& v, const std::string& which) {
+  if (which.find(',') != std::string::npos) return cut_of_versions(v, which);
   auto cuts = list_cuts(v);
   if (!cuts) return cuts.err();
   const mesh_cut* found = nullptr;
