@@ -266,8 +266,10 @@ struct mesh_figures {
 /// One run of a one-process mesh, from its configuration to its summary.
 class local_run {
  public:
-  local_run(const config& base, logger& log, const mesh_snapshots& snapshots, mesh_drill* drill, const mesh_eval& eval)
-      : base_(base), log_(log), snapshots_(snapshots), drill_(drill), eval_(eval), m_(base.mesh.learners) {}
+  local_run(const config& base, logger& log, const mesh_snapshots& snapshots, mesh_drill* drill, const mesh_eval& eval,
+            std::string admin_endpoint)
+      : base_(base), log_(log), snapshots_(snapshots), drill_(drill), eval_(eval), m_(base.mesh.learners),
+        admin_endpoint_(std::move(admin_endpoint)) {}
 
   status prepare();
   expected<mesh_summary> run(const mesh_progress& progress, const std::function<bool()>& stop_requested,
@@ -289,6 +291,7 @@ class local_run {
   mesh_drill* drill_;
   const mesh_eval& eval_;
   const int m_;
+  const std::string admin_endpoint_;
   mesh_setup setup_;
   std::optional<dataset> data_;
   std::vector<float> initial_;
@@ -314,6 +317,11 @@ status local_run::prepare() {
                                            "the GPT; run a layout file's mesh with `node` processes");
   setup_ = make_mesh_setup(base_, *policy);
   setup_.broker_endpoint = "inproc://broker";
+  setup_.admin_endpoint = admin_endpoint_;
+  if (!admin_endpoint_.empty() && (!admin_endpoint_.starts_with("tcp://") || !base_.wire.curve))
+    return make_error(errc::invalid_input, "--admin " + admin_endpoint_ +
+                                               ": expected tcp://HOST:PORT, with wire.curve on (the broker's key and "
+                                               "an admin key on wire.allow)");
   if (snapshots_.broker_dbs.size() > max_brokers)
     return make_error(errc::invalid_input, std::to_string(snapshots_.broker_dbs.size()) + " brokers; at most " +
                                                std::to_string(max_brokers));
@@ -588,8 +596,9 @@ void fill_mesh_counts(const status_board& board, int learners, mesh_summary& out
 
 expected<mesh_summary> run_local_mesh(const config& base, logger& log, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested, const mesh_snapshots& snapshots,
-                                      mesh_drill* drill, const metrics_endpoint& metrics, const mesh_eval& eval) {
-  local_run run(base, log, snapshots, drill, eval);
+                                      mesh_drill* drill, const metrics_endpoint& metrics, const mesh_eval& eval,
+                                      const std::string& admin_endpoint) {
+  local_run run(base, log, snapshots, drill, eval, admin_endpoint);
   if (auto ok = run.prepare(); !ok) return ok.err();
   return run.run(progress, stop_requested, metrics);
 }
