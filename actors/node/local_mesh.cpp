@@ -465,6 +465,12 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
     served.set(std::move(all), brokers_.front());
   }
   caf::scoped_actor self{sys};
+  // A broker that could not bind its admin endpoint ended, its log line saying why: a
+  // run operators cannot reach as asked does not go on.
+  bool broker_up = true;
+  if (!admin_endpoint_.empty())
+    self->request(brokers_.front(), std::chrono::seconds(10), status_atom::value)
+        .receive([](std::string&) {}, [&](caf::error&) { broker_up = false; });
   std::unique_ptr<local_processes> processes;
   caf::actor chaos;
   if (drill_) {
@@ -476,7 +482,7 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   double last_eval_s = 0;
   const double eval_period_s = eval_.period_s > 0 ? eval_.period_s : 20;
-  while (board_.learners_left() < m_ && !stop_requested() && out_.target_reached_s < 0 &&
+  while (broker_up && board_.learners_left() < m_ && !stop_requested() && out_.target_reached_s < 0 &&
          (eval_.stop_tokens == 0 || board_.total(role::learner).tokens < eval_.stop_tokens) &&
          (base_.train.time_limit_s <= 0 || elapsed() < base_.train.time_limit_s)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(drill_ ? 250 : 500));
@@ -510,6 +516,9 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
     out_.mesh_version = origin_.store->last_mesh_version();
   }
   summarize(all_done, stopped_ns);
+  if (!broker_up)
+    return make_error(errc::invalid_input, "--admin " + admin_endpoint_ + ": the broker could not listen there "
+                                                                          "(its error above says why)");
   return std::move(out_);
 }
 

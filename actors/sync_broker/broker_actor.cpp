@@ -132,19 +132,16 @@ broker_start read_start(const broker_actor_args& a) {
 
 /// The admin endpoint's transport (mesh_setup::admin_endpoint), as `node --role broker`
 /// binds its own: the broker's keypair and wire.allow from the configuration
-/// (transport_config_from), CURVE required. Only a Reconfigure reaches the broker from
+/// (transport_config_from), CURVE required (`run` checks it first). Only a Reconfigure reaches the broker from
 /// it; anything else is refused and logged. Null (the actor ended, the reason logged) if it cannot bind.
 std::unique_ptr<transport::node_transport> start_admin_wire(caf::scheduled_actor* self,
                                                             const transport::node_transport& mesh,
                                                             const mesh_setup& setup, const broker_actor_args& a) {
   const node_address me = broker_at(a.index);
   logger* logs = a.logs;
-  auto settings = [&]() -> expected<transport::transport_config> {
-    if (!setup.admin_endpoint.starts_with("tcp://") || !setup.cfg.wire.curve)
-      return make_error(errc::invalid_input, "the admin endpoint " + setup.admin_endpoint +
-                                                 " needs tcp:// and wire.curve (an admin key on wire.allow)");
-    return transport::transport_config_from(setup.cfg, me, a.inc, setup.admin_endpoint);
-  }();
+  auto settings = transport::transport_config_from(setup.cfg, me, a.inc, setup.admin_endpoint);
+  if (settings && !settings->curve.enabled)  // no admin endpoint without the keys that say who is an admin
+    settings = make_error(errc::invalid_input, setup.admin_endpoint + " is not a tcp:// endpoint with wire.curve on");
   if (settings) {
     settings->context = a.io;
     settings->sequence = mesh.config().sequence;

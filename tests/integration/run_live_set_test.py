@@ -5,9 +5,9 @@ broker on tcp:// for operators (`run --admin`, CURVE with the broker's key and a
 admin key on wire.allow); `archipelago set K=4 grace=2` mid-run is answered with
 the first round under the new values. After the run, `replay --db DB tape --json`
 shows the change at that round, every taped round from it on has all four
-learners as members, and the rounds before it fewer on average. A learner's key
-cannot reconfigure through the admin endpoint, and the endpoint refuses to bind
-without wire.curve.
+learners as members, and the rounds before it fewer on average. `set` with a
+learner's key stops before sending; the admin endpoint refuses to bind without
+wire.curve, and a port in use ends the run with the reason.
 
 Usage: run_live_set_test.py ARCHIPELAGO_BINARY
 """
@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,14 @@ try:
     r = run_cli("run", "--learners", "2", "--steps", "10", "--out", "", "--report", "", "--admin", ADMIN,
                 "--set", "wire.curve=false")
     check(r.returncode != 0 and "wire.curve" in r.stderr, f"run --admin without CURVE: {r.returncode} {r.stderr}")
+    # An admin endpoint it cannot bind (the port in use) ends the run with the reason.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", admin_port))
+        taken.listen()
+        r = run_cli("run", "--learners", "2", "--steps", "10", "--out", "", "--report", "", "--admin", ADMIN,
+                    "--set", f"wire.allow={KEYS}", timeout=120)
+    check(r.returncode == 2 and "Address already in use" in r.stderr and "could not listen" in r.stderr,
+          f"run --admin on a port in use: {r.returncode} {r.stderr[-1000:]}")
 
     with open(LOG, "w") as out:
         RUN.append(subprocess.Popen(
