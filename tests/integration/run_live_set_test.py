@@ -6,10 +6,11 @@ admin key on wire.allow); `archipelago set K=4 grace=2` mid-run is answered with
 the first round under the new values. After the run, `replay --db DB tape --json`
 shows the change at that round, every taped round from it on has all four
 learners as members, and the rounds before it fewer on average. `set` with a
-learner's key stops before sending; the admin endpoint refuses to bind without
-wire.curve, and a port in use ends the run with the reason.
+learner's key stops before sending; a Contribution sent to the admin endpoint
+with a learner's own key is refused (it hears Reconfigure only); the endpoint
+refuses to bind without wire.curve, and a port in use ends the run with the reason.
 
-Usage: run_live_set_test.py ARCHIPELAGO_BINARY
+Usage: run_live_set_test.py ARCHIPELAGO_BINARY ARCHIPELAGO_TEST_PEER
 """
 
 import json
@@ -28,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from launch import free_ports  # noqa: E402
 
 BINARY = os.path.abspath(sys.argv[1])
+TEST_PEER = os.path.abspath(sys.argv[2])
 WORK = tempfile.mkdtemp(prefix="archipelago-run-live-set-")
 KEYS = os.path.join(WORK, "keys")
 DB = os.path.join(WORK, "db")
@@ -111,6 +113,24 @@ try:
     answer = json.loads(r.stdout.splitlines()[-1])
     check(answer["accepted"] and answer["settings"] == "mesh.quorum=4 mesh.grace_factor=2", f"set: {answer}")
     first = answer["first_round"]
+    # The admin endpoint hears Reconfigure only: learner-0's own key (archipelago_test_peer)
+    # sending a Contribution there, in its own name, is refused and logged.
+    keys = {}
+    for name in ["learner-0", "broker"]:
+        with open(os.path.join(KEYS, name + ".key")) as f:
+            keys[name] = dict(line.split(" = ") for line in f.read().splitlines() if " = " in line)
+    peer = subprocess.Popen([TEST_PEER, "--self", "learner/0", "--bind", "tcp://127.0.0.1:0",
+                             "--peer", f"sync_broker/0={ADMIN}", "--send", "contribution",
+                             "--curve-secret", keys["learner-0"]["secret"].strip('"'),
+                             "--curve-public", keys["learner-0"]["public"].strip('"'),
+                             "--server-key", keys["broker"]["public"].strip('"'),
+                             "--allow", "broker=" + keys["broker"]["public"].strip('"')], stdout=subprocess.DEVNULL)
+    def refused_logged():
+        with open(LOG) as f:
+            return "refused Contribution from learner/0 on the admin endpoint" in f.read()
+    wait_for("the admin endpoint refusing a learner's Contribution", refused_logged, 30)
+    peer.send_signal(signal.SIGTERM)
+    peer.wait(timeout=30)
     s = status()
     check(s["quorum"] == 4 and s["grace_factor"] == 2, f"/status after the change: quorum {s['quorum']}, "
                                                         f"grace {s['grace_factor']}")
