@@ -34,16 +34,21 @@ WORK = tempfile.mkdtemp(prefix="archipelago-run-live-set-")
 KEYS = os.path.join(WORK, "keys")
 DB = os.path.join(WORK, "db")
 LOG = os.path.join(WORK, "run.log")
-RUN = []
+RUN = []  # the run, then the test peer
 
 
 def fail(message):
-    if RUN and RUN[0].poll() is None:
-        RUN[0].kill()
+    for proc in RUN:
+        if proc.poll() is None:
+            proc.kill()
     if os.path.exists(LOG):
-        with open(LOG) as f:
-            sys.stderr.write(f"--- run ---\n{f.read()[-3000:]}\n")
+        sys.stderr.write(f"--- run ---\n{log_text()[-3000:]}\n")
     sys.exit(f"FAIL: {message}")
+
+
+def log_text():
+    with open(LOG) as f:
+        return f.read()
 
 
 def check(condition, message):
@@ -119,18 +124,16 @@ try:
     for name in ["learner-0", "broker"]:
         with open(os.path.join(KEYS, name + ".key")) as f:
             keys[name] = dict(line.split(" = ") for line in f.read().splitlines() if " = " in line)
-    peer = subprocess.Popen([TEST_PEER, "--self", "learner/0", "--bind", "tcp://127.0.0.1:0",
-                             "--peer", f"sync_broker/0={ADMIN}", "--send", "contribution",
-                             "--curve-secret", keys["learner-0"]["secret"].strip('"'),
-                             "--curve-public", keys["learner-0"]["public"].strip('"'),
-                             "--server-key", keys["broker"]["public"].strip('"'),
-                             "--allow", "broker=" + keys["broker"]["public"].strip('"')], stdout=subprocess.DEVNULL)
-    def refused_logged():
-        with open(LOG) as f:
-            return "refused Contribution from learner/0 on the admin endpoint" in f.read()
-    wait_for("the admin endpoint refusing a learner's Contribution", refused_logged, 30)
-    peer.send_signal(signal.SIGTERM)
-    peer.wait(timeout=30)
+    RUN.append(subprocess.Popen([TEST_PEER, "--self", "learner/0", "--bind", "tcp://127.0.0.1:0",
+                                 "--peer", f"sync_broker/0={ADMIN}", "--send", "contribution",
+                                 "--curve-secret", keys["learner-0"]["secret"].strip('"'),
+                                 "--curve-public", keys["learner-0"]["public"].strip('"'),
+                                 "--server-key", keys["broker"]["public"].strip('"'),
+                                 "--allow", "broker=" + keys["broker"]["public"].strip('"')], stdout=subprocess.DEVNULL))
+    wait_for("the admin endpoint refusing a learner's Contribution",
+             lambda: "refused Contribution from learner/0 on the admin endpoint" in log_text(), 30)
+    RUN[1].send_signal(signal.SIGTERM)
+    RUN[1].wait(timeout=30)
     s = status()
     check(s["quorum"] == 4 and s["grace_factor"] == 2, f"/status after the change: quorum {s['quorum']}, "
                                                         f"grace {s['grace_factor']}")
@@ -159,6 +162,7 @@ try:
           f"(K=1, grace 0.1), {sum(after) / len(after):.2f} over {len(after)} from it (K=4, grace 2)")
     print(f"PASS: run --admin: set K=4 grace=2 from round {first}, on the tape there, every round from it merged 4")
 finally:
-    if RUN and RUN[0].poll() is None:
-        RUN[0].kill()
+    for proc in RUN:
+        if proc.poll() is None:
+            proc.kill()
     shutil.rmtree(WORK, ignore_errors=True)
