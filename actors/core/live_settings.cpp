@@ -83,4 +83,27 @@ std::string describe(const std::vector<live_setting>& settings) {
   return out;
 }
 
+expected<std::vector<live_setting>> parse_tape_settings(std::string_view note) {
+  std::vector<live_setting> out;
+  constexpr std::string_view prefix = "from round ";
+  while (!note.empty()) {
+    const auto end = note.find("; ");
+    std::string_view change = note.substr(0, end);
+    note = end == std::string_view::npos ? std::string_view{} : note.substr(end + 2);
+    const auto colon = change.find(": ");
+    if (!change.starts_with(prefix) || colon == std::string_view::npos)
+      return make_error(errc::invalid_input, "tape settings '" + std::string(change) + "': expected 'from round R: "
+                                                                                        "KEY=VALUE ...'");
+    change.remove_prefix(colon + 2);
+    while (!change.empty()) {
+      const auto space = change.find(' ');
+      auto s = parse_live_assignment(change.substr(0, space));
+      if (!s) return s.err();
+      out.push_back(std::move(*s));
+      change = space == std::string_view::npos ? std::string_view{} : change.substr(space + 1);
+    }
+  }
+  return out;
+}
+
 }  // namespace archipelago

@@ -40,4 +40,8 @@ std::vector<live_setting> live_values(const config& cfg);
 /// "mesh.quorum=3 mesh.grace_factor=1.5".
 std::string describe(const std::vector<live_setting>& settings);
 
+/// The changes a tape record's note holds (TapeRecord.settings: "from round R: KEY=VALUE ...",
+/// several joined by "; "), in the order they were made; invalid_input for text not in that form.
+expected<std::vector<live_setting>> parse_tape_settings(std::string_view note);
+
 }  // namespace archipelago

@@ -40,6 +40,9 @@ struct mesh_setup {
   std::vector<std::string> standby_endpoints;    // brokers 1, 2, ...: their endpoints in order
   std::vector<std::string> shard_endpoints;
   std::vector<std::string> learner_endpoints;
+  /// The primary broker also listens here, for operators (`archipelago set`), when its
+  /// own endpoint is in-process (`run --admin`): tcp:// with CURVE, Reconfigure only. Empty: not.
+  std::string admin_endpoint;
   std::int64_t start_step = 0;  // a resumed run: where the learners' schedule starts
 
   std::size_t fragments() const { return plan.fragments.size(); }

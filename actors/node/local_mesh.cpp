@@ -266,8 +266,10 @@ struct mesh_figures {
 /// One run of a one-process mesh, from its configuration to its summary.
 class local_run {
  public:
-  local_run(const config& base, logger& log, const mesh_snapshots& snapshots, mesh_drill* drill, const mesh_eval& eval)
-      : base_(base), log_(log), snapshots_(snapshots), drill_(drill), eval_(eval), m_(base.mesh.learners) {}
+  local_run(const config& base, logger& log, const mesh_snapshots& snapshots, mesh_drill* drill, const mesh_eval& eval,
+            std::string admin_endpoint)
+      : base_(base), log_(log), snapshots_(snapshots), drill_(drill), eval_(eval), m_(base.mesh.learners),
+        admin_endpoint_(std::move(admin_endpoint)) {}
 
   status prepare();
   expected<mesh_summary> run(const mesh_progress& progress, const std::function<bool()>& stop_requested,
@@ -289,6 +291,7 @@ class local_run {
   mesh_drill* drill_;
   const mesh_eval& eval_;
   const int m_;
+  const std::string admin_endpoint_;
   mesh_setup setup_;
   std::optional<dataset> data_;
   std::vector<float> initial_;
@@ -314,6 +317,11 @@ status local_run::prepare() {
                                            "the GPT; run a layout file's mesh with `node` processes");
   setup_ = make_mesh_setup(base_, *policy);
   setup_.broker_endpoint = "inproc://broker";
+  setup_.admin_endpoint = admin_endpoint_;
+  if (!admin_endpoint_.empty() && (!admin_endpoint_.starts_with("tcp://") || !base_.wire.curve))
+    return make_error(errc::invalid_input, "--admin " + admin_endpoint_ +
+                                               ": expected tcp://HOST:PORT, with wire.curve on (the broker's key and "
+                                               "an admin key on wire.allow)");
   if (snapshots_.broker_dbs.size() > max_brokers)
     return make_error(errc::invalid_input, std::to_string(snapshots_.broker_dbs.size()) + " brokers; at most " +
                                                std::to_string(max_brokers));
@@ -457,6 +465,12 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
     served.set(std::move(all), brokers_.front());
   }
   caf::scoped_actor self{sys};
+  // A broker that could not bind its admin endpoint ended, its log line saying why: a
+  // run operators cannot reach as asked does not go on.
+  bool broker_up = true;
+  if (!admin_endpoint_.empty())
+    self->request(brokers_.front(), std::chrono::seconds(10), status_atom::value)
+        .receive([](std::string&) {}, [&](caf::error&) { broker_up = false; });
   std::unique_ptr<local_processes> processes;
   caf::actor chaos;
   if (drill_) {
@@ -468,7 +482,7 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   double last_eval_s = 0;
   const double eval_period_s = eval_.period_s > 0 ? eval_.period_s : 20;
-  while (board_.learners_left() < m_ && !stop_requested() && out_.target_reached_s < 0 &&
+  while (broker_up && board_.learners_left() < m_ && !stop_requested() && out_.target_reached_s < 0 &&
          (eval_.stop_tokens == 0 || board_.total(role::learner).tokens < eval_.stop_tokens) &&
          (base_.train.time_limit_s <= 0 || elapsed() < base_.train.time_limit_s)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(drill_ ? 250 : 500));
@@ -502,6 +516,9 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
     out_.mesh_version = origin_.store->last_mesh_version();
   }
   summarize(all_done, stopped_ns);
+  if (!broker_up)
+    return make_error(errc::invalid_input, "--admin " + admin_endpoint_ + ": the broker could not listen there "
+                                                                          "(its error above says why)");
   return std::move(out_);
 }
 
@@ -588,8 +605,9 @@ void fill_mesh_counts(const status_board& board, int learners, mesh_summary& out
 
 expected<mesh_summary> run_local_mesh(const config& base, logger& log, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested, const mesh_snapshots& snapshots,
-                                      mesh_drill* drill, const metrics_endpoint& metrics, const mesh_eval& eval) {
-  local_run run(base, log, snapshots, drill, eval);
+                                      mesh_drill* drill, const metrics_endpoint& metrics, const mesh_eval& eval,
+                                      const std::string& admin_endpoint) {
+  local_run run(base, log, snapshots, drill, eval, admin_endpoint);
   if (auto ok = run.prepare(); !ok) return ok.err();
   return run.run(progress, stop_requested, metrics);
 }

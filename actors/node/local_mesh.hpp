@@ -119,10 +119,13 @@ struct mesh_eval {
 /// members per round. The same for a mesh in one process and across processes.
 void fill_mesh_counts(const status_board& board, int learners, mesh_summary& out);
 
-/// Its lines (and its roles', transports', stores') go to `log`.
+/// Its lines (and its roles', transports', stores') go to `log`. `admin_endpoint`
+/// (tcp://HOST:PORT): the broker also listens there for `archipelago set`
+/// (mesh_setup::admin_endpoint); empty: the mesh stays in-process.
 expected<mesh_summary> run_local_mesh(const config& cfg, logger& log, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested,
                                       const mesh_snapshots& snapshots = {}, mesh_drill* drill = nullptr,
-                                      const metrics_endpoint& metrics = {}, const mesh_eval& eval = {});
+                                      const metrics_endpoint& metrics = {}, const mesh_eval& eval = {},
+                                      const std::string& admin_endpoint = {});
 
 }  // namespace archipelago

@@ -5,6 +5,7 @@
 // so that a restarted broker in either recovers through the same code.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/clock.hpp"
@@ -42,6 +43,9 @@ struct broker_start {
   /// With standbys: the stored tape (its newest tape_log::capacity records), which the
   /// leader copies to a standby that misses some, and a standby's rounds held already.
   std::vector<storage::tape_record> tape;
+  /// Recovery: the live changes the stored tape records (TapeRecord.settings), oldest
+  /// first. The broker leads with them in force, not the configuration's values.
+  std::vector<std::string> settings;
   /// The ledger goes to the store this often (a few records; what a restarted broker restores),
   /// and to the standbys (BrokerState) with the tape written since.
   nanos ledger_write_interval_ns = 1'000'000'000;

@@ -95,6 +95,7 @@ broker_wire::broker_wire(const mesh_setup& setup, broker_config settings, incarn
   settings.first_round = start.first_round;
   if (start.recovery) settings.first_round = recover(start);
   core_ = std::make_unique<broker_core>(settings);
+  if (start.recovery) restore_settings(start.settings);
   port_.raise_broker_epoch(epoch_);
   for (std::uint32_t b = 0; b < setup.brokers(); ++b)
     if (b != leader_of_epoch(epoch_)) standbys_.push_back(broker_at(b));
@@ -146,6 +147,33 @@ std::uint64_t broker_wire::recover(const broker_start& start) {
               static_cast<unsigned long long>(sum.processed), static_cast<unsigned long long>(sum.merged),
               skipped ? ", records without a step count skipped" : "");
   return first_round;
+}
+
+/// The live changes its predecessor made, as the tape records them, in force again
+/// (and in every Welcome): the configuration's values are not. A note that no longer
+/// checks (a configuration changed since) is said and left out; a change not yet
+/// taped when the predecessor stopped is not on the tape, and is lost.
+void broker_wire::restore_settings(const std::vector<std::string>& notes) {
+  for (const std::string& note : notes) {
+    auto changes = parse_tape_settings(note);
+    auto next = changes ? apply_live_settings(live_cfg_, *changes) : changes.err();
+    if (!next) {
+      log_.error("broker.settings_restore", "archipelago broker: the tape's live change '%s' is not restored: %s",
+                 note.c_str(), next.err().message.c_str());
+      continue;
+    }
+    live_cfg_ = std::move(*next);
+  }
+  const std::vector<live_setting> live = live_differences(setup_.cfg, live_cfg_);
+  if (live.empty()) return;
+  if (auto first = core_->reconfigure(live_cfg_.mesh.quorum, live_cfg_.mesh.grace_factor); !first) {
+    log_.error("broker.settings_restore", "archipelago broker: the tape's live changes are not restored: %s",
+               first.err().message.c_str());
+    live_cfg_ = setup_.cfg;
+    return;
+  }
+  log_.info("broker.settings_restored", "archipelago broker: live changes restored from the tape: %s",
+            describe(live).c_str());
 }
 
 void broker_wire::start(nanos now) {

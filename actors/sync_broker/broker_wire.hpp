@@ -79,6 +79,7 @@ class broker_wire {
 
  private:
   std::uint64_t recover(const broker_start& start);
+  void restore_settings(const std::vector<std::string>& notes);
   void lease_round(std::uint64_t round, nanos now);
   void send_welcome(node_address to, std::uint64_t schedule_step = 0);
   void welcome_silent_shards(nanos now);

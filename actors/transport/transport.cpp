@@ -113,7 +113,7 @@ struct node_transport::impl {
   int wake_fd = -1;
   int timer_fd = -1;  // nanosecond wake-ups for shaped deliveries (poll's timeout is in ms)
   std::thread io;
-  std::atomic<std::uint64_t> sequence{0};
+  std::shared_ptr<std::atomic<std::uint64_t>> sequence;  // cfg.sequence: shared with its sibling, if any
   broker_epoch_cell broker_epoch;
   std::atomic<nanos> frozen_until{0};  // freeze_for(): the I/O thread does nothing before then
 
@@ -190,7 +190,10 @@ struct node_transport::impl {
   impl(transport_config c, const clock_source& clk, logger& l, message_handler m, peer_handler p)
       : cfg(std::move(c)), clock(clk), log(l), on_message(std::move(m)), on_peer(std::move(p)),
         context_owner(cfg.context ? cfg.context : make_io_context()), context(*context_owner),
-        liveness(cfg.heartbeat) {}
+        liveness(cfg.heartbeat) {
+    if (!cfg.sequence) cfg.sequence = std::make_shared<std::atomic<std::uint64_t>>(0);
+    sequence = cfg.sequence;
+  }
   ~impl() {
     if (wake_fd >= 0) ::close(wake_fd);
     if (timer_fd >= 0) ::close(timer_fd);
@@ -380,7 +383,7 @@ struct node_transport::impl {
 
   /// A heartbeat to `p`, echoing the last one it sent us.
   std::shared_ptr<const encoded_message> heartbeat_for(const peer& p, nanos now) {
-    envelope_builder b(cfg.self, cfg.self_incarnation, ++sequence, 0, broker_epoch.get());
+    envelope_builder b(cfg.self, cfg.self_incarnation, ++*sequence, 0, broker_epoch.get());
     auto hb = b.body().initHeartbeat();
     hb.setSentAtNs(now);
     if (p.echo_sent_at != 0) {
@@ -466,7 +469,7 @@ struct node_transport::impl {
 
   void reply_error(zmq::socket_t& socket, const std::string* identity, wire::ErrorCode code,
                    const std::string& text) {
-    envelope_builder b(cfg.self, cfg.self_incarnation, ++sequence, 0, broker_epoch.get());
+    envelope_builder b(cfg.self, cfg.self_incarnation, ++*sequence, 0, broker_epoch.get());
     auto e = b.body().initError();
     e.setCode(code);
     e.setMessage(text);
@@ -962,7 +965,7 @@ std::uint64_t node_transport::broker_epoch() const { return impl_->broker_epoch.
 void node_transport::raise_broker_epoch(std::uint64_t epoch) { impl_->broker_epoch.raise(epoch); }
 
 envelope_builder node_transport::make_envelope(std::uint64_t round) {
-  return envelope_builder(impl_->cfg.self, impl_->cfg.self_incarnation, ++impl_->sequence, round,
+  return envelope_builder(impl_->cfg.self, impl_->cfg.self_incarnation, ++*impl_->sequence, round,
                           impl_->broker_epoch.get());
 }
 

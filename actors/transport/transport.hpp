@@ -90,6 +90,10 @@ struct transport_config {
   /// (role_may_send in peer_identity.hpp). On in every mesh node (transport_config_from);
   /// off for bare transports (tests, bench wire) that send any body between any two.
   bool check_roles = false;
+  /// The sequence numbers of the envelopes it builds; null: a counter of its own.
+  /// A node with a second transport (the broker's admin endpoint, `run --admin`) gives
+  /// both one counter, so that no peer's de-duplication sees a number twice.
+  std::shared_ptr<std::atomic<std::uint64_t>> sequence;
 };
 
 /// A received, validated message; its frames stay alive as long as it does.

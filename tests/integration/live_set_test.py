@@ -8,7 +8,9 @@ the change at the round it took effect. The broker refuses K above the learners
 with the reason; a knob in the mesh agreement hash is refused before anything is
 sent; with a learner's key (archipelago_test_peer, an attacker with its own key)
 a Reconfigure claiming to come from the admin is refused as an impersonation, and
-one in the learner's own name as not permitted: both counted, K unchanged.
+one in the learner's own name as not permitted: both counted, K unchanged. Then the
+broker is SIGKILLed and restarted on its store: it leads with K=2 and grace=1.5
+again (from its tape), /status shows them and every merged round after has both learners.
 
 Usage: live_set_test.py ARCHIPELAGO_BINARY ARCHIPELAGO_TEST_PEER
 """
@@ -142,6 +144,23 @@ try:
                      if len([x for x in status()["recent_rounds"] if x["round"] >= first]) >= 20 else None, 120)
     check(all(x["members"] == 2 for x in later), f"rounds under K = 2: {later}")
 
+    # The broker dies (SIGKILL) and restarts on its store: it leads with the change its tape
+    # records (K = 2, γ = 1.5), not the configuration's K = 1, and hands it in its Welcomes.
+    last_before = max(x["round"] for x in status()["recent_rounds"])
+    PROCS["broker"][0].send_signal(signal.SIGKILL)
+    PROCS["broker"][0].wait(timeout=30)
+    start("broker-restarted", ["--role", "broker", "--db", os.path.join(WORK, "broker-db"), "--metrics-host",
+                               "127.0.0.1", "--metrics-port", str(metrics_port)])
+    s = wait_for("the restarted broker's /status", lambda: status(), 60)
+    check(s["quorum"] == 2 and s["grace_factor"] == 1.5 and "mesh.quorum=2" in s["settings_live"],
+          f"/status after the restart: quorum {s['quorum']}, grace {s['grace_factor']}, live {s['settings_live']}")
+    restarted = wait_for("20 rounds after the restart", lambda: [x for x in status()["recent_rounds"]
+                                                                 if x["round"] > last_before and x["quorum_ms"] >= 0][:20]
+                         if len([x for x in status()["recent_rounds"] if x["round"] > last_before
+                                 and x["quorum_ms"] >= 0]) >= 20 else None, 120)
+    check(all(x["members"] == 2 for x in restarted), f"rounds after the broker's restart: {restarted}")
+    PROCS["broker"] = PROCS.pop("broker-restarted")
+
     for name in ["learner-0", "learner-1", "shard", "broker"]:
         PROCS[name][0].send_signal(signal.SIGTERM)
         PROCS[name][0].wait(timeout=60)
@@ -149,7 +168,8 @@ try:
     check(r.returncode == 0, f"replay tape: {r.returncode} {r.stderr}")
     check(f"-- set live from round {first}: mesh.quorum=2 mesh.grace_factor=1.5" in r.stdout,
           f"replay tape does not show the change:\n{r.stdout[-3000:]}")
-    print(f"PASS: set K=2 grace=1.5 from round {first}; refusals and the impersonation counted")
+    print(f"PASS: set K=2 grace=1.5 from round {first}, in force again after the broker's restart; refusals and "
+          f"the impersonation counted")
 finally:
     for proc, _ in PROCS.values():
         if proc.poll() is None:

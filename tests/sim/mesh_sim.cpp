@@ -841,6 +841,9 @@ void mesh::start_broker(std::uint32_t b, bool with_store) {
     start.rounds_leased = proc.store.rounds_leased;
     for (const auto& [key, record] : proc.store.ledgers) start.ledgers.push_back(record);
     if (with_store) start.tape = proc.store.tape;
+    if (with_store)
+      for (const storage::tape_record& t : proc.store.tape)
+        if (!t.settings.empty()) start.settings.push_back(t.settings);
     start.ledger_write_interval_ns = cfg_.broker_ledger_write_ns;
     return start;
   };

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -565,4 +566,50 @@ TEST_CASE("sim: K and the grace factor set live take effect at a round boundary 
       CHECK(t.settings == "from round " + std::to_string(from) + ": mesh.quorum=3 mesh.grace_factor=2");
     }
   CHECK(noted == 1);
+}
+
+// A broker that recovers from its store (restarted on it, or a standby taking over on
+// its copy) leads with the live changes its tape records, not the configuration's
+// values: K = 1 without grace (about one member a round), K = 3 and γ = 2 set live,
+// then the broker dies. Without its store the new broker is back at K = 1.
+TEST_CASE("sim: a broker recovering from its store leads with the live changes on its tape") {
+  constexpr nanos set_ns = 1'500'000'000, crash_ns = 3'000'000'000, restart_ns = 3'600'000'000;
+  enum class recovery { restart_on_store, standby_takes_over, restart_without_store };
+  for (const recovery how : {recovery::restart_on_store, recovery::standby_takes_over, recovery::restart_without_store}) {
+    const std::uint64_t seed = 64;
+    CAPTURE(seed);
+    CAPTURE(static_cast<int>(how));
+    sim_config c = how == recovery::standby_takes_over ? with_standby(seed) : base(seed);
+    c.duration_ns = 6'000'000'000;
+    c.drain_ns = 100'000'000;
+    c.broker_ledger_write_ns = 500'000'000;
+    c.step_ns = {10'000'000, 12'000'000, 15'000'000, 20'000'000};
+    c.broker.grace_factor = 0;
+    c.reconfigures = {{set_ns, {{"mesh.quorum", "3"}, {"mesh.grace_factor", "2"}}}};
+    if (how == recovery::standby_takes_over) c.broker_crashes = {{crash_ns, -1, true, true}};  // its store gone
+    else c.broker_crashes = {{crash_ns, restart_ns, how == recovery::restart_on_store}};
+    const sim_result r = run_mesh(c);
+    REQUIRE(r.admin_replies.size() == 1);
+    REQUIRE(r.admin_replies[0].first);
+    const std::uint64_t from = std::stoull(r.admin_replies[0].second);
+    REQUIRE(r.leaders.size() == 2);
+    const nanos led_again = std::get<0>(r.leaders[1]);
+    std::vector<std::size_t> set, recovered;  // members of merged rounds under the change, before and after the crash
+    for (const round_record& rec : r.history) {
+      if (!(rec.quorum_ns >= 0)) continue;
+      if (rec.closed_ns < crash_ns && rec.round.value >= from) set.push_back(rec.members.size());
+      if (rec.opened_ns >= led_again) recovered.push_back(rec.members.size());
+    }
+    REQUIRE(set.size() > 20);
+    REQUIRE(recovered.size() > 20);
+    CHECK(std::all_of(set.begin(), set.end(), [](std::size_t n) { return n >= 3; }));
+    const double mean = std::accumulate(recovered.begin(), recovered.end(), 0.0) / static_cast<double>(recovered.size());
+    MESSAGE("recovery " << static_cast<int>(how) << ": " << recovered.size() << " merged rounds after, " << mean
+                        << " members each");
+    if (how == recovery::restart_without_store) {
+      CHECK(mean < 1.5);  // the configuration's K = 1: nothing to restore from
+    } else {
+      CHECK(std::all_of(recovered.begin(), recovered.end(), [](std::size_t n) { return n >= 3; }));
+    }
+  }
 }

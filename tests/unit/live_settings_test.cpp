@@ -81,3 +81,22 @@ TEST_CASE("live settings: the broker core takes a new K from the next round open
   REQUIRE(r2 != nullptr);
   CHECK(r2->members.size() == 2);
 }
+
+TEST_CASE("live settings: a tape note reads back as the changes it records, in order") {
+  auto one = parse_tape_settings("from round 12: mesh.quorum=3 mesh.grace_factor=1.5");
+  REQUIRE(one);
+  CHECK(*one == std::vector<live_setting>{{"mesh.quorum", "3"}, {"mesh.grace_factor", "1.5"}});
+  auto two = parse_tape_settings("from round 12: mesh.quorum=3; from round 14: mesh.quorum=2 mesh.robust=true");
+  REQUIRE(two);
+  CHECK(*two == std::vector<live_setting>{{"mesh.quorum", "3"}, {"mesh.quorum", "2"}, {"mesh.robust", "true"}});
+  // Applied in order, the newest value of a knob wins.
+  config cfg;
+  cfg.mesh.learners = 4;
+  auto now = apply_live_settings(cfg, *two);
+  REQUIRE(now);
+  CHECK(now->mesh.quorum == 2);
+  CHECK(now->mesh.robust);
+  CHECK_FALSE(parse_tape_settings("mesh.quorum=3"));
+  CHECK_FALSE(parse_tape_settings("from round 3: mesh.quorum"));
+  CHECK(parse_tape_settings("")->empty());
+}

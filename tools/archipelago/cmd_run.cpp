@@ -46,7 +46,8 @@ int run_mesh_command(const run_options& o, logger& log) {
               cfg->data.corpus.empty() ? "synthetic" : cfg->data.corpus.c_str());
   std::fflush(stdout);
   auto summary = run_local_mesh(*cfg, log, [&](const std::string& line) { progress.update(line); },
-                                [] { return stop_requested.load(); }, o.snapshots, nullptr, o.metrics);
+                                [] { return stop_requested.load(); }, o.snapshots, nullptr, o.metrics, {},
+                                o.admin_endpoint);
   progress.finish();
   if (!summary) return report(summary.err());
   const mesh_summary& s = *summary;
@@ -167,6 +168,10 @@ runner add_run_command(CLI::App& app) {
                                  "Continue the run whose snapshots are in DIR from its newest one (and keep "
                                  "snapshotting there)");
   cmd->get_option("--db")->excludes(resume);
+  cmd->add_option("--admin", o->admin_endpoint,
+                  "Also bind the broker on this tcp://HOST:PORT for live changes (archipelago set --broker): CURVE "
+                  "with the broker's key and wire.allow as `node --role broker`; it hears Reconfigure from an admin "
+                  "key only");
   return [o](logger& log) {
     if (!o->snapshots.resume_db.empty()) o->snapshots.db = o->snapshots.resume_db;
     return run_mesh_command(*o, log);

@@ -17,6 +17,7 @@ struct run_options {
   bool json = false;
   mesh_snapshots snapshots;
   metrics_endpoint metrics;
+  std::string admin_endpoint;  // --admin: the broker also listens there for `archipelago set`
 };
 
 /// The training flags of `run` (mode, learners, steps, config, --out, --json, --db, ...).
