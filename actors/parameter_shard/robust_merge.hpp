@@ -41,6 +41,9 @@ struct robust_config {
   bool clip = false;         // mesh.robust_screen = clip (true) | reject (false)
   std::size_t trim = 1;      // mesh.robust_trim: contributions trimmed per side per coordinate
   double min_cosine = 0;     // mesh.robust_min_cosine: in [-1, 1]; -1 turns the direction screen off
+  /// false: no screening, only the trimmed merge — `replay verify` re-merges recorded
+  /// members, which the shard screened (and clipped) already.
+  bool screening = true;
 };
 
 /// Checks the bounds above; the error names the offending field.

@@ -19,12 +19,13 @@ const char* to_string(contribution_verdict v) {
 bool shard_core::set_robust(const robust_config& robust) {
   const robust_config& was = config_.robust;
   if (robust.enabled == was.enabled && robust.norm_factor == was.norm_factor && robust.window == was.window &&
-      robust.clip == was.clip && robust.trim == was.trim && robust.min_cosine == was.min_cosine)
+      robust.clip == was.clip && robust.trim == was.trim && robust.min_cosine == was.min_cosine &&
+      robust.screening == was.screening)
     return false;
   config_.robust = robust;
   for (auto& [p, f] : fragments_) {
     f.screen.reset();
-    if (robust.enabled) f.screen.emplace(robust);
+    if (robust.enabled && robust.screening) f.screen.emplace(robust);
   }
   return true;
 }
@@ -68,7 +69,7 @@ shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, st
       offset += ts.size();
     }
     f.momentum.assign(f.theta.size(), 0.f);
-    if (config.robust.enabled) f.screen.emplace(config.robust);
+    if (config.robust.enabled && config.robust.screening) f.screen.emplace(config.robust);
     if (config.gradient_mode) {
       fragment_layout.total_floats = fragment_layout.param_count = offset;
       f.gradient_optimizer = std::make_unique<adamw>(fragment_layout, config.adamw_outer);

@@ -35,6 +35,18 @@ timeout 60 "$A" replay --db "$db" tape --json >"$work/out" 2>&1 &&
 timeout 120 "$A" replay --db "$db" verify --json >"$work/out" 2>&1 &&
   [[ $(json 's["ok"] and s["merges"] > 0 and 0 < s["compared"] <= s["merges"] and s["failures"] == 0') == True ]] && pass ||
   fail "replay verify: $(tail -n 3 "$work/out")"
+# The robust merge (clipping, trimmed means over rounds of 3 members): verify re-merges the
+# recorded members, as the shard screened and clipped them, bit for bit.
+rdb=$work/robust.db
+if timeout 300 "$A" run --learners 3 --steps 40 --db "$rdb" --record-contributions --out "" --report "" \
+     --set mesh.quorum=3 --set mesh.robust=true --set mesh.robust_screen=clip --set mesh.robust_norm_factor=1 \
+     --json >"$work/out" 2>"$work/err" &&
+   timeout 120 "$A" replay --db "$rdb" verify --json >"$work/out" 2>&1 &&
+   [[ $(json 's["ok"] and s["merges"] > 0 and 0 < s["compared"] <= s["merges"] and s["failures"] == 0') == True ]]; then
+  pass
+else
+  fail "replay verify of a robust run: $(tail -n 3 "$work/out") $(tail -n 3 "$work/err")"
+fi
 timeout 60 "$A" replay --db "$db" diff 1 "$middle" --json >"$work/out" 2>&1 && [[ $(json 's["l2"] > 0') == True ]] && pass ||
   fail "replay diff: $(tail -n 2 "$work/out")"
 timeout 60 "$A" replay --db "$db" sample "$middle" --bytes 32 --json >"$work/out" 2>&1 &&

@@ -68,6 +68,7 @@ status verify_fragment(const replay_store& s, const stored_truth& t, std::uint32
   if (!base) return base.err();
   shard_config sc = shard_settings(s.setup);
   sc.max_contributions_per_round = SIZE_MAX;
+  sc.robust.screening = false;  // the recorded members passed the shard's screening (clipped ones as clipped)
   const std::vector<float> zeros(s.setup.layout.total_floats, 0.f);
   shard_core core(s.setup.layout, s.setup.plan, {{p}}, sc, zeros.data());
   if (auto ok = core.restore({p}, outer_state_of(std::move(*base))); !ok) return ok.err();
