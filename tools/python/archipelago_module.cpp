@@ -29,6 +29,7 @@
 #include "core/layout.hpp"
 #include "core/log.hpp"
 #include "core/mesh_setup.hpp"
+#include "core/node_status.hpp"
 #include "core/prng.hpp"
 #include "learner/learner_wire.hpp"
 #include "learner/model/trainer.hpp"
@@ -89,7 +90,12 @@ class py_learner {
       raise(make_error(errc::invalid_input, "mesh.mode = " + cfg.mesh.mode + ": its contributions are gradients, "
                                                 "which this package does not take; use decoupled, streaming or diloco"));
     setup_ = make_mesh_setup(cfg, *policy);
-    setup_.broker_endpoint = std::move(broker);
+    // "primary[,standby...]", as `archipelago node --broker` takes it.
+    for (std::size_t at = 0; at <= broker.size();) {
+      const std::size_t comma = std::min(broker.find(',', at), broker.size());
+      (at == 0 ? setup_.broker_endpoint : setup_.standby_endpoints.emplace_back()) = broker.substr(at, comma - at);
+      at = comma + 1;
+    }
     setup_.shard_endpoints = std::move(shards);
     setup_.learner_endpoints.assign(index + 1, listen);
     index_ = index;
@@ -117,6 +123,7 @@ class py_learner {
     if (metrics_port >= 0) {
       metrics_server::handlers h;
       h.metrics = [this] { return metrics_text(); };
+      h.nodes = [this] { return "[" + node_json() + "]"; };
       auto server = metrics_server::start({"127.0.0.1", metrics_port}, std::move(h), log_);
       if (!server) raise(server.err());
       metrics_ = std::move(*server);
@@ -239,6 +246,16 @@ class py_learner {
     std::vector<std::string> out;
     for (const auto& t : setup_.layout.tensors) out.push_back(t.name);
     return out;
+  }
+
+  /// The node status a native learner serves on GET /node and prints in its
+  /// `node --json` summary: what a drill across processes reads.
+  std::string node_json() {
+    std::lock_guard lock(wire_mu_);
+    node_status s = learner_->status();
+    if (wire_) count_wire(s.counts, wire_->counters());
+    s.schedule_step = schedule_step_ + static_cast<std::int64_t>(s.counts.steps);
+    return to_json(s);
   }
 
   py::dict status() {
@@ -463,6 +480,63 @@ class py_data_shard {
   int context_ = 0;
 };
 
+/// What a native learner `index` of this mesh trains with: its AdamW and schedule
+/// (optimizer.*), its batch, threads and slow-down (mesh.learner_batch / learner_threads /
+/// learner_slowdown or data.batch, train.threads / mesh.learners), the step budget,
+/// its pace (mesh.step_time_ms), context and heads.
+py::dict training_of(const std::string& config_path, const std::vector<std::string>& overrides, int index) {
+  const config cfg = load_config(config_path, overrides);
+  if (index < 0 || index >= cfg.mesh.learners)
+    raise(make_error(errc::invalid_input, "index " + std::to_string(index) + ": mesh.learners is " +
+                                              std::to_string(cfg.mesh.learners)));
+  const learner_profile p = learner_profile_of(cfg, index);
+  const optimizer_config& o = cfg.optimizer;
+  py::dict d;
+  d["lr"] = o.lr;
+  d["min_lr_ratio"] = o.min_lr_ratio;
+  d["warmup_steps"] = o.warmup_steps;
+  d["weight_decay"] = o.weight_decay;
+  d["beta1"] = o.beta1;
+  d["beta2"] = o.beta2;
+  d["eps"] = o.eps;
+  d["clip_norm"] = o.clip_norm;
+  d["steps"] = cfg.train.steps;
+  d["batch"] = p.batch;
+  d["threads"] = p.threads;
+  d["step_time_ms"] = cfg.mesh.step_time_ms;
+  d["slowdown"] = p.slowdown;
+  const auto shape = resolve_model(cfg.model);
+  if (!shape) raise(shape.err());
+  d["context"] = shape->context;
+  d["n_head"] = shape->n_head;
+  return d;
+}
+
+/// The held-out windows a native evaluation scores (engine::evaluate, `replay eval`):
+/// (inputs, targets) int64 [windows, context] and first_scored int32 [windows]; a
+/// window scores positions first_scored.. only (the earlier ones were scored before).
+py::tuple eval_windows_of(const std::string& config_path, const std::vector<std::string>& overrides) {
+  const config cfg = load_config(config_path, overrides);
+  const auto shape = resolve_model(cfg.model);
+  if (!shape) raise(shape.err());
+  const int t = shape->context;
+  auto data = load_dataset(cfg.data, 1, t, cfg.train.seed);  // as replay's evaluate_params
+  if (!data) raise(data.err());
+  const auto windows = make_eval_windows(data->split.heldout, t, cfg.data.eval_tokens);
+  const auto rows = static_cast<py::ssize_t>(windows.size());
+  py::array_t<std::int64_t> in({rows, static_cast<py::ssize_t>(t)}), out({rows, static_cast<py::ssize_t>(t)});
+  py::array_t<std::int32_t> first(rows);
+  const std::uint8_t* bytes = data->text.data();
+  for (py::ssize_t w = 0; w < rows; ++w) {
+    for (int k = 0; k < t; ++k) {
+      in.mutable_data()[w * t + k] = bytes[windows[w].offset + k];
+      out.mutable_data()[w * t + k] = bytes[windows[w].offset + k + 1];
+    }
+    first.mutable_data()[w] = windows[w].first_scored;
+  }
+  return py::make_tuple(in, out, first);
+}
+
 }  // namespace
 }  // namespace archipelago
 
@@ -481,6 +555,7 @@ PYBIND11_MODULE(_native, m) {
       .def("bind", &py_learner::bind, py::arg("arrays"))
       .def("array", [](py::object self, const std::string& name) { return self.cast<py_learner&>().array(self, name); })
       .def("names", &py_learner::names)
+      .def("node_json", &py_learner::node_json)
       .def("status", &py_learner::status);
   py::class_<py_data_shard>(m, "DataShard")
       .def(py::init<const std::string&, std::vector<std::string>, int, std::uint64_t>(), py::arg("config"),
@@ -493,6 +568,8 @@ PYBIND11_MODULE(_native, m) {
     if (!layout) raise(layout.err());
     return layout_json(*layout);
   }, py::arg("config"), py::arg("overrides"));
+  m.def("training", &training_of, py::arg("config"), py::arg("overrides"), py::arg("index"));
+  m.def("eval_windows", &eval_windows_of, py::arg("config"), py::arg("overrides"));
   m.def("check_layout_json", [](const std::string& text) {
     auto layout = parse_layout_json(text, "layout");
     if (!layout) raise(layout.err());
