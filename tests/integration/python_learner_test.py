@@ -22,6 +22,9 @@ PYTHONPATH=build/python. One case per argument:
            model; its eval loss (`replay eval`) falls well below the initial model's, the
            broker merged work of every learner, the ledger is exact, and the PyTorch GPT
            scores the exported global model as the native evaluation does.
+  port     torch_gpt.py --check: the PyTorch GPT against the native one from the same
+           parameters and batches: the same loss and gradients, and after 30 inner steps
+           (AdamW, clipping, schedule) the same loss and parameters.
   drill    `archipelago drill --processes` of deploy/drills/crash_storm.toml (short form,
            --time-scale 0.4) with learner 3 a PyTorch learner (--learner-command): the drill
            SIGKILLs and restarts it like the native ones, every restart of it is back at work
@@ -234,6 +237,20 @@ def case_mixed():
           f"merged tokens {r['merged_tokens']}, ledger {r['ledger']}, {r['wall_s']:.0f} s")
 
 
+def case_port():
+    cmd = [sys.executable, os.path.join(EXAMPLES, "torch_gpt.py"), "--check"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        fail(f"{' '.join(cmd)} exited {out.returncode} without a summary", out.stdout + out.stderr)
+    r = json.loads(lines[-1])
+    if not abs(r["loss"] - r["native_loss"]) < 1e-5 * r["native_loss"] or not r["gradient_rel_diff"] < 1e-4:
+        fail("one batch: the native loss and every gradient (float32 rounding apart)", json.dumps(r))
+    if not abs(r["last_loss"] - r["native_last_loss"]) < 1e-3 * r["native_last_loss"] or not r["param_rel_diff"] < 0.05:
+        fail("30 inner steps: the native loss and parameters (float32 rounding apart)", json.dumps(r))
+    print(f"ok port: {out.stdout.splitlines()[0]}")
+
+
 def case_drill():
     folder = tempfile.mkdtemp(prefix="archipelago-pydrill-")
     plan = os.path.join(HERE, "..", "..", "deploy", "drills", "crash_storm.toml")
@@ -264,4 +281,4 @@ def case_drill():
 
 if __name__ == "__main__":
     {"train": case_train, "layout": case_layout, "nan": case_nan, "rejoin": case_rejoin,
-     "mixed": case_mixed, "drill": case_drill}[sys.argv[1]]()
+     "mixed": case_mixed, "port": case_port, "drill": case_drill}[sys.argv[1]]()

@@ -26,7 +26,7 @@ import numpy as np
 from . import _native
 
 __all__ = ["Learner", "DataShard", "layout_of", "write_layout", "mesh_layout", "gpt_layout", "load_safetensors",
-           "training", "scheduled_lr", "eval_windows"]
+           "training", "scheduled_lr", "eval_windows", "gpt_loss_and_gradients", "gpt_train_steps"]
 
 
 def _overrides(knobs):
@@ -111,6 +111,21 @@ def eval_windows(config="", knobs=None):
     counts the loss of positions first_scored[w].. only. The mean over those is the
     eval loss in nats/byte, comparable to the native figure."""
     return _native.eval_windows(config, _overrides(knobs))
+
+
+def gpt_loss_and_gradients(params, inputs, targets, config="", knobs=None):
+    """The native GPT's loss and {name: gradient} at `params` ({name: float32 array}) on one
+    batch (int64 [batch, context]): to check a port of the GPT against the real one."""
+    loss, grads = _native.gpt_loss_and_gradients(config, _overrides(knobs), params, inputs, targets)
+    return loss, dict(grads)
+
+
+def gpt_train_steps(params, inputs, targets, first_step=0, config="", knobs=None):
+    """The native learner's inner steps (forward, backward, clipped AdamW at the scheduled
+    rate) from `params` on the batches inputs[k], targets[k] (int64 [steps, batch, context]),
+    at schedule steps first_step, first_step + 1, ...: (losses, {name: parameters after})."""
+    losses, after = _native.gpt_train_steps(config, _overrides(knobs), params, inputs, targets, first_step)
+    return list(losses), dict(after)
 
 
 def load_safetensors(path):

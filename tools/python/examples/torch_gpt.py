@@ -20,6 +20,10 @@ line: {index, incarnation, steps, tokens, contributions, ..., status} (status: t
 node status a native learner prints). SIGTERM leaves early as a native learner does;
 it takes the arguments of `archipelago node --role learner` (--listen, --set
 KEY=VALUE, --metrics-port: Prometheus text and GET /node, as a native learner's).
+
+`torch_gpt.py --check` compares the port with the native GPT (archipelago.
+gpt_loss_and_gradients, gpt_train_steps) from the same parameters and batches: one
+batch's loss and gradients, then 30 inner steps; one JSON line last.
 """
 
 import argparse
@@ -228,21 +232,62 @@ def run_learner(config, index, broker, shards, knobs, listen="tcp://127.0.0.1:0"
             "status": node}
 
 
+def check_against_native(steps=30, batch=8, seed=3):
+    """The port against the native GPT, from the same parameters and batches: the loss and
+    every gradient of one batch, then `steps` inner steps (AdamW, clipping, schedule)."""
+    import numpy as np
+    torch.manual_seed(seed)
+    knobs = [f"train.steps={steps}", "optimizer.warmup_steps=5"]
+    t = archipelago.training("", 0, knobs)
+    model = GPT(archipelago.gpt_layout(), t["n_head"])
+    with torch.no_grad():  # off the init, so that gains and biases count too
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    params = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+    data = archipelago.DataShard("", 0, knobs, incarnation=seed)
+    batches = [data.next(batch) for _ in range(steps)]
+    native_loss, native_grads = archipelago.gpt_loss_and_gradients(params, *batches[0], knobs=knobs)
+    loss = model.loss(torch.from_numpy(batches[0][0]), torch.from_numpy(batches[0][1]))
+    loss.backward()
+    grad_diff = max(float(np.abs(p.grad.numpy() - native_grads[n]).max() / (np.abs(native_grads[n]).max() + 1e-30))
+                    for n, p in model.named_parameters())
+    xs, ys = (np.stack(z) for z in zip(*batches))
+    native_losses, after = archipelago.gpt_train_steps(params, xs, ys, 0, knobs=knobs)
+    opt = optimizer_for(model, t)
+    losses = [train_step(model, opt, t, k, xs[k], ys[k]) for k in range(steps)]
+    param_diff = max(float(np.abs(p.detach().numpy() - after[n]).max() / (np.abs(after[n] - params[n]).max() + 1e-30))
+                     for n, p in model.named_parameters())
+    return {"command": "torch_gpt check", "loss": float(loss), "native_loss": native_loss,
+            "gradient_rel_diff": grad_diff, "steps": steps, "last_loss": losses[-1],
+            "native_last_loss": native_losses[-1], "param_rel_diff": param_diff}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="compare the port with the native GPT (no mesh) and exit")
     # The arguments `archipelago node --role learner` takes, so that a launcher (the
     # drill's --learner-command) starts this program as it starts a native learner.
     ap.add_argument("--role", default="learner", choices=["learner"])
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--index", type=int, required=True)
-    ap.add_argument("--broker", required=True, help="the broker's endpoint (then its standbys', comma-separated)")
-    ap.add_argument("--shards", required=True, help="comma-separated shard endpoints")
+    ap.add_argument("--config")
+    ap.add_argument("--index", type=int)
+    ap.add_argument("--broker", help="the broker's endpoint (then its standbys', comma-separated)")
+    ap.add_argument("--shards", help="comma-separated shard endpoints")
     ap.add_argument("--listen", default="tcp://127.0.0.1:0")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--metrics-host", default="127.0.0.1", choices=["127.0.0.1"], help="(the package serves loopback)")
     ap.add_argument("--metrics-port", type=int, default=-1, help="Prometheus text and GET /node (0: any port)")
     ap.add_argument("--json", action="store_true", help="(always on: the report is one JSON line)")
     a = ap.parse_args()
+    if a.check:
+        r = check_against_native()
+        print(f"loss {r['loss']:.6f} (native {r['native_loss']:.6f}), gradients within {r['gradient_rel_diff']:.1e} "
+              f"of the largest; after {r['steps']} steps loss {r['last_loss']:.5f} (native "
+              f"{r['native_last_loss']:.5f}), parameters within {r['param_rel_diff']:.1e} of their largest move")
+        print(json.dumps(r))
+        return 0
+    missing = [f for f in ("config", "index", "broker", "shards") if getattr(a, f) is None]
+    if missing:
+        ap.error("a learner needs " + ", ".join("--" + f for f in missing))
     report = run_learner(a.config, a.index, a.broker, a.shards.split(","), a.set, a.listen, a.metrics_port)
     print(json.dumps(report), flush=True)
     return 0
