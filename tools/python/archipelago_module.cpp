@@ -538,37 +538,58 @@ py::tuple eval_windows_of(const std::string& config_path, const std::vector<std:
   return py::make_tuple(in, out, first);
 }
 
-/// The native GPT's loss and gradients at `params` ({name: float32 array} of the layout)
-/// on one batch (int64 [batch, context] inputs and targets): to check a port of the GPT.
-py::tuple gpt_loss_and_gradients(const std::string& config_path, const std::vector<std::string>& overrides,
-                                 const py::dict& params, const py::array_t<std::int64_t>& inputs,
-                                 const py::array_t<std::int64_t>& targets) {
-  const config cfg = load_config(config_path, overrides);
-  const auto shape = resolve_model(cfg.model);
-  if (!shape) raise(shape.err());
+/// The GPT's shape; a layout file's mesh (model.layout) has no native model.
+expected<model_shape> native_gpt_shape(const config& cfg) {
   if (!cfg.model.layout.empty()) throw py::value_error("model.layout is set: the native GPT has no such layout");
-  if (inputs.ndim() != 2 || inputs.shape(1) != shape->context || targets.size() != inputs.size())
-    throw py::value_error("inputs and targets must be [batch, " + std::to_string(shape->context) + "]");
-  set_compute_threads(1);
-  gpt<float> model(make_layout(*shape));
+  auto shape = resolve_model(cfg.model);
+  if (!shape) raise(shape.err());
+  return shape;
+}
+
+/// {name: array} of the layout's tensors into the model's parameters.
+void copy_params(const py::dict& params, gpt<float>& model) {
   for (const auto& t : model.layout().tensors) {
     if (!params.contains(py::str(t.name))) throw py::value_error("no array for '" + t.name + "'");
     auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(params[py::str(t.name)]);
     if (!a || static_cast<std::size_t>(a.size()) != t.size()) throw py::value_error("'" + t.name + "' has the wrong size");
     std::copy(a.data(), a.data() + a.size(), model.params() + t.offset);
   }
-  std::vector<std::int32_t> in(inputs.data(), inputs.data() + inputs.size()), out(targets.data(), targets.data() + targets.size());
-  for (std::size_t k = 0; k < in.size(); ++k)
-    if (in[k] < 0 || in[k] > 255 || out[k] < 0 || out[k] > 255) throw py::value_error("tokens must be bytes (0..255)");
-  const double loss = model.forward_backward(in.data(), out.data(), static_cast<int>(inputs.shape(0)));
-  py::dict grads;
-  for (const auto& t : model.layout().tensors) {
+}
+
+/// `count` tokens as the model takes them; each must be a byte.
+std::vector<std::int32_t> tokens_of(const std::int64_t* data, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i)
+    if (data[i] < 0 || data[i] > 255) throw py::value_error("tokens must be bytes (0..255), got " + std::to_string(data[i]));
+  return {data, data + count};
+}
+
+/// {name: a copy of the tensor} of a buffer laid out by `layout`.
+py::dict tensors_of(const param_layout& layout, const float* buffer) {
+  py::dict out;
+  for (const auto& t : layout.tensors) {
     const auto dims = dims_of(t);
-    py::array_t<float> g(std::vector<py::ssize_t>(dims.begin(), dims.end()));
-    std::copy(model.grads() + t.offset, model.grads() + t.offset + t.size(), g.mutable_data());
-    grads[py::str(t.name)] = g;
+    py::array_t<float> a(std::vector<py::ssize_t>(dims.begin(), dims.end()));
+    std::copy(buffer + t.offset, buffer + t.offset + t.size(), a.mutable_data());
+    out[py::str(t.name)] = a;
   }
-  return py::make_tuple(loss, grads);
+  return out;
+}
+
+/// The native GPT's loss and gradients at `params` ({name: float32 array} of the layout)
+/// on one batch (int64 [batch, context] inputs and targets): to check a port of the GPT.
+py::tuple gpt_loss_and_gradients(const std::string& config_path, const std::vector<std::string>& overrides,
+                                 const py::dict& params, const py::array_t<std::int64_t>& inputs,
+                                 const py::array_t<std::int64_t>& targets) {
+  const config cfg = load_config(config_path, overrides);
+  const auto shape = native_gpt_shape(cfg);
+  if (inputs.ndim() != 2 || inputs.shape(1) != shape->context || targets.size() != inputs.size())
+    throw py::value_error("inputs and targets must be [batch, " + std::to_string(shape->context) + "]");
+  set_compute_threads(1);
+  gpt<float> model(make_layout(*shape));
+  copy_params(params, model);
+  const auto in = tokens_of(inputs.data(), inputs.size()), out = tokens_of(targets.data(), targets.size());
+  const double loss = model.forward_backward(in.data(), out.data(), static_cast<int>(inputs.shape(0)));
+  return py::make_tuple(loss, tensors_of(model.layout(), model.grads()));
 }
 
 /// The native learner's inner steps from `params` on the batches inputs[k] / targets[k]
@@ -578,37 +599,22 @@ py::tuple gpt_train_steps(const std::string& config_path, const std::vector<std:
                           const py::dict& params, const py::array_t<std::int64_t>& inputs,
                           const py::array_t<std::int64_t>& targets, std::int64_t first_step) {
   const config cfg = load_config(config_path, overrides);
-  const auto shape = resolve_model(cfg.model);
-  if (!shape) raise(shape.err());
+  const auto shape = native_gpt_shape(cfg);
   if (inputs.ndim() != 3 || inputs.shape(2) != shape->context || targets.size() != inputs.size())
     throw py::value_error("inputs and targets must be [steps, batch, " + std::to_string(shape->context) + "]");
   set_compute_threads(1);
   gpt<float> model(make_layout(*shape));
   adamw optimizer(model.layout(), cfg.optimizer);
-  for (const auto& t : model.layout().tensors) {
-    if (!params.contains(py::str(t.name))) throw py::value_error("no array for '" + t.name + "'");
-    auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(params[py::str(t.name)]);
-    if (!a || static_cast<std::size_t>(a.size()) != t.size()) throw py::value_error("'" + t.name + "' has the wrong size");
-    std::copy(a.data(), a.data() + a.size(), model.params() + t.offset);
-  }
+  copy_params(params, model);
   const auto per_step = static_cast<std::size_t>(inputs.shape(1) * inputs.shape(2));
   std::vector<double> losses;
   for (py::ssize_t k = 0; k < inputs.shape(0); ++k) {
-    std::vector<std::int32_t> in(inputs.data() + k * per_step, inputs.data() + (k + 1) * per_step);
-    std::vector<std::int32_t> out(targets.data() + k * per_step, targets.data() + (k + 1) * per_step);
-    for (std::size_t i = 0; i < in.size(); ++i)
-      if (in[i] < 0 || in[i] > 255 || out[i] < 0 || out[i] > 255) throw py::value_error("tokens must be bytes (0..255)");
+    const auto in = tokens_of(inputs.data() + k * per_step, per_step);
+    const auto out = tokens_of(targets.data() + k * per_step, per_step);
     losses.push_back(model.forward_backward(in.data(), out.data(), static_cast<int>(inputs.shape(1))));
     optimizer.step(model.params(), model.grads(), scheduled_lr(cfg.optimizer, first_step + k, cfg.train.steps));
   }
-  py::dict after;
-  for (const auto& t : model.layout().tensors) {
-    const auto dims = dims_of(t);
-    py::array_t<float> a(std::vector<py::ssize_t>(dims.begin(), dims.end()));
-    std::copy(model.params() + t.offset, model.params() + t.offset + t.size(), a.mutable_data());
-    after[py::str(t.name)] = a;
-  }
-  return py::make_tuple(losses, after);
+  return py::make_tuple(losses, tensors_of(model.layout(), model.params()));
 }
 
 }  // namespace
