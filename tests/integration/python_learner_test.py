@@ -17,6 +17,19 @@ PYTHONPATH=build/python. One case per argument:
            learner's held-out loss still falls, the ledger stays exact.
   rejoin   a PyTorch learner SIGKILLed mid-run restarts as a new incarnation, gets the
            global model and contributes again; the ledger stays exact.
+  mixed    the mixed mesh (tools/python/examples/mixed_mesh.py --only mixed): two native
+           learners and two PyTorch learners of the native GPT (torch_gpt.py) train one
+           model; its eval loss (`replay eval`) falls well below the initial model's, the
+           broker merged work of every learner, the ledger is exact, and the PyTorch GPT
+           scores the exported global model as the native evaluation does.
+  port     torch_gpt.py --check: the PyTorch GPT against the native one from the same
+           parameters and batches: the same loss and gradients, and after 30 inner steps
+           (AdamW, clipping, schedule) the same loss and parameters.
+  drill    `archipelago drill --processes` of deploy/drills/crash_storm.toml (short form,
+           --time-scale 0.4) with learner 3 a PyTorch learner (--learner-command): the drill
+           SIGKILLs and restarts it like the native ones, every restart of it is back at work
+           (a merged contribution: its rejoin time in the report), the drill passes (no
+           downtime, ledger exact).
 """
 
 import json
@@ -28,7 +41,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLE = os.path.join(HERE, "..", "..", "tools", "python", "examples", "byom_mesh.py")
+EXAMPLES = os.path.join(HERE, "..", "..", "tools", "python", "examples")
+EXAMPLE = os.path.join(EXAMPLES, "byom_mesh.py")
 BINARY = os.environ["ARCHIPELAGO"]
 
 
@@ -196,5 +210,75 @@ def case_rejoin():
           f"(process start, torch import and data included), ledger {ledger}")
 
 
+def case_mixed():
+    import math
+    cmd = [sys.executable, os.path.join(EXAMPLES, "mixed_mesh.py"), "--binary", BINARY, "--only", "mixed",
+           "--steps", "150", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        fail(f"{' '.join(cmd)} exited {out.returncode} without a summary", out.stdout + out.stderr)
+    r = json.loads(lines[-1])["runs"][0]["mixed"]
+    # The shards start from the native init (N(0, 0.02)): about ln 256 nats/byte.
+    if not r["eval_loss"] < math.log(256) - 1.5:
+        fail("the global model's eval loss fell by more than 1.5 nats/byte from the initial ~5.55", json.dumps(r))
+    kinds = {l["index"]: l["kind"] for l in r["learners"]}
+    if kinds != {0: "native", 1: "native", 2: "pytorch", 3: "pytorch"}:
+        fail("learners 0 and 1 are native, 2 and 3 PyTorch", json.dumps(r["learners"]))
+    if sorted(int(i) for i, merged in r["merged_tokens"].items() if merged > 0) != [0, 1, 2, 3]:
+        fail("the broker merged contributions of every learner, native and PyTorch", json.dumps(r["merged_tokens"]))
+    if not (r["ledger_balanced"] and r["ledger_matches_learners"]):
+        fail("the ledger is balanced and holds exactly each learner's tokens", json.dumps(r))
+    if not all(l["tokens"] == 150 * 32 * 64 for l in r["learners"]):
+        fail("every learner trained its 150 steps of 32 x 64 tokens", json.dumps(r["learners"]))
+    if not abs(r["torch_eval_loss"] - r["eval_loss"]) < 1e-3 * r["eval_loss"]:
+        fail("the PyTorch GPT computes the native function: the same model, the same eval loss", json.dumps(r))
+    print(f"ok mixed: eval loss {r['eval_loss']:.4f} (PyTorch GPT on the same model {r['torch_eval_loss']:.4f}), "
+          f"merged tokens {r['merged_tokens']}, ledger {r['ledger']}, {r['wall_s']:.0f} s")
+
+
+def case_port():
+    cmd = [sys.executable, os.path.join(EXAMPLES, "torch_gpt.py"), "--check"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        fail(f"{' '.join(cmd)} exited {out.returncode} without a summary", out.stdout + out.stderr)
+    r = json.loads(lines[-1])
+    if not abs(r["loss"] - r["native_loss"]) < 1e-5 * r["native_loss"] or not r["gradient_rel_diff"] < 1e-4:
+        fail("one batch: the native loss and every gradient (float32 rounding apart)", json.dumps(r))
+    if not abs(r["last_loss"] - r["native_last_loss"]) < 1e-3 * r["native_last_loss"] or not r["param_rel_diff"] < 0.05:
+        fail("30 inner steps: the native loss and parameters (float32 rounding apart)", json.dumps(r))
+    print(f"ok port: {out.stdout.splitlines()[0]}")
+
+
+def case_drill():
+    folder = tempfile.mkdtemp(prefix="archipelago-pydrill-")
+    plan = os.path.join(HERE, "..", "..", "deploy", "drills", "crash_storm.toml")
+    command = f"{sys.executable} {os.path.abspath(os.path.join(EXAMPLES, 'torch_gpt.py'))}"
+    cmd = [BINARY, "drill", "--plan", plan, "--processes", "--time-scale", "0.4", "--no-reference",
+           "--learner-command", f"3={command}", "--report", folder, "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        fail(f"{' '.join(cmd)} exited {out.returncode} without a summary", out.stdout[-3000:] + out.stderr[-3000:])
+    r = json.loads(lines[-1])
+    if r.get("learner_commands") != {"3": command}:
+        fail("the drill names the learner that ran a program of its own", json.dumps(r.get("learner_commands")))
+    if not (r["passed"] and r["ledger_exact"] and out.returncode == 0):
+        fail("the drill passes with a PyTorch learner: no downtime, no committed round lost, ledger exact",
+             out.stdout[-3000:])
+    with open(os.path.join(folder, "crash_storm-decoupled.json")) as f:
+        faults = json.load(f)["faults"]
+    mine = [f for f in faults if f["what"].startswith("crash learner/3 ")]
+    if not mine:
+        fail("the plan's kill schedule reaches learner 3", json.dumps(faults))
+    restarted = [f for f in mine if f["repaired_s"] is not None]  # null: not restarted within the run
+    if not restarted or not all(f["rejoin_s"] is not None and f["rejoin_s"] >= 0 for f in restarted):
+        fail("every restart of the PyTorch learner was back at work (a merged contribution)", json.dumps(mine))
+    print(f"ok drill: learner/3 (PyTorch) killed {len(mine)} time(s), back at work after "
+          f"{[round(f['rejoin_s'], 2) for f in restarted]} s; ledger {r['ledger']}")
+
+
 if __name__ == "__main__":
-    {"train": case_train, "layout": case_layout, "nan": case_nan, "rejoin": case_rejoin}[sys.argv[1]]()
+    {"train": case_train, "layout": case_layout, "nan": case_nan, "rejoin": case_rejoin,
+     "mixed": case_mixed, "port": case_port, "drill": case_drill}[sys.argv[1]]()

@@ -25,6 +25,7 @@ struct drill_flags {
   bool json = false, no_reference = false;
   bool processes = false;  // the mesh as separate `archipelago node` processes
   std::string binary;      // --processes: the archipelago executable the nodes run (default: this one)
+  std::vector<std::string> learner_commands;  // --processes: "I=COMMAND", learner I's own program
   std::string report_dir = "drill-report";
   std::string work_dir;
   double time_scale = 1;
@@ -162,6 +163,25 @@ int run_drills(const drill_flags& o, logger& log) {
     return report_input(make_error(errc::invalid_input, "--binary: " + (opts.binary.empty() ? std::string("(none)") : opts.binary) +
                                                             " is not an executable archipelago"));
   if (!o.processes) opts.binary.clear();
+  for (const std::string& lc : o.learner_commands) {
+    const auto eq = lc.find('=');
+    if (eq == std::string::npos || eq == 0 || eq > 6 || lc.find_first_not_of("0123456789") != eq ||
+        lc.find_first_not_of(' ', eq + 1) == std::string::npos)
+      return report_input(make_error(errc::invalid_input, "--learner-command '" + lc + "' is not INDEX=COMMAND"));
+    const auto index = static_cast<std::uint32_t>(std::stoul(lc.substr(0, eq)));
+    if (!o.processes)
+      return report_input(make_error(errc::invalid_input, "--learner-command needs --processes (a learner of its own program)"));
+    for (const auto& cfg : configs)
+      if (static_cast<int>(index) >= cfg.mesh.learners)
+        return report_input(make_error(errc::invalid_input, "--learner-command " + std::to_string(index) +
+                                                                ": mesh.learners is " + std::to_string(cfg.mesh.learners)));
+    opts.learner_commands[index] = lc.substr(eq + 1);
+  }
+  json_line own_learners;  // {"INDEX": "COMMAND"}: which learners ran a program of their own
+  for (const auto& [index, command] : opts.learner_commands) {
+    std::printf("learner %u runs: %s\n", index, command.c_str());
+    own_learners.add(std::to_string(index), command);
+  }
   install_stop_handlers();
   progress_line progress(log, 8);
   std::vector<drill_report> done;
@@ -194,7 +214,8 @@ int run_drills(const drill_flags& o, logger& log) {
     for (std::size_t i = 0; i < done.size(); ++i) runs += (i ? ",{" : "{") + drill_summary_json(done[i]) + "}";
     runs += "]";
     json_line j;
-    j.add("command", "drill").add("passed", failures.empty()).add("report", html.string()).add_raw("runs", runs);
+    j.add("command", "drill").add("passed", failures.empty()).add("report", html.string()).add_raw("runs", runs)
+        .add_raw("learner_commands", own_learners.str());
     // The first mode's figures also at the top level, for scripts reading one drill.
     std::string line = j.str();
     if (!done.empty()) line = line.substr(0, line.size() - 1) + "," + drill_summary_json(done.front()) + "}";
@@ -224,6 +245,10 @@ runner add_drill_command(CLI::App& app) {
                 "Run the mesh as separate `archipelago node` processes on loopback tcp:// (crash = SIGKILL, "
                 "pause = SIGSTOP/SIGCONT; the wire without CURVE, on loopback)");
   cmd->add_option("--binary", o->binary, "With --processes: the archipelago executable the nodes run (default: this one)");
+  cmd->add_option("--learner-command", o->learner_commands,
+                  "With --processes: INDEX=COMMAND runs learner INDEX as COMMAND (words split at spaces) with the "
+                  "arguments `archipelago node` gets, e.g. a PyTorch learner (tools/python/examples/torch_gpt.py); "
+                  "repeatable");
   cmd->add_option("--max-eval-gap", o->max_eval_gap, "Largest eval-loss excess over the reference that passes")
       ->capture_default_str();
   cmd->add_option("--report", o->report_dir, "Write the report (HTML, JSON) into this directory")->capture_default_str();

@@ -44,6 +44,10 @@ struct drill_options {
   double time_scale = 1;
   /// The mesh as separate processes of this `archipelago` executable; empty: in this process.
   std::string binary;
+  /// With binary: learner I runs this command (its words split at spaces) instead of
+  /// `archipelago node`, given the same arguments after it (--role learner --index I
+  /// --config ... --listen ...): e.g. a PyTorch learner (tools/python/examples/torch_gpt.py).
+  std::map<std::uint32_t, std::string> learner_commands;
 };
 
 /// Parses and checks the plan for the mesh `cfg` describes — before anything starts.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <future>
 #include <nlohmann/json.hpp>
 
@@ -52,7 +53,7 @@ status make_keys(const fs::path& keys, int shards, int standbys, int learners) {
 }
 
 expected<process_mesh> lay_out(const config& cfg, const sync_policy& policy, int standbys, const fs::path& dir,
-                               const std::string& binary) {
+                               const drill_options& o) {
   const int m = cfg.mesh.learners, shards = policy.shards, brokers = 1 + standbys;
   std::error_code ec;
   fs::create_directories(dir / "logs", ec);
@@ -89,7 +90,7 @@ expected<process_mesh> lay_out(const config& cfg, const sync_policy& policy, int
     c.name = std::move(name);
     c.target = {kind, index};
     c.metrics_port = (*ports)[nodes + slot];
-    c.argv = {binary, "node", "--role", kind == role::sync_broker ? "broker" : kind == role::parameter_shard ? "shard" : "learner",
+    c.argv = {o.binary, "node", "--role", kind == role::sync_broker ? "broker" : kind == role::parameter_shard ? "shard" : "learner",
               "--index", std::to_string(index), "--config", toml, "--broker", broker_list, "--shards",
               shard_list, "--metrics-host", "127.0.0.1", "--metrics-port", std::to_string(c.metrics_port), "--json"};
     if (kind == role::sync_broker && index > 0) c.argv.push_back("--standby");
@@ -98,6 +99,13 @@ expected<process_mesh> lay_out(const config& cfg, const sync_policy& policy, int
                                    "--set", "wire.allow=" + keys.string()});
     if (kind == role::learner) {
       c.argv.insert(c.argv.end(), {"--listen", setup.learner_endpoints[index]});
+      if (const auto own = o.learner_commands.find(index); own != o.learner_commands.end()) {
+        std::vector<std::string> argv;  // the command's words, then the node's arguments
+        std::istringstream words(own->second);
+        for (std::string w; words >> w;) argv.push_back(std::move(w));
+        argv.insert(argv.end(), c.argv.begin() + 2, c.argv.end());
+        c.argv = std::move(argv);
+      }
     } else {
       c.db = (dir / (c.name + ".db")).string();
       c.argv.insert(c.argv.end(), {"--db", c.db});
@@ -320,7 +328,7 @@ class process_run_of {
 
   /// stop_tokens > 0: the run also ends once the learners processed that many tokens.
   /// `standbys`: standby brokers beside the primary.
-  expected<process_run> run(const sync_policy& policy, int standbys, const fs::path& dir, const std::string& binary,
+  expected<process_run> run(const sync_policy& policy, int standbys, const fs::path& dir, const drill_options& o,
                             std::uint64_t stop_tokens);
 
  private:
@@ -382,8 +390,8 @@ void process_run_of::final_statuses() {
 }
 
 expected<process_run> process_run_of::run(const sync_policy& policy, int standbys, const fs::path& dir,
-                                          const std::string& binary, std::uint64_t stop_tokens) {
-  auto mesh = lay_out(cfg_, policy, standbys, dir, binary);
+                                          const drill_options& o, std::uint64_t stop_tokens) {
+  auto mesh = lay_out(cfg_, policy, standbys, dir, o);
   if (!mesh) return mesh.err();
   const int m = cfg_.mesh.learners, servers = 1 + standbys + policy.shards;  // brokers and shards start first
   caf::actor_system_config sys_cfg;
@@ -510,7 +518,7 @@ expected<drill_report> run_process_drill(const config& base, logger& log, const 
     auto d = area.fresh(name);
     if (!d) return d.err();
     auto run = process_run_of(cfg, log, drill, phase_progress(progress, phase), stop_requested)
-                   .run(policy, standbys, *d, o.binary, stop_tokens);
+                   .run(policy, standbys, *d, o, stop_tokens);
     if (!run) {
       area.keep = true;
       return make_error(run.err().code, std::string(phase) + ": " + run.err().message + " (logs kept in " +

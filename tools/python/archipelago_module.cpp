@@ -25,10 +25,12 @@
 #include <limits>
 #include <mutex>
 
+#include "core/adamw.hpp"
 #include "core/config.hpp"
 #include "core/layout.hpp"
 #include "core/log.hpp"
 #include "core/mesh_setup.hpp"
+#include "core/node_status.hpp"
 #include "core/prng.hpp"
 #include "learner/learner_wire.hpp"
 #include "learner/model/trainer.hpp"
@@ -89,7 +91,12 @@ class py_learner {
       raise(make_error(errc::invalid_input, "mesh.mode = " + cfg.mesh.mode + ": its contributions are gradients, "
                                                 "which this package does not take; use decoupled, streaming or diloco"));
     setup_ = make_mesh_setup(cfg, *policy);
-    setup_.broker_endpoint = std::move(broker);
+    // "primary[,standby...]", as `archipelago node --broker` takes it.
+    for (std::size_t at = 0; at <= broker.size();) {
+      const std::size_t comma = std::min(broker.find(',', at), broker.size());
+      (at == 0 ? setup_.broker_endpoint : setup_.standby_endpoints.emplace_back()) = broker.substr(at, comma - at);
+      at = comma + 1;
+    }
     setup_.shard_endpoints = std::move(shards);
     setup_.learner_endpoints.assign(index + 1, listen);
     index_ = index;
@@ -117,6 +124,7 @@ class py_learner {
     if (metrics_port >= 0) {
       metrics_server::handlers h;
       h.metrics = [this] { return metrics_text(); };
+      h.nodes = [this] { return "[" + node_json() + "]"; };
       auto server = metrics_server::start({"127.0.0.1", metrics_port}, std::move(h), log_);
       if (!server) raise(server.err());
       metrics_ = std::move(*server);
@@ -239,6 +247,16 @@ class py_learner {
     std::vector<std::string> out;
     for (const auto& t : setup_.layout.tensors) out.push_back(t.name);
     return out;
+  }
+
+  /// The node status a native learner serves on GET /node and prints in its
+  /// `node --json` summary: what a drill across processes reads.
+  std::string node_json() {
+    std::lock_guard lock(wire_mu_);
+    node_status s = learner_->status();
+    if (wire_) count_wire(s.counts, wire_->counters());
+    s.schedule_step = schedule_step_ + static_cast<std::int64_t>(s.counts.steps);
+    return to_json(s);
   }
 
   py::dict status() {
@@ -463,6 +481,142 @@ class py_data_shard {
   int context_ = 0;
 };
 
+/// What a native learner `index` of this mesh trains with: its AdamW and schedule
+/// (optimizer.*), its batch, threads and slow-down (mesh.learner_batch / learner_threads /
+/// learner_slowdown or data.batch, train.threads / mesh.learners), the step budget,
+/// its pace (mesh.step_time_ms), context and heads.
+py::dict training_of(const std::string& config_path, const std::vector<std::string>& overrides, int index) {
+  const config cfg = load_config(config_path, overrides);
+  if (index < 0 || index >= cfg.mesh.learners)
+    raise(make_error(errc::invalid_input, "index " + std::to_string(index) + ": mesh.learners is " +
+                                              std::to_string(cfg.mesh.learners)));
+  const learner_profile p = learner_profile_of(cfg, index);
+  const optimizer_config& o = cfg.optimizer;
+  py::dict d;
+  d["lr"] = o.lr;
+  d["min_lr_ratio"] = o.min_lr_ratio;
+  d["warmup_steps"] = o.warmup_steps;
+  d["weight_decay"] = o.weight_decay;
+  d["beta1"] = o.beta1;
+  d["beta2"] = o.beta2;
+  d["eps"] = o.eps;
+  d["clip_norm"] = o.clip_norm;
+  d["steps"] = cfg.train.steps;
+  d["batch"] = p.batch;
+  d["threads"] = p.threads;
+  d["step_time_ms"] = cfg.mesh.step_time_ms;
+  d["slowdown"] = p.slowdown;
+  const auto shape = resolve_model(cfg.model);
+  if (!shape) raise(shape.err());
+  d["context"] = shape->context;
+  d["n_head"] = shape->n_head;
+  return d;
+}
+
+/// The held-out windows a native evaluation scores (engine::evaluate, `replay eval`):
+/// (inputs, targets) int64 [windows, context] and first_scored int32 [windows]; a
+/// window scores positions first_scored.. only (the earlier ones were scored before).
+py::tuple eval_windows_of(const std::string& config_path, const std::vector<std::string>& overrides) {
+  const config cfg = load_config(config_path, overrides);
+  const auto shape = resolve_model(cfg.model);
+  if (!shape) raise(shape.err());
+  const int t = shape->context;
+  auto data = load_dataset(cfg.data, 1, t, cfg.train.seed);  // as replay's evaluate_params
+  if (!data) raise(data.err());
+  const auto windows = make_eval_windows(data->split.heldout, t, cfg.data.eval_tokens);
+  const auto rows = static_cast<py::ssize_t>(windows.size());
+  py::array_t<std::int64_t> in({rows, static_cast<py::ssize_t>(t)}), out({rows, static_cast<py::ssize_t>(t)});
+  py::array_t<std::int32_t> first(rows);
+  const std::uint8_t* bytes = data->text.data();
+  for (py::ssize_t w = 0; w < rows; ++w) {
+    for (int k = 0; k < t; ++k) {
+      in.mutable_data()[w * t + k] = bytes[windows[w].offset + k];
+      out.mutable_data()[w * t + k] = bytes[windows[w].offset + k + 1];
+    }
+    first.mutable_data()[w] = windows[w].first_scored;
+  }
+  return py::make_tuple(in, out, first);
+}
+
+/// The GPT's shape; a layout file's mesh (model.layout) has no native model.
+expected<model_shape> native_gpt_shape(const config& cfg) {
+  if (!cfg.model.layout.empty()) throw py::value_error("model.layout is set: the native GPT has no such layout");
+  auto shape = resolve_model(cfg.model);
+  if (!shape) raise(shape.err());
+  return shape;
+}
+
+/// {name: array} of the layout's tensors into the model's parameters.
+void copy_params(const py::dict& params, gpt<float>& model) {
+  for (const auto& t : model.layout().tensors) {
+    if (!params.contains(py::str(t.name))) throw py::value_error("no array for '" + t.name + "'");
+    auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(params[py::str(t.name)]);
+    if (!a || static_cast<std::size_t>(a.size()) != t.size()) throw py::value_error("'" + t.name + "' has the wrong size");
+    std::copy(a.data(), a.data() + a.size(), model.params() + t.offset);
+  }
+}
+
+/// `count` tokens as the model takes them; each must be a byte.
+std::vector<std::int32_t> tokens_of(const std::int64_t* data, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i)
+    if (data[i] < 0 || data[i] > 255) throw py::value_error("tokens must be bytes (0..255), got " + std::to_string(data[i]));
+  return {data, data + count};
+}
+
+/// {name: a copy of the tensor} of a buffer laid out by `layout`.
+py::dict tensors_of(const param_layout& layout, const float* buffer) {
+  py::dict out;
+  for (const auto& t : layout.tensors) {
+    const auto dims = dims_of(t);
+    py::array_t<float> a(std::vector<py::ssize_t>(dims.begin(), dims.end()));
+    std::copy(buffer + t.offset, buffer + t.offset + t.size(), a.mutable_data());
+    out[py::str(t.name)] = a;
+  }
+  return out;
+}
+
+/// The native GPT's loss and gradients at `params` ({name: float32 array} of the layout)
+/// on one batch (int64 [batch, context] inputs and targets): to check a port of the GPT.
+py::tuple gpt_loss_and_gradients(const std::string& config_path, const std::vector<std::string>& overrides,
+                                 const py::dict& params, const py::array_t<std::int64_t>& inputs,
+                                 const py::array_t<std::int64_t>& targets) {
+  const config cfg = load_config(config_path, overrides);
+  const auto shape = native_gpt_shape(cfg);
+  if (inputs.ndim() != 2 || inputs.shape(1) != shape->context || targets.size() != inputs.size())
+    throw py::value_error("inputs and targets must be [batch, " + std::to_string(shape->context) + "]");
+  set_compute_threads(1);
+  gpt<float> model(make_layout(*shape));
+  copy_params(params, model);
+  const auto in = tokens_of(inputs.data(), inputs.size()), out = tokens_of(targets.data(), targets.size());
+  const double loss = model.forward_backward(in.data(), out.data(), static_cast<int>(inputs.shape(0)));
+  return py::make_tuple(loss, tensors_of(model.layout(), model.grads()));
+}
+
+/// The native learner's inner steps from `params` on the batches inputs[k] / targets[k]
+/// (int64 [steps, batch, context]), starting at schedule step `first_step`: forward,
+/// backward, AdamW at the scheduled rate (engine::step). Returns (losses, parameters after).
+py::tuple gpt_train_steps(const std::string& config_path, const std::vector<std::string>& overrides,
+                          const py::dict& params, const py::array_t<std::int64_t>& inputs,
+                          const py::array_t<std::int64_t>& targets, std::int64_t first_step) {
+  const config cfg = load_config(config_path, overrides);
+  const auto shape = native_gpt_shape(cfg);
+  if (inputs.ndim() != 3 || inputs.shape(2) != shape->context || targets.size() != inputs.size())
+    throw py::value_error("inputs and targets must be [steps, batch, " + std::to_string(shape->context) + "]");
+  set_compute_threads(1);
+  gpt<float> model(make_layout(*shape));
+  adamw optimizer(model.layout(), cfg.optimizer);
+  copy_params(params, model);
+  const auto per_step = static_cast<std::size_t>(inputs.shape(1) * inputs.shape(2));
+  std::vector<double> losses;
+  for (py::ssize_t k = 0; k < inputs.shape(0); ++k) {
+    const auto in = tokens_of(inputs.data() + k * per_step, per_step);
+    const auto out = tokens_of(targets.data() + k * per_step, per_step);
+    losses.push_back(model.forward_backward(in.data(), out.data(), static_cast<int>(inputs.shape(1))));
+    optimizer.step(model.params(), model.grads(), scheduled_lr(cfg.optimizer, first_step + k, cfg.train.steps));
+  }
+  return py::make_tuple(losses, tensors_of(model.layout(), model.params()));
+}
+
 }  // namespace
 }  // namespace archipelago
 
@@ -481,6 +635,7 @@ PYBIND11_MODULE(_native, m) {
       .def("bind", &py_learner::bind, py::arg("arrays"))
       .def("array", [](py::object self, const std::string& name) { return self.cast<py_learner&>().array(self, name); })
       .def("names", &py_learner::names)
+      .def("node_json", &py_learner::node_json)
       .def("status", &py_learner::status);
   py::class_<py_data_shard>(m, "DataShard")
       .def(py::init<const std::string&, std::vector<std::string>, int, std::uint64_t>(), py::arg("config"),
@@ -493,6 +648,12 @@ PYBIND11_MODULE(_native, m) {
     if (!layout) raise(layout.err());
     return layout_json(*layout);
   }, py::arg("config"), py::arg("overrides"));
+  m.def("training", &training_of, py::arg("config"), py::arg("overrides"), py::arg("index"));
+  m.def("eval_windows", &eval_windows_of, py::arg("config"), py::arg("overrides"));
+  m.def("gpt_loss_and_gradients", &gpt_loss_and_gradients, py::arg("config"), py::arg("overrides"), py::arg("params"),
+        py::arg("inputs"), py::arg("targets"));
+  m.def("gpt_train_steps", &gpt_train_steps, py::arg("config"), py::arg("overrides"), py::arg("params"),
+        py::arg("inputs"), py::arg("targets"), py::arg("first_step"));
   m.def("check_layout_json", [](const std::string& text) {
     auto layout = parse_layout_json(text, "layout");
     if (!layout) raise(layout.err());

@@ -25,7 +25,8 @@ import numpy as np
 
 from . import _native
 
-__all__ = ["Learner", "DataShard", "layout_of", "write_layout", "mesh_layout", "gpt_layout", "load_safetensors"]
+__all__ = ["Learner", "DataShard", "layout_of", "write_layout", "mesh_layout", "gpt_layout", "load_safetensors",
+           "training", "scheduled_lr", "eval_windows", "gpt_loss_and_gradients", "gpt_train_steps"]
 
 
 def _overrides(knobs):
@@ -83,6 +84,48 @@ def mesh_layout(config="", knobs=None):
 def gpt_layout(size="nano"):
     """The native GPT's layout for a preset: what a PyTorch GPT must match to train beside native learners."""
     return mesh_layout("", {"model.size": size})
+
+
+def training(config="", index=0, knobs=None):
+    """What native learner `index` of the mesh trains with, to train the same way:
+    {lr, min_lr_ratio, warmup_steps, weight_decay (matrices only), beta1, beta2, eps,
+    clip_norm (global gradient norm), steps (train.steps, the schedule's length),
+    batch, threads, step_time_ms and slowdown (a step lasts at least step_time_ms,
+    times slowdown), context, n_head}."""
+    return dict(_native.training(config, _overrides(knobs), index))
+
+
+def scheduled_lr(t, step):
+    """The native learning rate at `step` (0-based) for training(...) `t`: linear
+    warm-up, then cosine decay to lr * min_lr_ratio at t["steps"] (core/adamw.cpp)."""
+    if step < t["warmup_steps"]:
+        return t["lr"] * (step + 1) / t["warmup_steps"]
+    low = t["lr"] * t["min_lr_ratio"]
+    progress = min(1.0, (step - t["warmup_steps"]) / max(1, t["steps"] - t["warmup_steps"]))
+    return low + (t["lr"] - low) * 0.5 * (1.0 + np.cos(np.pi * progress))
+
+
+def eval_windows(config="", knobs=None):
+    """The held-out windows a native evaluation (`archipelago replay eval`) scores:
+    (inputs, targets) int64 [windows, context] and first_scored [windows]; window w
+    counts the loss of positions first_scored[w].. only. The mean over those is the
+    eval loss in nats/byte, comparable to the native figure."""
+    return _native.eval_windows(config, _overrides(knobs))
+
+
+def gpt_loss_and_gradients(params, inputs, targets, config="", knobs=None):
+    """The native GPT's loss and {name: gradient} at `params` ({name: float32 array}) on one
+    batch (int64 [batch, context]): to check a port of the GPT against the real one."""
+    loss, grads = _native.gpt_loss_and_gradients(config, _overrides(knobs), params, inputs, targets)
+    return loss, dict(grads)
+
+
+def gpt_train_steps(params, inputs, targets, first_step=0, config="", knobs=None):
+    """The native learner's inner steps (forward, backward, clipped AdamW at the scheduled
+    rate) from `params` on the batches inputs[k], targets[k] (int64 [steps, batch, context]),
+    at schedule steps first_step, first_step + 1, ...: (losses, {name: parameters after})."""
+    losses, after = _native.gpt_train_steps(config, _overrides(knobs), params, inputs, targets, first_step)
+    return list(losses), dict(after)
 
 
 def load_safetensors(path):
@@ -196,6 +239,10 @@ class Learner:
     def status(self):
         """This incarnation's figures: steps, tokens, contributions, versions, ..."""
         return self._native.status()
+
+    def node_status(self):
+        """The node status a native learner serves on GET /node (JSON as a dict)."""
+        return json.loads(self._native.node_json())
 
     @property
     def schedule_step(self):

@@ -54,7 +54,8 @@ class LocalMesh:
     def start_node(self, role, index=0):
         name = f"{role}-{index}"
         log = os.path.join(self.logs, f"{name}.{len(self.processes)}.log")
-        store = ["--db", os.path.join(self.db, "broker" if role == "broker" else name)] if self.db else []
+        store = ["--db", os.path.join(self.db, "broker" if role == "broker" else name)] \
+            if self.db and role != "learner" else []  # learners keep no snapshots
         with open(log, "w") as out:
             proc = subprocess.Popen([self.binary, "node", "--role", role, "--index", str(index), *self.common, *store],
                                     stdout=out, stderr=subprocess.STDOUT)

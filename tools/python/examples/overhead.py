@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The package's overhead on a PyTorch training loop: one PyTorch learner of the
+native GPT (torch_gpt.py) alone in a mesh (a broker and one shard, `archipelago
+node`, nothing else training), its steps/s with the package (adopt, wait_ready,
+after_step every step) against the same loop without the package, alternating
+the two in fresh processes, the same steps each.
+
+    PYTHONPATH=build/python /usr/bin/python3 tools/python/examples/overhead.py --steps 100 --pairs 3 --json
+
+Each run is a process of its own (this script with --worker): the same model,
+data (archipelago.DataShard), optimizer and schedule; only the timed loop
+counts (after joining). It prints each run's steps/s and the ratio
+with-package / without (the sum of each kind's steps over the sum of its loop
+times); 1.0 means no overhead. --json prints one JSON line last. Measure on a
+quiet machine: the load average is printed beside the figures.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import archipelago
+from archipelago.mesh import LocalMesh
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+
+
+def worker(a):
+    import torch
+    sys.path.insert(0, HERE)
+    import torch_gpt
+    knobs = ["wire.curve=false"]
+    t = archipelago.training(a.config, 0, knobs)
+    torch.manual_seed(0)
+    torch.set_num_threads(t["threads"])
+    model = torch_gpt.GPT(archipelago.mesh_layout(a.config, knobs), t["n_head"])
+    learner = None
+    if a.mode == "package":
+        learner = archipelago.Learner(a.config, 0, a.broker, a.shards.split(","), knobs,
+                                      tokens_per_step=t["batch"] * t["context"])
+        learner.adopt(model)
+    opt = torch_gpt.optimizer_for(model, t)
+    if learner:
+        learner.wait_ready()
+    data = archipelago.DataShard(a.config, 0, knobs, incarnation=1)
+    for step in range(3):  # warm-up, untimed
+        torch_gpt.train_step(model, opt, t, step, *data.next(t["batch"]))
+    t0 = time.perf_counter()
+    for step in range(a.steps):
+        x, y = data.next(t["batch"])
+        torch_gpt.train_step(model, opt, t, step, x, y)
+        if learner:
+            learner.after_step(t["batch"] * t["context"])
+    wall = time.perf_counter() - t0
+    if learner:
+        learner.close("overhead run done")
+    print(json.dumps({"mode": a.mode, "steps": a.steps, "wall_s": wall}), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=100, help="timed steps per run")
+    ap.add_argument("--pairs", type=int, default=3, help="alternated pairs of runs")
+    ap.add_argument("--binary", default=os.path.join(REPO, "build", "archipelago"))
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=["package", "plain"], help=argparse.SUPPRESS)
+    ap.add_argument("--config", help=argparse.SUPPRESS)
+    ap.add_argument("--broker", help=argparse.SUPPRESS)
+    ap.add_argument("--shards", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a)
+    folder = tempfile.mkdtemp(prefix="archipelago-overhead-")
+    config = os.path.join(folder, "mesh.toml")
+    with open(config, "w") as f:  # one learner, one shard; the step budget only sets the schedule's length
+        f.write(f'[model]\nsize = "nano"\n\n[mesh]\nlearners = 1\nshards = 1\n\n[train]\nsteps = {a.steps + 3}\n\n'
+                f'[data]\nsynthetic_bytes = 1000000\n')
+    runs = []
+    load = os.getloadavg()
+    with LocalMesh(a.binary, config, shards=1, logs=folder) as mesh:
+        time.sleep(0.5)
+        mesh.check_alive()
+        for pair in range(a.pairs):
+            for mode in (("package", "plain") if pair % 2 == 0 else ("plain", "package")):
+                out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
+                                      "--steps", str(a.steps), "--config", config, "--broker", mesh.broker,
+                                      "--shards", ",".join(mesh.shards)], capture_output=True, text=True, timeout=300)
+                lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+                if out.returncode != 0 or not lines:
+                    sys.exit(f"a {mode} run exited {out.returncode}: {out.stderr[-2000:]}")
+                r = json.loads(lines[-1])
+                runs.append(r)
+                print(f"{mode:8s} {r['steps'] / r['wall_s']:.2f} steps/s", flush=True)
+    load = [round(x, 2) for x in (*load, *os.getloadavg())]
+    rate = {m: sum(r["steps"] for r in runs if r["mode"] == m) / sum(r["wall_s"] for r in runs if r["mode"] == m)
+            for m in ("package", "plain")}
+    ratio = rate["package"] / rate["plain"]
+    print(f"with the package {rate['package']:.2f} steps/s, without {rate['plain']:.2f}: ratio {ratio:.3f} "
+          f"(bar >= 0.95); load {load[0]:.2f} before, {load[3]:.2f} after")
+    if a.json:
+        print(json.dumps({"command": "overhead", "steps": a.steps, "pairs": a.pairs,
+                          "steps_per_s_package": rate["package"], "steps_per_s_plain": rate["plain"],
+                          "ratio": ratio, "runs": runs, "load": load}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
