@@ -37,7 +37,7 @@ def worker(a):
     knobs = ["wire.curve=false"]
     t = archipelago.training(a.config, 0, knobs)
     torch.manual_seed(0)
-    torch.set_num_threads(t["threads"])
+    torch.set_num_threads(a.threads or t["threads"])
     model = torch_gpt.GPT(archipelago.mesh_layout(a.config, knobs), t["n_head"])
     learner = None
     if a.mode == "package":
@@ -66,6 +66,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=100, help="timed steps per run")
     ap.add_argument("--pairs", type=int, default=3, help="alternated pairs of runs")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads in both loops (0: the mesh configuration's); 1 on a 2-core machine leaves "
+                         "the broker and the shard a core of their own, as on separate hosts")
     ap.add_argument("--binary", default=os.path.join(REPO, "build", "archipelago"))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -89,7 +92,7 @@ def main():
         for pair in range(a.pairs):
             for mode in (("package", "plain") if pair % 2 == 0 else ("plain", "package")):
                 out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
-                                      "--steps", str(a.steps), "--config", config, "--broker", mesh.broker,
+                                      "--steps", str(a.steps), "--threads", str(a.threads), "--config", config, "--broker", mesh.broker,
                                       "--shards", ",".join(mesh.shards)], capture_output=True, text=True, timeout=300)
                 lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
                 if out.returncode != 0 or not lines:
@@ -104,7 +107,7 @@ def main():
     print(f"with the package {rate['package']:.2f} steps/s, without {rate['plain']:.2f}: ratio {ratio:.3f} "
           f"(bar >= 0.95); load {load[0]:.2f} before, {load[3]:.2f} after")
     if a.json:
-        print(json.dumps({"command": "overhead", "steps": a.steps, "pairs": a.pairs,
+        print(json.dumps({"command": "overhead", "steps": a.steps, "pairs": a.pairs, "threads": a.threads,
                           "steps_per_s_package": rate["package"], "steps_per_s_plain": rate["plain"],
                           "ratio": ratio, "runs": runs, "load": load}))
     return 0
