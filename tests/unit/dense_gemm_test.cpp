@@ -193,10 +193,15 @@ TEST_CASE("train.precision: parsed like the other knobs, resolved against the CP
   REQUIRE(apply_toml(cfg, "[train]\nprecision = \"bf16\"\n", "t"));
   CHECK(cfg.train.precision == "bf16");
 
-  const gemm_cpu with{"avx512_core_bf16", true}, without{"avx2", false};
+  const gemm_cpu with{"avx512_core_bf16", true, true}, without{"avx2", false};
+  // Native bf16 at half the fp32 rate (as on some CPUs with AVX512_BF16): auto keeps fp32, saying why.
+  const gemm_cpu slow_bf16{"avx512_core_bf16", true, false};
   std::string note;
   CHECK(*resolve_precision("fp32", with, note) == gemm_precision::fp32);
+  CHECK(*resolve_precision("auto", slow_bf16, note) == gemm_precision::fp32);
+  CHECK(note.find("slower") != std::string::npos);
   CHECK(*resolve_precision("auto", with, note) == gemm_precision::bf16);
+  CHECK(note.empty());
   CHECK(*resolve_precision("auto", without, note) == gemm_precision::fp32);
   CHECK(note.empty());
   CHECK(*resolve_precision("bf16", with, note) == gemm_precision::bf16);

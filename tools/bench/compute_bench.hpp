@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "bench/bench_hooks.hpp"
-#include "bench/cpu_peak.hpp"
+#include "learner/model/cpu_peak.hpp"
 #include "core/error.hpp"
 #include "learner/model/gpt.hpp"
 

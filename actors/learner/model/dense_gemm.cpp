@@ -66,7 +66,12 @@ gemm_cpu detect_gemm_cpu() {
 expected<gemm_precision> resolve_precision(std::string_view knob, const gemm_cpu& cpu, std::string& note) {
   note.clear();
   if (knob == "fp32") return gemm_precision::fp32;
-  if (knob == "auto") return cpu.bf16 ? gemm_precision::bf16 : gemm_precision::fp32;
+  if (knob == "auto") {
+    if (cpu.bf16 && !cpu.bf16_faster)
+      note = "train.precision = auto: this CPU's native bf16 dot products run slower than its fp32 FMAs "
+             "(measured peaks); running fp32";
+    return cpu.bf16 && cpu.bf16_faster ? gemm_precision::bf16 : gemm_precision::fp32;
+  }
   if (knob == "bf16") {
     if (cpu.bf16) return gemm_precision::bf16;
     note = "train.precision = bf16: this CPU (oneDNN ISA " + cpu.isa +

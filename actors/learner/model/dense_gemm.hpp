@@ -38,12 +38,16 @@ const char* precision_name(gemm_precision p);
 struct gemm_cpu {
   std::string isa;    // oneDNN's name of the ISA, e.g. "avx512_core_bf16", "avx2"
   bool bf16 = false;  // native bf16 dot products: AVX512_BF16 or AMX
+  /// Its measured bf16 dot-product peak beats its fp32 FMA peak (some CPUs with
+  /// AVX512_BF16 run it at half the fp32 rate); measured only for auto (dense_backend_for).
+  bool bf16_faster = false;
 };
 gemm_cpu detect_gemm_cpu();
 
 /// Resolves train.precision ("fp32" | "bf16" | "auto") on `cpu`: auto is bf16
-/// where the CPU has native bf16, fp32 elsewhere; bf16 on a CPU without it
-/// falls back to fp32 and `note` gets one line saying so (empty otherwise).
+/// where the CPU has native bf16 and it outpaces fp32 (bf16_faster), fp32
+/// elsewhere; bf16 on a CPU without it falls back to fp32. `note` gets one line
+/// when bf16 is asked for or present and fp32 is what runs (empty otherwise).
 /// An unknown value is invalid_input naming it.
 expected<gemm_precision> resolve_precision(std::string_view knob, const gemm_cpu& cpu, std::string& note);
 

@@ -7,6 +7,7 @@
 #include <numbers>
 
 #include "core/prng.hpp"
+#include "learner/model/cpu_peak.hpp"
 #include "learner/model/synthetic.hpp"
 
 namespace archipelago {
@@ -20,7 +21,12 @@ void set_compute_threads(int threads) {
 }
 
 dense_backend dense_backend_for(const train_config& train, std::string& note) {
-  auto p = resolve_precision(train.precision, detect_gemm_cpu(), note);
+  gemm_cpu cpu = detect_gemm_cpu();
+  if (train.precision == "auto" && cpu.bf16) {  // one pass of each peak loop on one thread: some 30 ms
+    const cpu_peak peak = measure_cpu_peak(1, 0);
+    cpu.bf16_faster = peak.bf16_gflops > peak.fp32_gflops();
+  }
+  auto p = resolve_precision(train.precision, cpu, note);
   if (!p) {  // the knob is checked when parsed; a config built in code may still carry anything
     note = p.err().message + "; running fp32";
     return dense_backend::fp32;

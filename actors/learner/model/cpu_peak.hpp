@@ -1,5 +1,6 @@
 #pragma once
-// The CPU's own limits, for `bench compute` to report the engine against:
+// The CPU's own limits — what `bench compute` reports the engine against, and
+// what train.precision = auto compares (bf16 only where it outpaces fp32):
 // fp32 FMA and bf16 dot-product peaks, each a short register-resident loop on
 // every thread (independent accumulators, no memory traffic). The loops are
 // compiled in cpu_peak.cpp with per-function target attributes and run only

@@ -1,4 +1,4 @@
-#include "bench/cpu_peak.hpp"
+#include "learner/model/cpu_peak.hpp"
 
 #include <immintrin.h>
 #include <omp.h>
