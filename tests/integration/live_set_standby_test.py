@@ -18,30 +18,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
 from launch import free_ports  # noqa: E402
+import node_procs  # noqa: E402
+from node_procs import PROCS, check, fail  # noqa: E402
+from node_procs import status  # noqa: E402
 
 BINARY = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="archipelago-live-set-standby-")
 KEYS = os.path.join(WORK, "keys")
-PROCS = {}
-
-
-def fail(message):
-    for name, (proc, log) in PROCS.items():
-        if proc.poll() is None:
-            proc.kill()
-        with open(log) as f:
-            sys.stderr.write(f"--- {name} ---\n{f.read()[-3000:]}\n")
-    sys.exit(f"FAIL: {message}")
-
-
-def check(condition, message):
-    if not condition:
-        fail(message)
 
 
 primary_port, standby_port, shard_port, primary_metrics, standby_metrics = free_ports(5)
@@ -52,27 +38,11 @@ COMMON = ["--broker", f"{PRIMARY},tcp://127.0.0.1:{standby_port}", "--shards", f
 
 
 def start(name, args):
-    log = os.path.join(WORK, f"{name}.log")
-    with open(log, "w") as out:
-        PROCS[name] = (subprocess.Popen([BINARY, "node", *args, *COMMON], stdout=out, stderr=subprocess.STDOUT), log)
+    node_procs.start(BINARY, WORK, name, [*args, *COMMON])
 
 
-def status(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as r:
-        return json.loads(r.read())
-
-
-def wait_for(what, predicate, bound_s):
-    deadline = time.time() + bound_s
-    while time.time() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (urllib.error.URLError, ConnectionError, ValueError, KeyError):
-            pass
-        time.sleep(0.5)
-    fail(f"{what}: not within {bound_s} s")
+def wait_for(what, predicate, bound_s):  # a standby's /status lacks fields while it follows
+    return node_procs.wait_for(what, predicate, bound_s, (*node_procs.NOT_YET, KeyError))
 
 
 try:

@@ -23,31 +23,18 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
 from launch import free_ports  # noqa: E402
+import node_procs  # noqa: E402
+from node_procs import PROCS, check, fail  # noqa: E402
+from node_procs import wait_for  # noqa: E402
 
 BINARY = os.path.abspath(sys.argv[1])
 TEST_PEER = os.path.abspath(sys.argv[2])
 WORK = tempfile.mkdtemp(prefix="archipelago-live-set-")
 KEYS = os.path.join(WORK, "keys")
-PROCS = {}
-
-
-def fail(message):
-    for name, (proc, log) in PROCS.items():
-        if proc.poll() is None:
-            proc.kill()
-        with open(log) as f:
-            sys.stderr.write(f"--- {name} ---\n{f.read()[-3000:]}\n")
-    sys.exit(f"FAIL: {message}")
-
-
-def check(condition, message):
-    if not condition:
-        fail(message)
 
 
 def run_cli(*args, timeout=60):
@@ -61,27 +48,11 @@ COMMON = ["--broker", BROKER, "--shards", f"tcp://127.0.0.1:{shard_port}", "--le
 
 
 def start(name, args):
-    log = os.path.join(WORK, f"{name}.log")
-    with open(log, "w") as out:
-        PROCS[name] = (subprocess.Popen([BINARY, "node", *args, *COMMON], stdout=out, stderr=subprocess.STDOUT), log)
+    node_procs.start(BINARY, WORK, name, [*args, *COMMON])
 
 
 def status():
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/status", timeout=10) as r:
-        return json.loads(r.read())
-
-
-def wait_for(what, predicate, bound_s):
-    deadline = time.time() + bound_s
-    while time.time() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (urllib.error.URLError, ConnectionError, ValueError):
-            pass
-        time.sleep(0.5)
-    fail(f"{what}: not within {bound_s} s")
+    return node_procs.status(metrics_port)
 
 
 try:
