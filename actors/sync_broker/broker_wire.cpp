@@ -526,6 +526,9 @@ void broker_wire::on_leave(learner_ref who, nanos now) {
   last_leave_ns_ = now;
   records_[who].left_ns = now;
   endpoints_.erase(who);  // nobody to greet there
+  // Its final count to the store and the standbys now, not at the next periodic copy: a
+  // leader lost in between would otherwise take the learner's last steps with it.
+  write_ledger(now);
 }
 
 /// A shard's notice of a contribution: buffered ones join their round; every one goes to the ledger.
