@@ -14,7 +14,7 @@ default liveness settings (heartbeat 1 s, dead after 3 s: a lease of 3 s).
 4. etcd itself is killed while the primary leads: the primary cannot renew, so it
    stops leading when its lease would have ended (no broker leads without etcd); etcd
    restarts on its data, a broker leads again in an epoch above every earlier one.
-5. The learners finish, never restarted; the last leader's ledger balances and holds
+5. The learners leave on SIGTERM, never restarted; the last leader's ledger balances and holds
    exactly the tokens each learner reports.
 
 Environment: ARCHIPELAGO (the binary), LEASE_STEPS (default 3000).
@@ -158,7 +158,9 @@ def main():
         epoch4 = wait_until("a broker leading again once etcd is back", 30,
                             lambda: (leader_epoch(etcd) or 0) > epoch3 and leader_epoch(etcd), lambda: mesh.alive("primary"))
 
-        # 5. The learners finish under it.
+        # 5. The learners leave under it, once it committed a round.
+        wait_until("a round committed in the epoch after etcd's return", TAKEOVER_BOUND_S,
+                   lambda: [r for r in tape(binary, mesh.db["primary"]) if r["epoch"] == epoch4], lambda: mesh.alive("primary"))
         final = mesh.finish(["primary"])
         keys = etcd.keys()
         if keys["leader"] is not None or keys["epoch"] != epoch4:

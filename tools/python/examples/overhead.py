@@ -11,7 +11,10 @@ Each run is a process of its own (this script with --worker): the same model,
 data (archipelago.DataShard), optimizer and schedule; only the timed loop
 counts (after joining). It prints each run's steps/s and the ratio
 with-package / without (the sum of each kind's steps over the sum of its loop
-times); 1.0 means no overhead. --json prints one JSON line last. Measure on a
+times); 1.0 means no overhead. Beside it, the CPU time per step of the
+learner's own process (time.process_time: every thread of it, so the package's
+I/O thread too, not the broker's or the shard's), the part of the overhead
+that would follow the learner to a host of its own. --json prints one JSON line last. Measure on a
 quiet machine: the load average is printed beside the figures.
 """
 
@@ -50,16 +53,16 @@ def worker(a):
     data = archipelago.DataShard(a.config, 0, knobs, incarnation=1)
     for step in range(3):  # warm-up, untimed
         torch_gpt.train_step(model, opt, t, step, *data.next(t["batch"]))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for step in range(a.steps):
         x, y = data.next(t["batch"])
         torch_gpt.train_step(model, opt, t, step, x, y)
         if learner:
             learner.after_step(t["batch"] * t["context"])
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if learner:
         learner.close("overhead run done")
-    print(json.dumps({"mode": a.mode, "steps": a.steps, "wall_s": wall}), flush=True)
+    print(json.dumps({"mode": a.mode, "steps": a.steps, "wall_s": wall, "cpu_s": cpu}), flush=True)
 
 
 def main():
@@ -99,17 +102,24 @@ def main():
                     sys.exit(f"a {mode} run exited {out.returncode}: {out.stderr[-2000:]}")
                 r = json.loads(lines[-1])
                 runs.append(r)
-                print(f"{mode:8s} {r['steps'] / r['wall_s']:.2f} steps/s", flush=True)
+                print(f"{mode:8s} {r['steps'] / r['wall_s']:.2f} steps/s, {1e3 * r['cpu_s'] / r['steps']:.1f} ms CPU "
+                      f"per step in the learner's process", flush=True)
     load = [round(x, 2) for x in (*load, *os.getloadavg())]
     rate = {m: sum(r["steps"] for r in runs if r["mode"] == m) / sum(r["wall_s"] for r in runs if r["mode"] == m)
             for m in ("package", "plain")}
+    cpu = {m: sum(r["cpu_s"] for r in runs if r["mode"] == m) / sum(r["steps"] for r in runs if r["mode"] == m)
+           for m in ("package", "plain")}
     ratio = rate["package"] / rate["plain"]
     print(f"with the package {rate['package']:.2f} steps/s, without {rate['plain']:.2f}: ratio {ratio:.3f} "
-          f"(bar >= 0.95); load {load[0]:.2f} before, {load[3]:.2f} after")
+          f"(bar >= 0.95); CPU per step in the learner's process {1e3 * cpu['package']:.1f} ms with, "
+          f"{1e3 * cpu['plain']:.1f} ms without (ratio {cpu['plain'] / cpu['package']:.3f}); "
+          f"load {load[0]:.2f} before, {load[3]:.2f} after")
     if a.json:
         print(json.dumps({"command": "overhead", "steps": a.steps, "pairs": a.pairs, "threads": a.threads,
                           "steps_per_s_package": rate["package"], "steps_per_s_plain": rate["plain"],
-                          "ratio": ratio, "runs": runs, "load": load}))
+                          "ratio": ratio, "cpu_s_per_step_package": cpu["package"],
+                          "cpu_s_per_step_plain": cpu["plain"], "cpu_ratio": cpu["plain"] / cpu["package"],
+                          "runs": runs, "load": load}))
     return 0
 
 
