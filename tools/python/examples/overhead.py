@@ -5,7 +5,7 @@ node`, nothing else training), its steps/s with the package (adopt, wait_ready,
 after_step every step) against the same loop without the package, alternating
 the two in fresh processes, the same steps each.
 
-    PYTHONPATH=build/python /usr/bin/python3 tools/python/examples/overhead.py --steps 100 --pairs 3 --json
+    PYTHONPATH=build/python /usr/bin/python3 tools/python/examples/overhead.py --steps 150 --pairs 4 --threads 1 --json
 
 Each run is a process of its own (this script with --worker): the same model,
 data (archipelago.DataShard), optimizer and schedule; only the timed loop
@@ -70,8 +70,9 @@ def main():
     ap.add_argument("--steps", type=int, default=100, help="timed steps per run")
     ap.add_argument("--pairs", type=int, default=3, help="alternated pairs of runs")
     ap.add_argument("--threads", type=int, default=0,
-                    help="torch threads in both loops (0: the mesh configuration's); 1 on a 2-core machine leaves "
-                         "the broker and the shard a core of their own, as on separate hosts")
+                    help="threads of torch and of its BLAS library (OPENBLAS_NUM_THREADS) in both loops (0: the mesh "
+                         "configuration's, BLAS left as it is); 1 on a 2-core machine leaves the broker and the "
+                         "shard a core of their own, as on separate hosts")
     ap.add_argument("--binary", default=os.path.join(REPO, "build", "archipelago"))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -88,6 +89,9 @@ def main():
         f.write(f'[model]\nsize = "nano"\n\n[mesh]\nlearners = 1\nshards = 1\n\n[train]\nsteps = {a.steps + 3}\n\n'
                 f'[data]\nsynthetic_bytes = 1000000\n')
     runs = []
+    env = dict(os.environ)
+    if a.threads:  # torch.set_num_threads does not reach the BLAS library's own thread pool (Debian's: OpenBLAS)
+        env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(a.threads)
     load = os.getloadavg()
     with LocalMesh(a.binary, config, shards=1, logs=folder) as mesh:
         time.sleep(0.5)
@@ -96,7 +100,8 @@ def main():
             for mode in (("package", "plain") if pair % 2 == 0 else ("plain", "package")):
                 out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode,
                                       "--steps", str(a.steps), "--threads", str(a.threads), "--config", config, "--broker", mesh.broker,
-                                      "--shards", ",".join(mesh.shards)], capture_output=True, text=True, timeout=300)
+                                      "--shards", ",".join(mesh.shards)], capture_output=True, text=True, timeout=300,
+                                     env=env)
                 lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
                 if out.returncode != 0 or not lines:
                     sys.exit(f"a {mode} run exited {out.returncode}: {out.stderr[-2000:]}")
