@@ -275,6 +275,7 @@ class py_learner {
     d["refusal"] = s.refusal;
     d["inbox_dropped"] = inbox_dropped_;
     d["schedule_step"] = schedule_step_;
+    d["slowdown"] = learner_->slowdown();
     d["endpoint"] = wire_ ? wire_->endpoint() : std::string();
     d["metrics_port"] = metrics_ ? metrics_->port() : -1;
     std::vector<std::uint64_t> versions;

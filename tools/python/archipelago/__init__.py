@@ -245,6 +245,13 @@ class Learner:
         return json.loads(self._native.node_json())
 
     @property
+    def slowdown(self):
+        """The chaos monkey's slow-down in force on this learner (1.0: none). A drill's straggler
+        faults reach a loop of your own only through this: a native learner stretches each step
+        by it; do the same (sleep (slowdown - 1) x your step's time) to take part in the drill."""
+        return self._native.status()["slowdown"]
+
+    @property
     def schedule_step(self):
         """Where the mesh's learning-rate schedule stands for a restarted learner (0 at a first start)."""
         return self._native.status()["schedule_step"]

@@ -216,8 +216,9 @@ def run_learner(config, index, broker, shards, knobs, listen="tcp://127.0.0.1:0"
         begun = time.perf_counter()
         x, y = data.next(t["batch"])
         losses.append(train_step(model, opt, t, step, x, y))
-        # The native learner's pace: a step lasts at least the compute budget, times its slow-down.
-        paced = max(budget_s, time.perf_counter() - begun) * t["slowdown"]
+        # The native learner's pace: a step lasts at least the compute budget, times its slow-down
+        # (the configured one, and the chaos monkey's while a drill slows this learner).
+        paced = max(budget_s, time.perf_counter() - begun) * t["slowdown"] * learner.slowdown
         time.sleep(max(0.0, paced - (time.perf_counter() - begun)))
         learner.after_step(t["batch"] * t["context"], max(paced, time.perf_counter() - begun))
         step += 1
