@@ -58,7 +58,7 @@ fault_plan_spec load_plan(const std::string& name) {
   REQUIRE_MESSAGE(in.good(), "cannot read " << (drills_dir() / name).string());
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto plan = parse_fault_plan(text, name, drill_learners, drill_shards);
-  REQUIRE_MESSAGE(plan.has_value(), plan.err().message);
+  REQUIRE_MESSAGE(plan.has_value(), (plan ? "" : plan.err().message));
   return *plan;
 }
 
@@ -594,7 +594,7 @@ struct inline_drill {
 
 inline_drill run_inline(const std::string& text, nanos commit_delay_ns = 0) {
   auto plan = parse_fault_plan(text, "inline.toml", drill_learners, drill_shards);
-  REQUIRE_MESSAGE(plan.has_value(), plan.err().message);
+  REQUIRE_MESSAGE(plan.has_value(), (plan ? "" : plan.err().message));
   if (const std::uint64_t seed = seed_override()) plan->seed = seed;
   inline_drill d;
   d.config = drill_config(*plan, plan->seed);
@@ -887,7 +887,7 @@ TEST_CASE("sim: churn at 32 learners keeps participation above the plan's bound"
   std::ifstream in(drills_dir() / "churn" / "churn_32.toml");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto plan = parse_fault_plan(text, "churn_32.toml", 32, drill_shards);
-  REQUIRE_MESSAGE(plan.has_value(), plan.err().message);
+  REQUIRE_MESSAGE(plan.has_value(), (plan ? "" : plan.err().message));
   if (const std::uint64_t seed = seed_override()) plan->seed = seed;
   CAPTURE(plan->seed);
   sim_config c = drill_config(*plan, plan->seed);
