@@ -13,7 +13,7 @@ source "$(dirname "$0")/lib.sh"
 json() { tail -n 1 "$work/out" | python3 -c "import json,sys; s=json.loads(sys.stdin.read()); print($1)"; }
 
 db=$work/db
-"$A" run --learners 2 --steps 100000 --db "$db" --out "" --report "" --set train.eval_every=10 \
+"$A" run --learners 2 --steps 100000 --db "$db" --out "" --report "" --eval-every-s 4 \
   --set mesh.step_time_ms=20 --json >"$work/first" 2>"$work/first.err" &
 pid=$!
 # Until three evaluated versions are in the store (read beside the live writer), at most 240 s.
@@ -40,7 +40,7 @@ timeout 120 "$A" replay --db "$db" eval head --json >"$work/out" 2>&1 || fail "r
 head_eval=$(json 's["eval_loss"]')
 
 # Every node restarted at once from the store: 40 more steps.
-if timeout 300 "$A" run --resume "$db" --learners 2 --steps $((steps + 40)) --out "" --report "" --set train.eval_every=10 \
+if timeout 300 "$A" run --resume "$db" --learners 2 --steps $((steps + 40)) --out "" --report "" --eval-every-s 4 \
      --set mesh.step_time_ms=20 --json >"$work/out" 2>"$work/err"; then
   read -r resumed start end < <(json 's["resumed_from"], s["start_eval_loss"], s["eval_loss"]' | tr -d '(),')
   echo "cold restart: killed at version $head (steps $steps), head's eval $head_eval, last eval before the kill" \

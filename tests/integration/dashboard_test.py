@@ -89,7 +89,7 @@ if not CHROMIUM:
 
 port, = free_ports(1)
 cmd = [BINARY, "run", "--steps", "100000", "--metrics-port", str(port), "--out", "", "--report", "",
-       "--set", "data.batch=4", "--set", "data.eval_tokens=4096", "--set", "data.synthetic_bytes=1000000"]
+       "--eval-every-s", "3", "--set", "data.batch=4", "--set", "data.eval_tokens=4096", "--set", "data.synthetic_bytes=1000000"]
 run = subprocess.Popen(cmd, stdout=open(os.path.join(WORK, "run.out"), "w"),
                        stderr=open(os.path.join(WORK, "run.err"), "w"), cwd=WORK)
 try:
@@ -103,7 +103,7 @@ try:
         fail(f"GET / is not the dashboard: {code} {kind} {page[:200]}")
     if re.search(r"(src|href)=\"https?://", page):
         fail("the dashboard loads something from outside the machine")
-    # The eval curve: the run evaluates every 20 s; wait for its second point.
+    # The eval curve: the run evaluates every 3 s (--eval-every-s); wait for its second point.
     wait_for("two points on /evals", lambda: len(json.loads(get(port, "/evals")[2])) >= 2, 120)
 
     # Ten seconds of the page's own clock: about ten polls of /status.

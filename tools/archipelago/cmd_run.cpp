@@ -46,7 +46,7 @@ int run_mesh_command(const run_options& o, logger& log) {
               cfg->data.corpus.empty() ? "synthetic" : cfg->data.corpus.c_str());
   std::fflush(stdout);
   auto summary = run_local_mesh(*cfg, log, [&](const std::string& line) { progress.update(line); },
-                                [] { return stop_requested.load(); }, o.snapshots, nullptr, o.metrics, {},
+                                [] { return stop_requested.load(); }, o.snapshots, nullptr, o.metrics, o.eval,
                                 o.admin_endpoint);
   progress.finish();
   if (!summary) return report(summary.err());
@@ -154,6 +154,8 @@ void add_run_flags(CLI::App& cmd, run_options& o) {
   cmd.add_option("--report", o.report, "Write an HTML report with plots to this file (\"\" to skip)")
       ->capture_default_str();
   cmd.add_flag("--json", o.json, "Print a one-line JSON summary last");
+  cmd.add_option("--eval-every-s", o.eval.period_s, "Seconds between evaluations of the global model (default 20)")
+      ->check(CLI::Range(0.2, 3600.0));
   cmd.add_option("--db", o.snapshots.db, "Keep versioned snapshots in this RocksDB directory (replay them later)");
   cmd.add_flag("--record-contributions", o.snapshots.record_contributions,
                "With --db: also record every merged contribution, for `replay verify`");

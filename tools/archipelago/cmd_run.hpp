@@ -18,6 +18,7 @@ struct run_options {
   mesh_snapshots snapshots;
   metrics_endpoint metrics;
   std::string admin_endpoint;  // --admin: the broker also listens there for `archipelago set`
+  mesh_eval eval;              // --eval-every-s: seconds between evaluations of Θ
 };
 
 /// The training flags of `run` (mode, learners, steps, config, --out, --json, --db, ...).
