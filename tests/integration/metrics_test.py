@@ -28,26 +28,12 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
 from launch import free_ports  # noqa: E402  (deploy/launch.py: ports below the ephemeral range)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import node_procs  # noqa: E402
+from node_procs import PROCS, check, fail  # noqa: E402
 
 BINARY = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="archipelago-metrics-")
-PROCS = {}
-
-
-def fail(message):
-    for name, (proc, log) in PROCS.items():
-        if proc.poll() is None:
-            proc.kill()
-        with open(log) as f:
-            sys.stderr.write(f"--- {name} ---\n{f.read()[-3000:]}\n")
-    sys.exit(f"FAIL: {message}")
-
-
-def check(condition, message):
-    if not condition:
-        fail(message)
-
-
 broker_port, shard_port, *metrics_ports = free_ports(7)
 BROKER = f"tcp://127.0.0.1:{broker_port}"
 SHARD = f"tcp://127.0.0.1:{shard_port}"
@@ -59,11 +45,8 @@ METRICS = {"broker": metrics_ports[0], "shard": metrics_ports[1],
 
 def start(role, index=0, extra=()):
     name = role if role != "learner" else f"learner-{index}"
-    log = os.path.join(WORK, f"{name}.log")
-    cmd = [BINARY, "node", "--role", role, "--index", str(index), "--metrics-host", "127.0.0.1",
-           "--metrics-port", str(METRICS[name]), *COMMON, *extra]
-    with open(log, "w") as out:
-        PROCS[name] = (subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT), log)
+    node_procs.start(BINARY, WORK, name, ["--role", role, "--index", str(index), "--metrics-host", "127.0.0.1",
+                                          "--metrics-port", str(METRICS[name]), *COMMON, *extra])
 
 
 def get(port, path, timeout=10):

@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <iterator>
 
 #include "bench/ablate_bench.hpp"
 #include "bench/bench_stats.hpp"
@@ -47,21 +46,13 @@ void encoding_claims(std::vector<ablate_claim>& out, const ablate_plan& plan,
                    mean(int2->rel_second) > 5});
 }
 
-/// Student's t two-sided 95 % quantile for n − 1 degrees of freedom (n paired seeds).
-double t95(std::size_t n) {
-  static const double table[] = {0, 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262};
-  return n >= 2 && n - 1 < std::size(table) ? table[n - 1] : 1.96;
-}
-
 void robust_claims(std::vector<ablate_claim>& out, const ablate_plan& plan, const std::vector<ablate_outcome>& outcomes) {
   const ablate_outcome* on = find(plan, outcomes, "", "robust on");
   if (!on || on->rel.empty()) return;
   // Paired by seed: rel is robust-on's loss vs the same seed's robust-off run, in %.
   const double m = mean(on->rel);
-  double var = 0;
-  for (double x : on->rel) var += (x - m) * (x - m);
   const std::size_t n = on->rel.size();
-  const double half = n >= 2 ? t95(n) * std::sqrt(var / static_cast<double>(n - 1) / static_cast<double>(n)) : NAN;
+  const double half = n >= 2 ? ci95(on->rel) : NAN;  // one seed shows nothing
   // Shown only when the whole interval is inside the bar: a mean inside it with an interval
   // reaching past it has not shown the cost is that small.
   out.push_back({said("mesh.robust costs at most 0.5 %% eval loss fault-free: %+.3f %% ", m) +

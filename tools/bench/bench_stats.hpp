@@ -1,6 +1,6 @@
 #pragma once
 // Small statistics and formatting shared by the benches: order statistics for
-// per-round ratios, the mean and spread over seeds, and the JSON and text forms
+// per-round ratios, the mean, spread and confidence interval over seeds, and the JSON and text forms
 // of figures.
 
 #include <stdlib.h>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/json_line.hpp"
+#include "core/student_t.hpp"
 
 namespace archipelago {
 
@@ -53,6 +54,20 @@ inline double spread(const std::vector<double>& v) {
   if (v.size() < 2) return 0;
   const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
   return (*hi - *lo) / 2;
+}
+
+/// Half the width of the 95 % confidence interval of the mean (Student's t); 0
+/// for fewer than two values. NaN values are left out.
+inline double ci95(const std::vector<double>& all) {
+  std::vector<double> v;
+  for (double x : all)
+    if (!std::isnan(x)) v.push_back(x);
+  if (v.size() < 2) return 0;
+  const double m = mean(v);
+  double ss = 0;
+  for (double x : v) ss += (x - m) * (x - m);
+  const auto df = static_cast<int>(v.size()) - 1;
+  return t95(df) * std::sqrt(ss / df) / std::sqrt(static_cast<double>(v.size()));
 }
 
 /// The values printed with `format`, separated by spaces.

@@ -47,23 +47,6 @@ double tokens_to_reach(const loss_curve& curve, double target) {
   return std::nan("");
 }
 
-double ci95(const std::vector<double>& all) {
-  std::vector<double> v;
-  for (double x : all)
-    if (!std::isnan(x)) v.push_back(x);
-  if (v.size() < 2) return 0;
-  // Student's t at 97.5 % for 1..30 degrees of freedom; beyond, the normal's 1.96.
-  static const double t[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-                             2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-                             2.080,  2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
-  const double m = mean(v);
-  double ss = 0;
-  for (double x : v) ss += (x - m) * (x - m);
-  const std::size_t df = v.size() - 1;
-  const double sd = std::sqrt(ss / static_cast<double>(df));
-  return (df <= 30 ? t[df - 1] : 1.96) * sd / std::sqrt(static_cast<double>(v.size()));
-}
-
 status check_parity(const parity_options& o, const config& base) {
   if (o.modes.empty() || o.modes.front() != "dp")
     return make_error(errc::invalid_input, "bench parity: --modes must start with dp (the reference)");

@@ -59,10 +59,6 @@ struct parity_result {
   bool ledger_exact = true;
 };
 
-/// Half the width of the 95 % confidence interval of the mean (Student's t); 0
-/// for fewer than two values. NaN values are left out.
-double ci95(const std::vector<double>& v);
-
 /// Checks the options and every mode's configuration from `base` before any run.
 status check_parity(const parity_options& o, const config& base);
 

@@ -259,6 +259,12 @@ class py_learner {
     return to_json(s);
   }
 
+  /// The chaos monkey's slow-down in force (1: none); cheap enough for every step.
+  double slowdown() {
+    std::lock_guard lock(wire_mu_);
+    return learner_->slowdown();
+  }
+
   py::dict status() {
     std::lock_guard lock(wire_mu_);
     const node_status s = learner_->status();
@@ -275,7 +281,6 @@ class py_learner {
     d["refusal"] = s.refusal;
     d["inbox_dropped"] = inbox_dropped_;
     d["schedule_step"] = schedule_step_;
-    d["slowdown"] = learner_->slowdown();
     d["endpoint"] = wire_ ? wire_->endpoint() : std::string();
     d["metrics_port"] = metrics_ ? metrics_->port() : -1;
     std::vector<std::uint64_t> versions;
@@ -637,7 +642,8 @@ PYBIND11_MODULE(_native, m) {
       .def("array", [](py::object self, const std::string& name) { return self.cast<py_learner&>().array(self, name); })
       .def("names", &py_learner::names)
       .def("node_json", &py_learner::node_json)
-      .def("status", &py_learner::status);
+      .def("status", &py_learner::status)
+      .def("slowdown", &py_learner::slowdown);
   py::class_<py_data_shard>(m, "DataShard")
       .def(py::init<const std::string&, std::vector<std::string>, int, std::uint64_t>(), py::arg("config"),
            py::arg("overrides"), py::arg("index"), py::arg("incarnation"))

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/student_t.hpp"  // t95: the intervals of simulate()
 
 namespace archipelago::goodput {
 
@@ -120,6 +121,8 @@ struct interval {
   double half_width = 0;
 };
 
+using archipelago::t95;  // the quantile of the intervals below (core/student_t.hpp)
+
 struct estimate {
   interval goodput, uptime;
   int replications = 0;
@@ -129,9 +132,6 @@ struct estimate {
 
 /// R independent replications, replication r seeded with derive_seed(seed, r).
 estimate simulate(const params& p, int replications, std::uint64_t seed);
-
-/// Two-sided 95 % Student t quantile for `df` degrees of freedom (df >= 1).
-double t95(int df);
 
 // ---- paper Table 1 -----------------------------------------------------------
 

@@ -22,9 +22,14 @@ void set_compute_threads(int threads) {
 
 dense_backend dense_backend_for(const train_config& train, std::string& note) {
   gemm_cpu cpu = detect_gemm_cpu();
-  if (train.precision == "auto" && cpu.bf16) {  // one pass of each peak loop on one thread: some 30 ms
-    const cpu_peak peak = measure_cpu_peak(1, 0);
-    cpu.bf16_faster = peak.bf16_gflops > peak.fp32_gflops();
+  if (train.precision == "auto" && cpu.bf16) {
+    // One pass of each peak loop on one thread (some 30 ms), once per process: every
+    // engine of it (learners, restarts, the evaluator) then makes the same choice.
+    static const bool bf16_faster = [] {
+      const cpu_peak peak = measure_cpu_peak(1, 0);
+      return peak.bf16_gflops > peak.fp32_gflops();
+    }();
+    cpu.bf16_faster = bf16_faster;
   }
   auto p = resolve_precision(train.precision, cpu, note);
   if (!p) {  // the knob is checked when parsed; a config built in code may still carry anything

@@ -249,7 +249,7 @@ class Learner:
         """The chaos monkey's slow-down in force on this learner (1.0: none). A drill's straggler
         faults reach a loop of your own only through this: a native learner stretches each step
         by it; do the same (sleep (slowdown - 1) x your step's time) to take part in the drill."""
-        return self._native.status()["slowdown"]
+        return self._native.slowdown()
 
     @property
     def schedule_step(self):
