@@ -301,6 +301,12 @@ std::vector<knob> make_knobs() {
                   "Default: -1."),
       number_knob("mesh.inner_steps", h, &mesh_config::inner_steps, 1, 1000000,
                   "Inner steps between two syncs of a fragment (H) in diloco and streaming. Default: 50."),
+      bool_knob("mesh.rebase", h, &mesh_config::rebase,
+                "On receipt of a merged fragment a learner keeps the progress it made since it last "
+                "contributed it (theta_p <- Theta_p + theta_p - theta_p at that contribution; since the "
+                "anchor when it did not) instead of overwriting it, and contributes that progress "
+                "next: no step is thrown away by the overlap. Excludes mesh.mix > 0 (streaming's "
+                "default 0.5 becomes 0). No effect in dp. Default: false."),
       bool_knob("mesh.elastic", h, &mesh_config::elastic,
                 "dp, diloco, streaming: rounds stop waiting for a dead learner (false: they stall "
                 "until it is back, the non-elastic baseline). Default: true."),
@@ -580,6 +586,9 @@ status validate_mesh(const config& cfg) {
     if (auto plan = make_fragment_plan(*resolve_layout(cfg), m.fragments); !plan)
       return invalid("mesh.fragments: " + plan.err().message);
   }
+  if (m.rebase && m.mix > 0)
+    return invalid("mesh.rebase and mesh.mix > 0 both say what a learner does on receipt of a fragment: "
+                   "choose one");
   for (const auto& [key, text] : {std::pair{"mesh.learner_threads", &m.learner_threads},
                                   std::pair{"mesh.learner_batch", &m.learner_batch},
                                   std::pair{"mesh.learner_slowdown", &m.learner_slowdown}}) {
@@ -629,6 +638,11 @@ expected<sync_policy> resolve_policy(const config& cfg) {
     p.adaptive_grace = m.grace;
   }
   if (m.mix >= 0) p.mix = m.mix;
+  // dp's learners never move θ between a contribution and the update.
+  if (m.rebase && !p.send_gradients) {
+    p.rebase = true;
+    p.mix = 0;
+  }
   return p;
 }
 

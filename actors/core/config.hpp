@@ -80,6 +80,7 @@ struct mesh_config {
   int robust_trim = 1;             // contributions trimmed per side per coordinate
   double robust_min_cosine = 0;    // direction screen: reject below this cosine; -1: off
   double mix = -1;                 // α_mix; -1: the mode's (0, streaming 0.5)
+  bool rebase = false;             // on receipt keep the progress not yet contributed (excludes mix)
   int inner_steps = 50;            // H for diloco and streaming (paper 500, scaled)
   bool elastic = true;             // synchronous modes: stop waiting for a dead learner (false: stall)
   double round_timeout_s = 60;     // bound on any open round
@@ -199,6 +200,7 @@ struct sync_policy {
   int contribute_after = 1;      // a learner answers a round once it did this many steps on the fragment
   int wait_slack = -1;           // ... and stops stepping this many steps later without an update; -1: never
   double mix = 0;                // α_mix
+  bool rebase = false;           // learners keep their uncontributed progress on receipt
   bool send_gradients = false;   // dp: learners send gradients, the shards run AdamW
 };
 

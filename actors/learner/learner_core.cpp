@@ -46,6 +46,7 @@ void learner_core::reanchor(fragment_index p, std::uint64_t version, std::span<c
   std::copy(global.begin(), global.end(), s.anchor.begin());
   s.version = version;
   s.contributed_steps = 0;
+  s.contributed_theta.clear();  // contributed to the dead incarnation: not merged
 }
 
 void learner_core::on_step(std::uint64_t tokens) {
@@ -87,6 +88,10 @@ std::optional<contribution_plan> learner_core::next_contribution(const float* pa
       return c;
     }
     gather(c.fragment, params, c.delta.data());
+    if (config_.rebase) {
+      s.contributed_theta = c.delta;
+      s.contributed_tokens = s.tokens;
+    }
     // The delta is taken against the learner's own anchor, so it is exact even
     // if broadcasts were missed (ALGORITHM.md §4).
     for (std::size_t i = 0; i < c.delta.size(); ++i) c.delta[i] -= s.anchor[i];
@@ -101,7 +106,10 @@ std::size_t learner_core::on_broker_restarted() {
   // A round the old broker merged just before it died, whose update is still on
   // its way, may see its work contributed again before that update lands; without
   // this a synchronous learner would wait for a round that never closes.
-  for (auto& s : state_) s.contributed_steps = 0;
+  for (auto& s : state_) {
+    s.contributed_steps = 0;
+    s.contributed_theta.clear();
+  }
   return dropped;
 }
 
@@ -118,7 +126,18 @@ bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, s
   if (p.value >= state_.size()) return false;
   fragment_state& s = state_[p.value];
   if (global.size() != s.anchor.size() || (s.installed && version <= s.version)) return false;
-  if (config_.mix > 0 && s.installed) {
+  std::uint64_t kept_steps = 0, kept_tokens = 0;
+  if (config_.rebase && s.installed) {
+    // θ_p ← Θ_p + the progress not in it: since the last contribution (merged,
+    // or in a round still open), else since the anchor.
+    std::vector<float> local(s.anchor.size());
+    gather(p, params, local.data());
+    const std::vector<float>& base = s.contributed_theta.empty() ? s.anchor : s.contributed_theta;
+    for (std::size_t i = 0; i < local.size(); ++i) local[i] = global[i] + (local[i] - base[i]);
+    scatter(p, local.data(), params);
+    kept_steps = s.steps - (s.contributed_theta.empty() ? 0 : s.contributed_steps);
+    kept_tokens = s.tokens - (s.contributed_theta.empty() ? 0 : s.contributed_tokens);
+  } else if (config_.mix > 0 && s.installed) {
     // θ_p ← α·θ_p + (1−α)·Θ_p, in a scratch copy of the local fragment.
     std::vector<float> local(s.anchor.size());
     gather(p, params, local.data());
@@ -130,7 +149,10 @@ bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, s
   }
   std::copy(global.begin(), global.end(), s.anchor.begin());
   s.version = version;
-  s.steps = s.tokens = s.contributed_steps = 0;
+  s.steps = kept_steps;
+  s.tokens = kept_tokens;
+  s.contributed_steps = 0;
+  s.contributed_theta.clear();
   s.installed = true;
   std::erase_if(pending_, [&](const pending_round& r) { return r.fragment == p && r.round <= from_round; });
   return true;

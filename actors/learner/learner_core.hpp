@@ -31,6 +31,11 @@ struct learner_sync_config {
   /// this many steps past contribute_after without a new global value (dp and
   /// diloco 0, streaming τ). Negative: never waits (decoupled).
   std::int64_t wait_slack = -1;
+  /// On receipt keep the progress not yet contributed: θ_p ← Θ_p + (θ_p − θ_p at
+  /// the last contribution since the anchor), or + (θ_p − anchor) when there was
+  /// none; the counters keep those steps, so the next contribution carries them.
+  /// Excludes mix.
+  bool rebase = false;
 };
 
 /// What the learner sends the owning shard for one round.
@@ -79,7 +84,8 @@ class learner_core {
   /// its next step (never for decoupled).
   bool must_wait() const;
 
-  /// A new global Θ_p arrived, published by round `from_round`. Stale or
+  /// A new global Θ_p arrived, published by round `from_round`: installed over
+  /// θ_p (overwrite, mix or rebase, as configured). Stale or
   /// duplicate versions are ignored (false). Pending rounds of p numbered at or
   /// below from_round are closed already and are dropped: work done since this
   /// anchor must go to a round still open.
@@ -118,6 +124,10 @@ class learner_core {
     std::uint64_t tokens = 0;
     std::uint64_t contributed_steps = 0;  // c_steps when last contributed since the anchor
     bool installed = false;
+    // rebase: θ_p and the counters at the last contribution since the anchor
+    // (empty: none yet).
+    std::vector<float> contributed_theta;
+    std::uint64_t contributed_tokens = 0;
   };
   struct pending_round {
     round_number round;

@@ -10,6 +10,7 @@ namespace archipelago {
 learner_sync_config learner_settings(const mesh_setup& setup) {
   learner_sync_config sync;
   sync.mix = setup.policy.mix;
+  sync.rebase = setup.policy.rebase;
   sync.contribute_after = static_cast<std::uint64_t>(setup.policy.contribute_after);
   sync.wait_slack = setup.policy.wait_slack;
   return sync;

@@ -211,6 +211,25 @@ TEST_CASE("sim: the token ledger is exact — every processed token in one bucke
   CHECK(r.ledger.processed > r.tokens_processed * 9 / 10);
 }
 
+TEST_CASE("sim: rebase on receipt throws no step away - nothing overwritten, the ledger exact, training converges") {
+  for (std::uint64_t seed : {61u, 62u}) {
+    CAPTURE(seed);
+    sim_config c = base(seed);
+    c.step_ns = {10'000'000, 10'000'000, 15'000'000, 20'000'000};
+    c.link.latency_ns = 5'000'000;  // fragments arrive a few steps after their contribution
+    c.drain_ns = 100'000'000;       // the last Progress reaches the broker
+    const sim_result overwrite = run_mesh(c);
+    c.sync.rebase = true;
+    const sim_result rebase = run_mesh(c);
+    CHECK(overwrite.ledger.overwritten > 0);
+    CHECK(rebase.ledger.overwritten == 0);  // every step's shares go out in some contribution
+    CHECK(rebase.ledger.balanced());
+    CHECK(rebase.ledger.processed == rebase.tokens_processed);
+    CHECK(rebase.ledger.merged > overwrite.ledger.merged);
+    CHECK(rebase.final_loss < 0.2 * rebase.initial_loss);
+  }
+}
+
 TEST_CASE("sim: synchronous policies wait — every live learner in every round, stragglers stall the rest") {
   const std::uint64_t seed = 61;
   CAPTURE(seed);

@@ -17,6 +17,7 @@
 #include "bench/bench_mesh.hpp"
 #include "bench/bench_stats.hpp"
 #include "bench/compute_bench.hpp"
+#include "bench/parity_bench.hpp"
 #include "bench/reference_script.hpp"
 #include "bench/snapshot_bench.hpp"
 #include "bench/wan_bench.hpp"
@@ -531,4 +532,28 @@ TEST_CASE("bench snapshot: commits and a restore of the nano model against plain
   auto bad = run_snapshot_bench(o, {});
   REQUIRE_FALSE(bad);
   CHECK(bad.err().message.find("is not a directory") != std::string::npos);
+}
+
+TEST_CASE("bench parity: a variant is LABEL=MODE,KEY=VALUE,..., checked before any run") {
+  auto v = parse_parity_variant("rebase=decoupled,mesh.rebase=true,mesh.outer_lr=0.5");
+  REQUIRE(v);
+  CHECK(v->label == "rebase");
+  CHECK(v->mode == "decoupled");
+  CHECK(v->settings == std::vector<std::string>{"mesh.rebase=true", "mesh.outer_lr=0.5"});
+  CHECK(parse_parity_variant("plain=dp")->settings.empty());
+  CHECK_FALSE(parse_parity_variant("decoupled"));                 // no label
+  CHECK_FALSE(parse_parity_variant("x=async"));                   // not a mode
+  CHECK_FALSE(parse_parity_variant("x=decoupled,mesh.rebase"));   // a setting without a value
+  parity_options o;
+  o.modes = {"dp", "decoupled"};
+  o.variants = {*parse_parity_variant("decoupled=decoupled,mesh.rebase=true")};
+  CHECK_FALSE(check_parity(o, config{}));  // the label repeats a mode
+  o.variants = {*parse_parity_variant("both=decoupled,mesh.rebase=true,mesh.mix=0.5")};
+  auto refused = check_parity(o, config{});
+  REQUIRE_FALSE(refused);
+  CHECK(refused.err().message.find("both") != std::string::npos);
+  o.variants = {*parse_parity_variant("r=decoupled,mesh.no_such_knob=1")};
+  CHECK_FALSE(check_parity(o, config{}));
+  o.variants = {*parse_parity_variant("r=decoupled,mesh.rebase=true")};
+  CHECK(check_parity(o, config{}));
 }

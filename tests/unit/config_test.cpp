@@ -129,6 +129,20 @@ TEST_CASE("every mode resolves to the policy of ALGORITHM.md §8") {
   CHECK(decoupled.wait_slack < 0);
   CHECK(policy_of({"mesh.mode=dp", "mesh.elastic=false", "mesh.learners=5"}).quorum == 5);
   CHECK(policy_of({"mesh.mode=streaming", "mesh.mix=0"}).mix == 0);
+  CHECK_FALSE(decoupled.rebase);
+  CHECK(policy_of({"mesh.rebase=true"}).rebase);
+  const sync_policy rebased_streaming = policy_of({"mesh.mode=streaming", "mesh.rebase=true"});
+  CHECK(rebased_streaming.rebase);
+  CHECK(rebased_streaming.mix == 0);  // streaming's default α gives way
+  CHECK_FALSE(policy_of({"mesh.mode=dp", "mesh.rebase=true"}).rebase);  // no local progress in dp
+  {
+    config both;
+    REQUIRE(set_knob_assignment(both, "mesh.rebase=true"));
+    REQUIRE(set_knob_assignment(both, "mesh.mix=0.3"));
+    auto refused = resolve_policy(both);
+    REQUIRE_FALSE(refused);
+    CHECK(refused.err().message.find("mesh.rebase and mesh.mix") != std::string::npos);
+  }
 
   config cfg;
   REQUIRE(set_knob_assignment(cfg, "mesh.learners=3"));

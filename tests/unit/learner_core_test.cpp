@@ -16,7 +16,8 @@ struct fixture {
   std::vector<float> params = std::vector<float>(layout.total_floats, 0.f);
   learner_core core;
 
-  explicit fixture(double mix = 0) : core(layout, *make_fragment_plan(layout, 4), {mix, 3}) {}
+  explicit fixture(double mix = 0, bool rebase = false)
+      : core(layout, *make_fragment_plan(layout, 4), {mix, 3, 1, -1, rebase}) {}
 
   std::vector<float> global(fragment_index p, float value) const {
     return std::vector<float>(core.fragment_floats(p), value);
@@ -191,6 +192,56 @@ TEST_CASE("learner core: overwrite by default, mixing on request, stale versions
   auto c = mixed.core.next_contribution(mixed.params.data());
   REQUIRE(c);
   for (float d : c->delta) CHECK(d == doctest::Approx(-1.0f));
+}
+
+TEST_CASE("learner core: rebase keeps the progress made since the contribution, and contributes it next") {
+  fixture f(0, true);
+  f.install_all(1.0f);
+  std::vector<float> got(f.core.fragment_floats({1}));
+  for (int k = 0; k < 3; ++k) f.core.on_step(64);
+  f.move({1}, 0.5f);  // θ = 1.5 after 3 steps
+  f.core.on_round_open(round_number{5}, {1});
+  auto c = f.core.next_contribution(f.params.data());
+  REQUIRE(c);
+  CHECK(c->steps == 3);
+  for (float d : c->delta) CHECK(d == doctest::Approx(0.5f));
+  // Two more steps while round 5 merges: θ = 1.75.
+  f.core.on_step(64);
+  f.core.on_step(64);
+  f.move({1}, 0.25f);
+  REQUIRE(f.core.on_fragment_update({1}, 2, f.global({1}, 3.0f), f.params.data(), round_number{5}));
+  f.core.gather({1}, f.params.data(), got.data());
+  for (float x : got) CHECK(x == doctest::Approx(3.25f));  // Θ + the 0.25 made since the contribution
+  CHECK(f.core.steps_since_anchor({1}) == 2);
+  CHECK(f.core.tokens_since_anchor({1}) == 128);
+  f.core.on_round_open(round_number{29}, {1});
+  c = f.core.next_contribution(f.params.data());
+  REQUIRE(c);  // those two steps go out in the next round, against the new anchor
+  CHECK(c->steps == 2);
+  CHECK(c->tokens == 128);
+  CHECK(c->anchor_version == 2);
+  for (float d : c->delta) CHECK(d == doctest::Approx(0.25f));
+
+  // A fragment never contributed since its anchor keeps all its progress.
+  f.move({2}, -0.5f);  // θ_2 = 0.5 after 5 steps
+  REQUIRE(f.core.on_fragment_update({2}, 4, f.global({2}, 2.0f), f.params.data()));
+  got.resize(f.core.fragment_floats({2}));
+  f.core.gather({2}, f.params.data(), got.data());
+  for (float x : got) CHECK(x == doctest::Approx(1.5f));
+  CHECK(f.core.steps_since_anchor({2}) == 5);
+  // Stale versions are still ignored.
+  CHECK_FALSE(f.core.on_fragment_update({2}, 4, f.global({2}, 9.0f), f.params.data()));
+
+  // A broker restart: what went to its rounds may be gone, so all the work since the anchor is kept.
+  f.core.on_round_open(round_number{30}, {3});
+  f.move({3}, 1.0f);
+  REQUIRE(f.core.next_contribution(f.params.data()));
+  f.core.on_broker_restarted();
+  REQUIRE(f.core.on_fragment_update({3}, 2, f.global({3}, 0.0f), f.params.data()));
+  got.resize(f.core.fragment_floats({3}));
+  f.core.gather({3}, f.params.data(), got.data());
+  for (float x : got) CHECK(x == doctest::Approx(1.0f));
+  CHECK(f.core.steps_since_anchor({3}) == 5);
 }
 
 TEST_CASE("learner core: gather and scatter cover exactly the fragment's tensors") {

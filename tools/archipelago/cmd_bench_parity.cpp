@@ -20,6 +20,7 @@ struct parity_flags {
   std::string model = "nano";
   bool json = false;
   std::string plot;
+  std::vector<std::string> variants;
   config_flags flags;
   CLI::App* command = nullptr;
 };
@@ -78,13 +79,13 @@ void print_table(const parity_flags& f, const config& base, const parity_result&
   for (const parity_corpus& c : r.corpora) {
     std::printf("  corpus %s", c.corpus.empty() ? "synthetic" : c.corpus.c_str());
     if (!std::isnan(c.entropy_floor_bpb)) std::printf(" (entropy floor %.4f bits/byte)", c.entropy_floor_bpb);
-    std::printf("\n  %-10s %-20s %-18s %-44s %-18s %-8s %s\n", "mode", "eval nats/byte", "vs dp",
+    std::printf("\n  %-14s %-20s %-18s %-44s %-18s %-8s %s\n", "mode", "eval nats/byte", "vs dp",
                 "tokens to dp's final loss (x dp's)", "excess bits/byte", "goodput", "wall s");
     const parity_outcome& dp = c.modes.front();
     for (const parity_outcome& m : c.modes) {
       std::vector<double> goodput_pct = m.goodput;
       for (double& x : goodput_pct) x *= 100;
-      std::printf("  %-10s %-20s %-18s %-44s %-18s %-8s %.0f%s\n", m.mode.c_str(), with_ci(m.loss, "%.4f").c_str(),
+      std::printf("  %-14s %-20s %-18s %-44s %-18s %-8s %.0f%s\n", m.mode.c_str(), with_ci(m.loss, "%.4f").c_str(),
                   &m == &dp ? "reference" : (with_ci(relative_pct(m, dp), "%+.2f", "%.2f") + " %").c_str(),
                   reach_text(m).c_str(), with_ci(m.excess_bpb, "%.4f").c_str(),
                   (fmt("%.1f", mean(goodput_pct)) + "%").c_str(), mean(m.wall_s),
@@ -148,6 +149,12 @@ int run_parity(logger& log) {
   parity_flags& f = options();
   install_stop_handlers();
   if (auto ok = check_output_path("--plot", f.plot); !ok) return report(ok.err());
+  f.bench.variants.clear();
+  for (const std::string& spec : f.variants) {
+    auto v = parse_parity_variant(spec);
+    if (!v) return report(v.err());
+    f.bench.variants.push_back(*v);
+  }
   config defaults;
   defaults.model.size = f.model;
   auto base = f.flags.resolve(defaults);
@@ -176,6 +183,9 @@ void add_bench_parity(CLI::App& bench) {
   cmd->add_option("--modes", o.modes, "Modes compared, dp first (default dp,diloco,streaming,decoupled)")
       ->delimiter(',')
       ->check(CLI::IsMember({"dp", "diloco", "streaming", "decoupled"}));
+  cmd->add_option("--variant", f.variants,
+                  "A mode with settings of its own, run beside the modes: LABEL=MODE,KEY=VALUE,... "
+                  "(e.g. rebase=decoupled,mesh.rebase=true); repeat for several");
   cmd->add_option("--corpus", o.corpora,
                   "A text file to train on; repeat for several (default: the synthetic corpus; 'synthetic' names it)")
       ->transform([](std::string s) { return s == "synthetic" ? std::string() : s; });

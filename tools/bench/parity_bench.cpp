@@ -11,9 +11,20 @@
 namespace archipelago {
 namespace {
 
-config mode_config(const parity_options& o, const config& base, const std::string& mode, const std::string& corpus) {
+/// The modes, then the variants: what one seed runs, in order.
+std::vector<parity_variant> arms_of(const parity_options& o) {
+  std::vector<parity_variant> arms;
+  for (const std::string& mode : o.modes) arms.push_back({mode, mode, {}});
+  arms.insert(arms.end(), o.variants.begin(), o.variants.end());
+  return arms;
+}
+
+expected<config> arm_config(const parity_options& o, const config& base, const parity_variant& arm,
+                            const std::string& corpus) {
   config c = base;
-  c.mesh.mode = mode;
+  c.mesh.mode = arm.mode;
+  for (const std::string& setting : arm.settings)
+    if (auto ok = set_knob_assignment(c, setting); !ok) return ok.err();
   c.mesh.learners = o.learners;
   c.data.corpus = corpus;
   if (o.steps > 0) c.train.steps = o.steps;
@@ -47,17 +58,46 @@ double tokens_to_reach(const loss_curve& curve, double target) {
   return std::nan("");
 }
 
+expected<parity_variant> parse_parity_variant(std::string_view spec) {
+  auto bad = [&](const std::string& why) {
+    return make_error(errc::invalid_input, "bench parity: --variant '" + std::string(spec) + "': " + why +
+                                               " (expected LABEL=MODE,KEY=VALUE,...)");
+  };
+  const std::size_t eq = spec.find('=');
+  if (eq == std::string_view::npos || eq == 0) return bad("no LABEL=");
+  parity_variant v;
+  v.label = std::string(spec.substr(0, eq));
+  std::string_view rest = spec.substr(eq + 1);
+  const std::size_t comma = std::min(rest.find(','), rest.size());
+  v.mode = std::string(rest.substr(0, comma));
+  if (v.mode != "dp" && v.mode != "diloco" && v.mode != "streaming" && v.mode != "decoupled")
+    return bad("mode '" + v.mode + "' is none of dp, diloco, streaming, decoupled");
+  rest = comma < rest.size() ? rest.substr(comma + 1) : std::string_view{};
+  while (!rest.empty()) {
+    const std::size_t next = std::min(rest.find(','), rest.size());
+    const std::string_view setting = rest.substr(0, next);
+    if (setting.find('=') == std::string_view::npos) return bad("setting '" + std::string(setting) + "' has no =");
+    v.settings.emplace_back(setting);
+    rest = next < rest.size() ? rest.substr(next + 1) : std::string_view{};
+  }
+  return v;
+}
+
 status check_parity(const parity_options& o, const config& base) {
   if (o.modes.empty() || o.modes.front() != "dp")
     return make_error(errc::invalid_input, "bench parity: --modes must start with dp (the reference)");
-  for (std::size_t i = 0; i < o.modes.size(); ++i)
-    if (std::count(o.modes.begin(), o.modes.end(), o.modes[i]) > 1)
-      return make_error(errc::invalid_input, "bench parity: mode " + o.modes[i] + " given twice");
+  const std::vector<parity_variant> arms = arms_of(o);
+  for (const parity_variant& arm : arms)
+    if (std::count_if(arms.begin(), arms.end(), [&](const parity_variant& a) { return a.label == arm.label; }) > 1)
+      return make_error(errc::invalid_input, "bench parity: " + arm.label + " given twice (a mode or a variant's label)");
   for (const std::string& corpus : o.corpora)
-    for (const std::string& mode : o.modes)
-      if (auto ok = validate_mesh(mode_config(o, base, mode, corpus)); !ok)
+    for (const parity_variant& arm : arms) {
+      auto c = arm_config(o, base, arm, corpus);
+      status ok = c ? validate_mesh(*c) : status(c.err());
+      if (!ok)
         return make_error(errc::invalid_input,
-                          "bench parity: mode " + mode + " on " + corpus_name(corpus) + ": " + ok.err().message);
+                          "bench parity: " + arm.label + " on " + corpus_name(corpus) + ": " + ok.err().message);
+    }
   return {};
 }
 
@@ -84,23 +124,26 @@ expected<parity_result> run_parity_bench(const parity_options& o, const config& 
   parity_result r;
   r.load_before = load_average();
   const auto started = seconds_clock::now();
-  const int runs = static_cast<int>(o.corpora.size() * o.modes.size()) * o.seeds;
+  const std::vector<parity_variant> arms = arms_of(o);
+  const int runs = static_cast<int>(o.corpora.size() * arms.size()) * o.seeds;
   int run = 0;
   for (const std::string& corpus : o.corpora) {
     parity_corpus pc;
     pc.corpus = corpus;
     pc.entropy_floor_bpb = std::nan("");
-    for (const std::string& mode : o.modes) pc.modes.push_back(parity_outcome{mode, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}});
+    for (const parity_variant& arm : arms) pc.modes.push_back(parity_outcome{arm.label, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}});
     for (int seed = 1; seed <= o.seeds; ++seed) {
-      for (std::size_t i = 0; i < o.modes.size(); ++i) {
+      for (std::size_t i = 0; i < arms.size(); ++i) {
         if (hooks.stopped()) return interrupted();
-        config c = mode_config(o, base, o.modes[i], corpus);
+        auto configured = arm_config(o, base, arms[i], corpus);
+        if (!configured) return configured.err();  // check_parity saw it valid
+        config c = *configured;
         c.train.seed = base.train.seed + static_cast<std::uint64_t>(seed - 1);
         const std::string label = "bench parity: run " + std::to_string(++run) + "/" + std::to_string(runs) + " (" +
-                                  corpus_name(corpus) + ", " + o.modes[i] + ", seed " + std::to_string(c.train.seed) + ")";
+                                  corpus_name(corpus) + ", " + arms[i].label + ", seed " + std::to_string(c.train.seed) + ")";
         hooks.begin(label);
         auto s = run_bench_mesh(c, hooks, label, 80, mesh_eval{o.eval_period_s});
-        if (!s) return hooks.stopped() ? interrupted() : make_error(s.err().code, o.modes[i] + ": " + s.err().message);
+        if (!s) return hooks.stopped() ? interrupted() : make_error(s.err().code, arms[i].label + ": " + s.err().message);
         record(pc.modes[i], *s);
         pc.entropy_floor_bpb = s->entropy_floor_bpb;
       }

@@ -20,8 +20,17 @@
 
 namespace archipelago {
 
+/// A mode run with settings of its own (an algorithmic knob's ablation beside
+/// the plain modes): "LABEL=MODE,KEY=VALUE,...".
+struct parity_variant {
+  std::string label, mode;
+  std::vector<std::string> settings;  // KEY=VALUE, applied over the base configuration
+};
+expected<parity_variant> parse_parity_variant(std::string_view spec);
+
 struct parity_options {
   std::vector<std::string> modes{"dp", "diloco", "streaming", "decoupled"};  // dp runs first: the reference
+  std::vector<parity_variant> variants;  // run after the modes, within each seed
   std::vector<std::string> corpora{""};  // "" is the built-in synthetic corpus
   int learners = 4;
   int seeds = 3;                // train.seed, +1, ...
@@ -38,7 +47,7 @@ double tokens_to_reach(const loss_curve& curve, double target);
 
 /// A mode's runs on one corpus, one entry per seed.
 struct parity_outcome {
-  std::string mode;
+  std::string mode;  // or a variant's label
   std::vector<double> loss, bpb, excess_bpb, tokens, goodput, wall_s;
   std::vector<double> reach_tokens;  // to the same seed's dp final loss; NaN: never reached
   std::vector<double> reach_ratio;   // reach_tokens / dp's own, per seed (NaN where not reached)
@@ -50,7 +59,7 @@ struct parity_outcome {
 struct parity_corpus {
   std::string corpus;  // "" : synthetic
   double entropy_floor_bpb = 0;  // NaN: unknown (a real text)
-  std::vector<parity_outcome> modes;  // in parity_options::modes order; the first is dp
+  std::vector<parity_outcome> modes;  // parity_options::modes, then its variants; the first is dp
 };
 
 struct parity_result {
