@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `archipelago bench parity`, shrunk to seconds: bad input is refused with one line and
-# exit 2; two modes on two corpora (the synthetic one and a real text), two seeds each:
+# exit 2; two modes and a variant on two corpora (the synthetic one and a real text), two seeds each:
 # the JSON of every mode (dp the reference), the same tokens for every run, the
 # comparisons consistent with the per-seed losses, exact ledgers, and the plot.
 set -uo pipefail
@@ -8,14 +8,17 @@ ONE_ERROR_LINE=0
 source "$(dirname "$0")/lib.sh"
 
 expect_error 2 "must start with dp" -- "$A" bench parity --modes decoupled,dp
-expect_error 2 "mode dp given twice" -- "$A" bench parity --modes dp,decoupled,dp
+expect_error 2 "dp given twice" -- "$A" bench parity --modes dp,decoupled,dp
+expect_error 2 "mode 'async' is none of" -- "$A" bench parity --modes dp --variant x=async
+expect_error 2 "decoupled given twice" -- "$A" bench parity --modes dp,decoupled --variant decoupled=decoupled,mesh.rebase=true
+expect_error 2 "r on synthetic: mesh.rebase and mesh.mix" -- "$A" bench parity --modes dp --variant r=decoupled,mesh.rebase=true,mesh.mix=0.5
 expect_error 2 "modes: nonsense not in" -- "$A" bench parity --modes dp,nonsense
 expect_error 2 "unknown model size 'huge'" -- "$A" bench parity --model huge
 expect_error 2 "plot $work: is a directory" -- "$A" bench parity --plot "$work"
 
 # A real text beside the synthetic corpus: a license text every Debian system has.
 text=/usr/share/common-licenses/GPL-3
-tiny=(--modes dp,decoupled --learners 2 --seeds 2 --steps 30 --eval-every-s 0.5 --set data.batch=8
+tiny=(--modes dp,decoupled --variant rebase=decoupled,mesh.rebase=true --learners 2 --seeds 2 --steps 30 --eval-every-s 0.5 --set data.batch=8
       --set data.eval_tokens=4096 --set data.synthetic_bytes=1000000 --json)
 if timeout 150 "$A" bench parity --corpus synthetic --corpus "$text" --plot "$work/parity.svg" "${tiny[@]}" \
     >"$work/parity.out" 2>"$work/parity.err"; then
@@ -29,8 +32,8 @@ assert corpora[0]["entropy_floor_bpb"] > 0 and corpora[1]["entropy_floor_bpb"] i
 tokens = {m["tokens"] for c in corpora for m in c["modes"]}
 assert tokens == {2 * 30 * 8 * 64}, tokens  # the same budget for every mode, seed and corpus
 for c in corpora:
-    dp, dec = c["modes"]
-    assert (dp["mode"], dec["mode"]) == ("dp", "decoupled"), c
+    dp, dec, reb = c["modes"]
+    assert (dp["mode"], dec["mode"], reb["mode"]) == ("dp", "decoupled", "rebase"), c
     assert dp["rel_pct"] == 0 and dp["reach_ratio"] == 1 and dp["seeds_reached"] == 2, dp
     assert all(0 < x < 6 for m in c["modes"] for x in m["eval_loss_per_seed"]), c
     assert dp["eval_loss_ci95"] > 0 and dec["eval_loss_ci95"] > 0, c  # two seeds: an interval
@@ -43,9 +46,9 @@ for c in corpora:
 ' || fail "bench parity --json: $(tail -n 1 "$work/parity.out")"
   grep -q "tokens to dp's final loss" "$work/parity.out" || fail "bench parity: no table: $(cat "$work/parity.out")"
   # Per corpus: the whole budget and its second half; a line per mode, dp's final loss dashed.
-  python3 "$(dirname "$0")/svg_check.py" "$work/parity.svg" --charts 4 --legend "dp,decoupled,dp final" \
+  python3 "$(dirname "$0")/svg_check.py" "$work/parity.svg" --charts 4 --legend "dp,decoupled,rebase,dp final" \
     --dashed "dp final" --min-points 2 >"$work/svg.out" 2>&1 || fail "bench parity --plot: $(cat "$work/svg.out")"
-  [[ $(grep -o 'opacity="0.18"' "$work/parity.svg" | wc -l) -eq 8 ]] || fail "bench parity --plot: not a band per mode and chart"
+  [[ $(grep -o 'opacity="0.18"' "$work/parity.svg" | wc -l) -eq 12 ]] || fail "bench parity --plot: not a band per mode and chart"
 else
   fail "bench parity failed: $(tail -5 "$work/parity.err")"
 fi
