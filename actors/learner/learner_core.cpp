@@ -127,22 +127,21 @@ bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, s
   fragment_state& s = state_[p.value];
   if (global.size() != s.anchor.size() || (s.installed && version <= s.version)) return false;
   std::uint64_t kept_steps = 0, kept_tokens = 0;
-  if (config_.rebase && s.installed) {
-    // θ_p ← Θ_p + the progress not in it: since the last contribution (merged,
-    // or in a round still open), else since the anchor.
+  if (s.installed && (config_.rebase || config_.mix > 0)) {
     std::vector<float> local(s.anchor.size());
     gather(p, params, local.data());
-    const std::vector<float>& base = s.contributed_theta.empty() ? s.anchor : s.contributed_theta;
-    for (std::size_t i = 0; i < local.size(); ++i) local[i] = global[i] + (local[i] - base[i]);
-    scatter(p, local.data(), params);
-    kept_steps = s.steps - (s.contributed_theta.empty() ? 0 : s.contributed_steps);
-    kept_tokens = s.tokens - (s.contributed_theta.empty() ? 0 : s.contributed_tokens);
-  } else if (config_.mix > 0 && s.installed) {
-    // θ_p ← α·θ_p + (1−α)·Θ_p, in a scratch copy of the local fragment.
-    std::vector<float> local(s.anchor.size());
-    gather(p, params, local.data());
-    const auto a = static_cast<float>(config_.mix);
-    for (std::size_t i = 0; i < local.size(); ++i) local[i] = a * local[i] + (1 - a) * global[i];
+    if (config_.rebase) {
+      // θ_p ← Θ_p + the progress not in it: since the last contribution (merged,
+      // or in a round still open), else since the anchor.
+      const bool contributed = !s.contributed_theta.empty();
+      const std::vector<float>& base = contributed ? s.contributed_theta : s.anchor;
+      for (std::size_t i = 0; i < local.size(); ++i) local[i] = global[i] + (local[i] - base[i]);
+      kept_steps = s.steps - (contributed ? s.contributed_steps : 0);
+      kept_tokens = s.tokens - (contributed ? s.contributed_tokens : 0);
+    } else {  // θ_p ← α·θ_p + (1−α)·Θ_p
+      const auto a = static_cast<float>(config_.mix);
+      for (std::size_t i = 0; i < local.size(); ++i) local[i] = a * local[i] + (1 - a) * global[i];
+    }
     scatter(p, local.data(), params);
   } else {
     scatter(p, global.data(), params);

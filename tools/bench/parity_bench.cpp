@@ -65,21 +65,18 @@ expected<parity_variant> parse_parity_variant(std::string_view spec) {
   };
   const std::size_t eq = spec.find('=');
   if (eq == std::string_view::npos || eq == 0) return bad("no LABEL=");
-  parity_variant v;
-  v.label = std::string(spec.substr(0, eq));
-  std::string_view rest = spec.substr(eq + 1);
-  const std::size_t comma = std::min(rest.find(','), rest.size());
-  v.mode = std::string(rest.substr(0, comma));
+  std::vector<std::string> parts;  // MODE, then the settings
+  for (std::string_view rest = spec.substr(eq + 1);;) {
+    const std::size_t comma = rest.find(',');
+    parts.emplace_back(rest.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  parity_variant v{std::string(spec.substr(0, eq)), parts.front(), {parts.begin() + 1, parts.end()}};
   if (v.mode != "dp" && v.mode != "diloco" && v.mode != "streaming" && v.mode != "decoupled")
     return bad("mode '" + v.mode + "' is none of dp, diloco, streaming, decoupled");
-  rest = comma < rest.size() ? rest.substr(comma + 1) : std::string_view{};
-  while (!rest.empty()) {
-    const std::size_t next = std::min(rest.find(','), rest.size());
-    const std::string_view setting = rest.substr(0, next);
-    if (setting.find('=') == std::string_view::npos) return bad("setting '" + std::string(setting) + "' has no =");
-    v.settings.emplace_back(setting);
-    rest = next < rest.size() ? rest.substr(next + 1) : std::string_view{};
-  }
+  for (const std::string& setting : v.settings)
+    if (setting.find('=') == std::string::npos) return bad("setting '" + setting + "' has no =");
   return v;
 }
 
