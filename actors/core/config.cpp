@@ -307,6 +307,11 @@ std::vector<knob> make_knobs() {
                 "anchor when it did not) instead of overwriting it, and contributes that progress "
                 "next: no step is thrown away by the overlap. Excludes mesh.mix > 0 (streaming's "
                 "default 0.5 becomes 0). No effect in dp. Default: false."),
+      bool_knob("mesh.flush", h, &mesh_config::flush,
+                "A learner done with its steps leaves only once every fragment's work is in a version "
+                "it received: it answers rounds until then (bounded by mesh.round_timeout_s), so the "
+                "last steps are merged instead of lost. The synchronous modes wait for that anyway. "
+                "Default: false."),
       bool_knob("mesh.elastic", h, &mesh_config::elastic,
                 "dp, diloco, streaming: rounds stop waiting for a dead learner (false: they stall "
                 "until it is back, the non-elastic baseline). Default: true."),

@@ -19,6 +19,7 @@ using step_atom = caf::atom_constant<caf::atom("step")>;
 /// (wake_atom, generation): a join retry (generation 0) or the bound on a wait.
 using wake_atom = caf::atom_constant<caf::atom("wake")>;
 using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
+using flush_atom = caf::atom_constant<caf::atom("flush")>;  // the bound on mesh.flush's wait
 
 struct learner_state {
   learner_actor_args args;
@@ -97,6 +98,16 @@ void leave(learner_self* self, const char* reason) {
   self->state.publish();
 }
 
+/// The last step is done: leave, or with mesh.flush first wait (bounded) until
+/// every fragment's work is merged.
+void finish(learner_self* self) {
+  auto& st = self->state;
+  if (st.learner->flushing()) return;
+  if (!st.setup().cfg.mesh.flush || !st.learner->begin_flush()) return leave(self, "steps done");
+  const auto bound = std::chrono::milliseconds(static_cast<std::int64_t>(st.setup().cfg.mesh.round_timeout_s * 1000));
+  self->delayed_send(self, bound, flush_atom::value);
+}
+
 /// One step_atom: wait (the synchronous policies), leave (its steps are done) or step.
 void step(learner_self* self) {
   auto& st = self->state;
@@ -107,7 +118,7 @@ void step(learner_self* self) {
     self->delayed_send(self, bound, wake_atom::value, ++st.wake_generation);
     return;
   }
-  if (st.eng->steps_done() >= setup.cfg.train.steps) return leave(self, "steps done");
+  if (st.eng->steps_done() >= setup.cfg.train.steps) return finish(self);
   const nanos t0 = st.now();
   if (setup.policy.send_gradients) st.eng->compute_gradient();
   else st.eng->step();
@@ -183,7 +194,17 @@ caf::behavior learner_actor(learner_self* self, learner_actor_args args) {
         }
         if (e.schedule_step && *e.schedule_step > st.eng->steps_done()) st.eng->start_at_step(*e.schedule_step);
         if (e.resume) ++st.wake_generation;
+        if (e.flushed) return leave(self, "steps done");
         if (e.start_stepping || e.resume) self->send(self, step_atom::value);
+      },
+      [self](flush_atom) {
+        auto& st = self->state;
+        if (st.learner->done() || !st.learner->flushing()) return;
+        st.args.logs->warn("learner.flush_bound",
+                           "archipelago learner/%u: leaving with %zu fragment(s) of work not merged: "
+                           "mesh.round_timeout_s passed since its last step",
+                           st.args.index, st.learner->core().fragments_with_unmerged_work());
+        leave(self, "steps done");
       },
       [self](stop_atom) {
         if (!self->state.learner->done()) leave(self, "stopped");

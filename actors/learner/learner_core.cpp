@@ -121,6 +121,12 @@ bool learner_core::must_wait() const {
   return false;
 }
 
+std::size_t learner_core::fragments_with_unmerged_work() const {
+  return static_cast<std::size_t>(std::count_if(state_.begin(), state_.end(), [](const fragment_state& s) {
+    return s.installed && s.steps > 0;
+  }));
+}
+
 bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, std::span<const float> global,
                                       float* params, round_number from_round) {
   if (p.value >= state_.size()) return false;

@@ -91,6 +91,9 @@ class learner_core {
   /// anchor must go to a round still open.
   bool on_fragment_update(fragment_index p, std::uint64_t version, std::span<const float> global,
                           float* params, round_number from_round = round_number{0});
+  /// Fragments holding steps no contribution has carried into a received
+  /// version yet (a learner that finished flushes them before it leaves).
+  std::size_t fragments_with_unmerged_work() const;
 
   /// The broker restarted (a higher incarnation): the rounds it had opened are
   /// gone, and the new one may number its rounds from 0 again. Pending rounds

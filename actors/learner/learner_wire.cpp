@@ -269,6 +269,12 @@ void learner_wire::send_progress() {
   (void)port_.send(broker_.leader(), b.finish());
 }
 
+bool learner_wire::begin_flush() {
+  send_contributions();
+  flushing_ = core_->fragments_with_unmerged_work() != 0;
+  return flushing_;
+}
+
 void learner_wire::leave(const std::string& reason) {
   done_ = true;
   auto b = port_.make_envelope();
@@ -344,6 +350,10 @@ learner_event learner_wire::on_fragment_update(const transport::decoded_envelope
     core_->reanchor(p, u.getVersion(), value);
   else
     core_->on_fragment_update(p, u.getVersion(), value, model_.params, round_number{env.header().getRound()});
+  if (flushing_ && !done_ && core_->fragments_with_unmerged_work() == 0) {
+    flushing_ = false;
+    out.flushed = true;
+  }
   if (waiting_ && !core_->must_wait()) {
     waiting_ = false;
     counts_.wait_ns += static_cast<std::uint64_t>(now - wait_since_);

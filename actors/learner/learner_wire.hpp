@@ -51,6 +51,7 @@ struct learner_event {
   /// learning-rate schedule here (forward only).
   std::optional<std::int64_t> schedule_step;
   bool refused = false;  // the broker refused this learner (its status says why): nothing to train for
+  bool flushed = false;  // flushing (begin_flush): every step's work is in a received version; leave
 };
 
 class learner_wire {
@@ -89,6 +90,11 @@ class learner_wire {
   /// One inner step of `tokens` tokens that took `step_ns` (as the ledger counts it):
   /// Progress to the broker, then every contribution now ready.
   void after_step(std::uint64_t tokens, nanos step_ns);
+  /// mesh.flush: the last step is done; stay (answering rounds, no more steps)
+  /// until every fragment's work is in a version received (learner_event::flushed).
+  /// False: nothing to flush, leave now. The shell bounds the wait.
+  bool begin_flush();
+  bool flushing() const { return flushing_; }
   /// This incarnation is done: Leave (its last Progress and contributions went out before).
   void leave(const std::string& reason);
 
@@ -133,7 +139,7 @@ class learner_wire {
   std::size_t to_install_ = 0;
   nanos last_install_ns_ = -1;  // joining: when a fragment last arrived (-1: the first timer starts the clock)
   nanos longest_install_gap_ns_ = -1;  // joining: between two arrivals (-1: none yet)
-  bool stepping_ = false, waiting_ = false, done_ = false;
+  bool stepping_ = false, waiting_ = false, done_ = false, flushing_ = false;
   nanos wait_since_ = 0;
   nanos last_step_ns_ = 0;
   std::vector<std::uint64_t> shard_incarnations_;  // as last seen; 0: not yet

@@ -770,6 +770,7 @@ void mesh::on_learner_event(std::uint32_t i, const learner_event& e) {
   learner& l = learners_[i];
   assert(!e.refused);  // every node of the sim agrees on the layout and the policy
   if (e.resume) ++l.wait_generation;
+  if (e.flushed) return l.wire->leave("steps done");
   if (e.start_stepping || e.resume) schedule_step(i);
 }
 
@@ -788,6 +789,10 @@ void mesh::step(std::uint32_t i, incarnation inc) {
   }
   if (l.wire->wait_before_step(now_)) {  // the synchronous policies: parked until an update arrives
     arm_wait_timeout(i, inc);
+    return;
+  }
+  if (cfg_.steps_per_learner != 0 && l.wire->core().steps_done() >= cfg_.steps_per_learner) {
+    if (!cfg_.flush || !l.wire->begin_flush()) l.wire->leave("steps done");
     return;
   }
   // One inner step on a quadratic with this learner's target, plus noise:

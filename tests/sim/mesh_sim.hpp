@@ -122,6 +122,10 @@ struct sim_config {
   link_profile link;           // every directed link
   std::size_t bulk_piece_bytes = 64 * 1024;  // the transport's bulk lane: pieces on a shaped link (bulk_pacer)
   nanos duration_ns = 10'000'000'000;
+  /// As train.steps: each learner incarnation leaves after this many steps (with
+  /// `flush`, as mesh.flush, once its work is merged). 0: they step until duration_ns.
+  std::uint64_t steps_per_learner = 0;
+  bool flush = false;
   nanos tick_ns = 1'000'000;   // the broker's tick
   std::vector<crash_fault> crashes;
   std::vector<partition_fault> partitions;

@@ -230,6 +230,32 @@ TEST_CASE("sim: rebase on receipt throws no step away - nothing overwritten, the
   }
 }
 
+TEST_CASE("sim: a learner that flushes before it leaves loses none of its last steps") {
+  for (std::uint64_t seed : {65u, 66u}) {
+    CAPTURE(seed);
+    sim_config c = base(seed);
+    c.step_ns = {10'000'000, 10'000'000, 15'000'000, 20'000'000};
+    c.link.latency_ns = 2'000'000;
+    c.steps_per_learner = 200;  // 2-4 s of steps, then the learners leave
+    c.duration_ns = 6'000'000'000;
+    c.sync.rebase = true;
+    const sim_result leave_at_once = run_mesh(c);
+    c.flush = true;
+    const sim_result flushed = run_mesh(c);
+    for (const sim_result* r : {&leave_at_once, &flushed}) {
+      CHECK(r->ledger.balanced());
+      CHECK(r->ledger.processed == r->tokens_processed);
+      CHECK(r->tokens_processed == 4 * 200 * c.tokens_per_step);
+    }
+    MESSAGE("lost token-shares: leaving at once " << leave_at_once.ledger.lost << ", flushed "
+                                                  << flushed.ledger.lost);
+    CHECK(leave_at_once.ledger.lost > 0);  // the steps since each fragment's last contribution
+    CHECK(flushed.ledger.lost == 0);
+    CHECK(flushed.ledger.merged > leave_at_once.ledger.merged);
+    CHECK(flushed.final_loss < leave_at_once.final_loss);  // the last steps reach Θ
+  }
+}
+
 TEST_CASE("sim: synchronous policies wait — every live learner in every round, stragglers stall the rest") {
   const std::uint64_t seed = 61;
   CAPTURE(seed);

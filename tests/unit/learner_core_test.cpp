@@ -244,6 +244,29 @@ TEST_CASE("learner core: rebase keeps the progress made since the contribution, 
   CHECK(f.core.steps_since_anchor({3}) == 5);
 }
 
+TEST_CASE("learner core: work not yet in a received version, per fragment (what a flush waits for)") {
+  for (const bool rebase : {false, true}) {
+    CAPTURE(rebase);
+    fixture f(0, rebase);
+    f.install_all(1.0f);
+    CHECK(f.core.fragments_with_unmerged_work() == 0);
+    for (int k = 0; k < 3; ++k) f.core.on_step(64);
+    CHECK(f.core.fragments_with_unmerged_work() == f.core.fragments());
+    f.core.on_round_open(round_number{5}, {1});
+    REQUIRE(f.core.next_contribution(f.params.data()));
+    // Contributed, not merged yet: still waited for.
+    CHECK(f.core.fragments_with_unmerged_work() == f.core.fragments());
+    REQUIRE(f.core.on_fragment_update({1}, 2, f.global({1}, 3.0f), f.params.data(), round_number{5}));
+    CHECK(f.core.fragments_with_unmerged_work() == f.core.fragments() - 1);
+    // Under rebase a step after the contribution is work still to merge.
+    f.core.on_round_open(round_number{6}, {2});
+    REQUIRE(f.core.next_contribution(f.params.data()));
+    f.core.on_step(64);
+    REQUIRE(f.core.on_fragment_update({2}, 2, f.global({2}, 3.0f), f.params.data(), round_number{6}));
+    CHECK(f.core.fragments_with_unmerged_work() == f.core.fragments() - (rebase ? 0 : 1));
+  }
+}
+
 TEST_CASE("learner core: gather and scatter cover exactly the fragment's tensors") {
   fixture f;
   for (std::size_t i = 0; i < f.params.size(); ++i) f.params[i] = static_cast<float>(i);
