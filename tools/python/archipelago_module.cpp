@@ -194,11 +194,26 @@ class py_learner {
     copy_out();
   }
 
-  /// Leaves like a SIGTERMed native learner: the last Progress and contributions
-  /// went out with the last after_step; Leave, then the transport drains its
-  /// control lanes (bounded) and stops.
-  void close(const std::string& reason) {
+  /// Leaves like a native learner: the last Progress and contributions went out
+  /// with the last after_step; with mesh.flush (and `flush`) it first waits,
+  /// bounded by mesh.round_timeout_s, until every fragment's work is in a version
+  /// received (a learner stopped by a signal passes flush=False); Leave, then the
+  /// transport drains its control lanes (bounded) and stops.
+  void close(const std::string& reason, bool flush) {
     py::gil_scoped_release unlocked;
+    if (flush && setup_.cfg.mesh.flush && wire_ && stepping_ && !refused_) {
+      bool flushing;
+      {
+        std::lock_guard lock(wire_mu_);
+        flushing = learner_->begin_flush();
+      }
+      const nanos deadline = clock_.now() + static_cast<nanos>(setup_.cfg.mesh.round_timeout_s * 1e9);
+      while (flushing && !refused_ && clock_.now() < deadline) {
+        pump(deadline);
+        std::lock_guard lock(wire_mu_);
+        flushing = learner_->flushing();
+      }
+    }
     shut_down(reason);
   }
 
@@ -637,7 +652,7 @@ PYBIND11_MODULE(_native, m) {
       .def("wait_ready", &py_learner::wait_ready, py::arg("timeout_s"))
       .def("after_step", &py_learner::after_step, py::arg("tokens"), py::arg("step_s") = -1.0)
       .def("poll", &py_learner::poll)
-      .def("close", &py_learner::close, py::arg("reason") = "closed")
+      .def("close", &py_learner::close, py::arg("reason") = "closed", py::arg("flush") = true)
       .def("bind", &py_learner::bind, py::arg("arrays"))
       .def("array", [](py::object self, const std::string& name) { return self.cast<py_learner&>().array(self, name); })
       .def("names", &py_learner::names)

@@ -256,15 +256,17 @@ class Learner:
         """Where the mesh's learning-rate schedule stands for a restarted learner (0 at a first start)."""
         return self._native.status()["schedule_step"]
 
-    def close(self, reason="closed"):
-        """Leaves the mesh (Leave to the broker; the transport drains, bounded)."""
-        self._native.close(reason)
+    def close(self, reason="closed", flush=True):
+        """Leaves the mesh (Leave to the broker; the transport drains, bounded). With the
+        mesh's mesh.flush and `flush`, first waits (bounded by mesh.round_timeout_s) until
+        every fragment's work is merged; pass flush=False when stopping early (a signal)."""
+        self._native.close(reason, flush)
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, *exc):
+        self.close(flush=exc_type is None)
         return False
 
 

@@ -129,9 +129,10 @@ def write_mesh_files(a, folder):
     layout = os.path.join(folder, "layout.json")
     archipelago.write_layout(layout, {n: p.detach().numpy() for n, p in ByteMLP().named_parameters()}, KINDS)
     config = os.path.join(folder, "mesh.toml")
+    extra = "".join(f"{k.strip()} = {v.strip()}\n" for k, v in (m.split("=", 1) for m in a.mesh))
     with open(config, "w") as f:
         f.write(f'[model]\nlayout = "{layout}"\ncontext = 32\n\n'
-                f'[mesh]\nlearners = {a.learners}\nfragments = 4\nshards = 2\n\n'
+                f'[mesh]\nlearners = {a.learners}\nfragments = 4\nshards = 2\n{extra}\n'
                 f'[data]\nsynthetic_bytes = 2000000\n')
     return config
 
@@ -146,6 +147,8 @@ def main():
     ap.add_argument("--copy", action="store_true", help="bind the model's arrays (copies) instead of adopting")
     ap.add_argument("--alone", action="store_true", help="one learner, no package, no mesh (the overhead's baseline)")
     ap.add_argument("--nan-at", type=int, default=-1, metavar="STEP", help="learner 0 puts a NaN in its model here")
+    ap.add_argument("--mesh", action="append", default=[], metavar="KEY=VALUE",
+                    help="a [mesh] setting of the configuration (e.g. flush=true); repeatable")
     ap.add_argument("--db", metavar="DIR", help="the broker and shards keep their stores here (archipelago replay)")
     ap.add_argument("--json", action="store_true")
     # A learner process (started by the launcher part below).

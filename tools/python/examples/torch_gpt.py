@@ -224,7 +224,7 @@ def run_learner(config, index, broker, shards, knobs, listen="tcp://127.0.0.1:0"
         step += 1
     wall = time.perf_counter() - t0
     s, node = learner.status(), learner.node_status()  # before close: the transport's counters go with it
-    learner.close(stop[0] if stop else "steps done")
+    learner.close(stop[0] if stop else "steps done", flush=not stop)
     n = len(losses)
     return {"command": "torch_gpt", "role": "learner", "index": index, "incarnation": s["incarnation"],
             "first_step": first_step, "steps": n, "steps_per_s": n / wall if wall > 0 else 0.0, "tokens": s["tokens"],
