@@ -163,9 +163,7 @@ def case_rejoin():
     from archipelago.mesh import LocalMesh, ledger_check
     import byom_mesh
 
-    class A:
-        learners = 2
-    config = byom_mesh.write_mesh_files(A, folder)
+    config = byom_mesh.write_mesh_files(2, folder)
     reports = []
     with LocalMesh(BINARY, config, shards=2, logs=folder) as mesh:
         time.sleep(0.5)

@@ -125,14 +125,15 @@ def run_learner(a):
     print(json.dumps(report), flush=True)
 
 
-def write_mesh_files(a, folder):
+def write_mesh_files(learners, folder, mesh_settings=()):
+    """The layout and a configuration for `learners` learners; `mesh_settings`: ["KEY=VALUE", ...] of [mesh]."""
     layout = os.path.join(folder, "layout.json")
     archipelago.write_layout(layout, {n: p.detach().numpy() for n, p in ByteMLP().named_parameters()}, KINDS)
     config = os.path.join(folder, "mesh.toml")
-    extra = "".join(f"{k.strip()} = {v.strip()}\n" for k, v in (m.split("=", 1) for m in a.mesh))
+    extra = "".join(f"{k.strip()} = {v.strip()}\n" for k, v in (m.split("=", 1) for m in mesh_settings))
     with open(config, "w") as f:
         f.write(f'[model]\nlayout = "{layout}"\ncontext = 32\n\n'
-                f'[mesh]\nlearners = {a.learners}\nfragments = 4\nshards = 2\n{extra}\n'
+                f'[mesh]\nlearners = {learners}\nfragments = 4\nshards = 2\n{extra}\n'
                 f'[data]\nsynthetic_bytes = 2000000\n')
     return config
 
@@ -162,7 +163,7 @@ def main():
         return run_learner(a)
 
     folder = tempfile.mkdtemp(prefix="archipelago-byom-")
-    a.config = write_mesh_files(a, folder)
+    a.config = write_mesh_files(a.learners, folder, a.mesh)
     common = ["--config", a.config, "--steps", str(a.steps), "--batch", str(a.batch), "--lr", str(a.lr)]
     if a.alone:  # in a process of its own, as a learner runs (not in this one, which built a model already)
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--learner", "0", "--alone", *common],
