@@ -69,9 +69,10 @@ void learner_core::on_round_open(round_number r, fragment_index p) {
 }
 
 std::optional<contribution_plan> learner_core::next_contribution(const float* params, const float* gradient) {
+  const std::uint64_t enough = last_step_done_ ? 1 : config_.contribute_after;
   for (auto it = pending_.begin(); it != pending_.end(); ++it) {
     fragment_state& s = state_[it->fragment.value];
-    if (!s.installed || s.steps < config_.contribute_after || s.steps <= s.contributed_steps) continue;
+    if (!s.installed || s.steps < enough || s.steps <= s.contributed_steps) continue;
     s.contributed_steps = s.steps;
     contribution_plan c;
     c.round = it->round;

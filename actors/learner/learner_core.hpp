@@ -94,6 +94,9 @@ class learner_core {
   /// Fragments holding steps no contribution has carried into a received
   /// version yet (a learner that finished flushes them before it leaves).
   std::size_t fragments_with_unmerged_work() const;
+  /// No step follows (a flush): a round is answered with whatever work its
+  /// fragment holds, fewer steps than contribute_after included (diloco's H).
+  void on_last_step() { last_step_done_ = true; }
 
   /// The broker restarted (a higher incarnation): the rounds it had opened are
   /// gone, and the new one may number its rounds from 0 again. Pending rounds
@@ -144,6 +147,7 @@ class learner_core {
   std::deque<pending_round> pending_;
   std::uint64_t dropped_rounds_ = 0;
   std::uint64_t steps_done_ = 0;
+  bool last_step_done_ = false;
 };
 
 }  // namespace archipelago

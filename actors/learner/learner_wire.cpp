@@ -270,6 +270,7 @@ void learner_wire::send_progress() {
 }
 
 bool learner_wire::begin_flush() {
+  core_->on_last_step();
   send_contributions();
   flushing_ = core_->fragments_with_unmerged_work() != 0;
   return flushing_;

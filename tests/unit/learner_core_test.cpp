@@ -265,6 +265,21 @@ TEST_CASE("learner core: work not yet in a received version, per fragment (what 
     REQUIRE(f.core.on_fragment_update({2}, 2, f.global({2}, 3.0f), f.params.data(), round_number{6}));
     CHECK(f.core.fragments_with_unmerged_work() == f.core.fragments() - (rebase ? 0 : 1));
   }
+  // diloco's H: fewer steps than contribute_after wait for more, unless no step follows.
+  const param_layout layout = make_layout({256, 4, 8, 1, 2, true});
+  std::vector<float> params(layout.total_floats, 0.f);
+  learner_core core(layout, *make_fragment_plan(layout, 4), {0, 8, 5, 0, false});
+  for (std::uint32_t p = 0; p < core.fragments(); ++p)
+    REQUIRE(core.install({p}, 1, std::vector<float>(core.fragment_floats({p}), 1.f), params.data()));
+  core.on_step(64);
+  core.on_step(64);
+  core.on_round_open(round_number{3}, {0});
+  CHECK_FALSE(core.next_contribution(params.data()));
+  core.on_last_step();
+  const auto c = core.next_contribution(params.data());
+  REQUIRE(c);
+  CHECK(c->steps == 2);
+  CHECK(c->round == round_number{3});
 }
 
 TEST_CASE("learner core: gather and scatter cover exactly the fragment's tensors") {
