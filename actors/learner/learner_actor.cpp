@@ -51,6 +51,11 @@ using learner_self = caf::stateful_actor<learner_state, caf::event_based_actor>;
 /// Pads a step that took `compute_ns` to the learner's pace: at least
 /// mesh.step_time_ms (a fixed compute budget), times its slow-down (a slower
 /// machine, or the chaos monkey's). Returns the step's time as the ledger counts it.
+/// The bound on any wait for the mesh (mesh.round_timeout_s).
+std::chrono::milliseconds round_timeout(const mesh_setup& setup) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(setup.cfg.mesh.round_timeout_s * 1000));
+}
+
 nanos pace_step(learner_state& st, nanos compute_ns) {
   const auto budget_ns = static_cast<nanos>(st.setup().cfg.mesh.step_time_ms * 1e6);
   if (budget_ns > 0 && compute_ns > budget_ns) ++st.overruns;
@@ -103,9 +108,8 @@ void leave(learner_self* self, const char* reason) {
 void finish(learner_self* self) {
   auto& st = self->state;
   if (st.learner->flushing()) return;
-  if (!st.setup().cfg.mesh.flush || !st.learner->begin_flush()) return leave(self, "steps done");
-  const auto bound = std::chrono::milliseconds(static_cast<std::int64_t>(st.setup().cfg.mesh.round_timeout_s * 1000));
-  self->delayed_send(self, bound, flush_atom::value);
+  if (!st.learner->begin_flush()) return leave(self, "steps done");
+  self->delayed_send(self, round_timeout(st.setup()), flush_atom::value);
 }
 
 /// One step_atom: wait (the synchronous policies), leave (its steps are done) or step.
@@ -114,8 +118,7 @@ void step(learner_self* self) {
   if (st.learner->done()) return;
   const mesh_setup& setup = st.setup();
   if (st.learner->wait_before_step(st.now())) {
-    const auto bound = std::chrono::milliseconds(static_cast<std::int64_t>(setup.cfg.mesh.round_timeout_s * 1000));
-    self->delayed_send(self, bound, wake_atom::value, ++st.wake_generation);
+    self->delayed_send(self, round_timeout(setup), wake_atom::value, ++st.wake_generation);
     return;
   }
   if (st.eng->steps_done() >= setup.cfg.train.steps) return finish(self);
@@ -159,9 +162,8 @@ caf::behavior learner_actor(learner_self* self, learner_actor_args args) {
   auto& st = self->state;
   st.args = std::move(args);
   if (!start(self)) return {};
-  const mesh_config& m = st.setup().cfg.mesh;
   const wire_config& w = st.setup().cfg.wire;
-  const auto wait_bound = std::chrono::milliseconds(static_cast<std::int64_t>(m.round_timeout_s * 1000));
+  const auto wait_bound = round_timeout(st.setup());
   // Joining is bounded too: fetch again until every fragment is installed.
   const auto retry = std::chrono::milliseconds(w.heartbeat_interval_ms * w.liveness);
   self->delayed_send(self, retry, wake_atom::value, std::uint64_t{0});

@@ -270,6 +270,7 @@ void learner_wire::send_progress() {
 }
 
 bool learner_wire::begin_flush() {
+  if (!setup_.cfg.mesh.flush) return false;
   core_->on_last_step();
   send_contributions();
   flushing_ = core_->fragments_with_unmerged_work() != 0;

@@ -90,9 +90,10 @@ class learner_wire {
   /// One inner step of `tokens` tokens that took `step_ns` (as the ledger counts it):
   /// Progress to the broker, then every contribution now ready.
   void after_step(std::uint64_t tokens, nanos step_ns);
-  /// mesh.flush: the last step is done; stay (answering rounds, no more steps)
-  /// until every fragment's work is in a version received (learner_event::flushed).
-  /// False: nothing to flush, leave now. The shell bounds the wait.
+  /// The last step is done. With mesh.flush: stay (answering rounds, no more
+  /// steps) until every fragment's work is in a version received
+  /// (learner_event::flushed). False: leave now (flush off, or nothing to flush).
+  /// The shell bounds the wait.
   bool begin_flush();
   bool flushing() const { return flushing_; }
   /// This incarnation is done: Leave (its last Progress and contributions went out before).

@@ -46,6 +46,7 @@ mesh_setup sim_setup(const sim_config& c) {
   s.cfg.mesh.quorum = c.broker.quorum;
   s.cfg.mesh.grace_factor = c.broker.grace_factor;
   s.cfg.mesh.robust = c.robust.enabled;
+  s.cfg.mesh.flush = c.flush;
   s.policy.fragments = c.fragments;
   s.policy.shards = c.shards;
   s.policy.quorum = c.broker.quorum;
@@ -792,7 +793,7 @@ void mesh::step(std::uint32_t i, incarnation inc) {
     return;
   }
   if (cfg_.steps_per_learner != 0 && l.wire->core().steps_done() >= cfg_.steps_per_learner) {
-    if (!cfg_.flush || !l.wire->begin_flush()) l.wire->leave("steps done");
+    if (!l.wire->begin_flush()) l.wire->leave("steps done");
     return;
   }
   // One inner step on a quadratic with this learner's target, plus noise:

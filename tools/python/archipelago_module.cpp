@@ -201,7 +201,7 @@ class py_learner {
   /// transport drains its control lanes (bounded) and stops.
   void close(const std::string& reason, bool flush) {
     py::gil_scoped_release unlocked;
-    if (flush && setup_.cfg.mesh.flush && wire_ && stepping_ && !refused_) {
+    if (flush && wire_ && stepping_ && !refused_) {
       bool flushing;
       {
         std::lock_guard lock(wire_mu_);
