@@ -180,6 +180,7 @@ void run_round(compute_engine& engine, compute_result& r, const compute_options&
   }
   if (o.backends && o.threads > 1 && !hooks.stopped()) {
     set_compute_threads(1);
+    engine.set_profile(nullptr);  // the profile is of the timed thread count only
     const int one_steps = std::max(2, steps / 3);
     engine.step(0, unused);  // warm-up at this thread count
     for (int i = 0; i < one_steps && !hooks.stopped(); ++i) {
@@ -187,6 +188,7 @@ void run_round(compute_engine& engine, compute_result& r, const compute_options&
       hooks.update("bench compute " + o.model + " (1 thread): sample " + std::to_string(r.one_thread_step_s.size()));
     }
     set_compute_threads(o.threads);
+    if (o.profile) engine.set_profile(&r.profile);
   }
   for (auto& run : r.torch) {
     if (!run.error.empty() || hooks.stopped()) continue;

@@ -3,8 +3,10 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cassert>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -174,6 +176,115 @@ void dense_gemm::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
     assert(s == dnnl_success);
     (void)s;
   }
+}
+
+// ---------------------------------------------------------------------------
+
+struct causal_attention::impl {
+  // One set of primitives per (batch, len, heads, head_dim, scale).
+  using key = std::tuple<int, int, int, int, float>;
+  static constexpr std::size_t shapes_max = 8;
+
+  struct op {
+    dnnl::matmul::primitive_desc pd;
+    dnnl::matmul prim;
+  };
+  struct shape {
+    op scores, values;                 // S = scale·Q·Kᵀ; Y = P·V
+    op dprob, dq, dk, dv;              // dP = dY·Vᵀ; dQ = scale·dS·K; dK = scale·dSᵀ·Q; dV = Pᵀ·dY
+    dnnl::softmax_forward softmax;
+    dnnl::softmax_backward softmax_grad;
+    dnnl::memory::desc prob_md;
+  };
+
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::map<key, shape> shapes;
+
+  shape& at(int batch, int len, int heads, int head_dim, float scale) {
+    const key k{batch, len, heads, head_dim, scale};
+    if (auto it = shapes.find(k); it != shapes.end()) return it->second;
+    if (shapes.size() >= shapes_max) shapes.clear();
+    using dt = dnnl::memory::data_type;
+    using dims = dnnl::memory::dims;
+    const dnnl::memory::dim b = batch, t = len, h = heads, d = head_dim, c = h * d;
+    auto md = [](dims shape_dims, dims strides) { return dnnl::memory::desc(shape_dims, dt::f32, strides); };
+    // Views of one head of every sequence, as [B, H, ·, ·] with strides into the row-major buffers.
+    const auto q = md({b, h, t, d}, {t * 3 * c, d, 3 * c, 1});      // Q, K, V or their gradients
+    const auto kt = md({b, h, d, t}, {t * 3 * c, d, 1, 3 * c});     // Kᵀ, Vᵀ
+    const auto y = md({b, h, t, d}, {t * c, d, c, 1});              // Y, dY
+    const auto p = md({b, h, t, t}, {h * t * t, t * t, t, 1});      // P, dP, dS
+    const auto pt = md({b, h, t, t}, {h * t * t, t * t, 1, t});     // Pᵀ, dSᵀ
+    auto matmul = [&](const dnnl::memory::desc& src, const dnnl::memory::desc& weights, const dnnl::memory::desc& dst,
+                      float out_scale) {
+      dnnl::primitive_attr attr;
+      if (out_scale != 1.0f) attr.set_output_scales(0, {out_scale});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, weights, dst), attr, engine);
+      return op{pd, dnnl::matmul(pd)};
+    };
+    const dnnl::softmax_forward::primitive_desc sf(
+        dnnl::softmax_forward::desc(dnnl::prop_kind::forward_training, p, 3), engine);
+    const dnnl::softmax_backward::primitive_desc sb(dnnl::softmax_backward::desc(p, p, 3), engine, sf);
+    shape s{matmul(q, kt, p, scale), matmul(p, q, y, 1.0f),   matmul(y, kt, p, 1.0f),
+            matmul(p, q, q, scale),  matmul(pt, q, q, scale), matmul(pt, y, q, 1.0f),
+            dnnl::softmax_forward(sf), dnnl::softmax_backward(sb), p};
+    return shapes.emplace(k, std::move(s)).first->second;
+  }
+
+  void run(op& o, const float* src, const float* weights, float* dst) {
+    dnnl::memory sm(o.pd.src_desc(), engine, const_cast<float*>(src));
+    dnnl::memory wm(o.pd.weights_desc(), engine, const_cast<float*>(weights));
+    dnnl::memory dm(o.pd.dst_desc(), engine, dst);
+    o.prim.execute(stream, {{DNNL_ARG_SRC, sm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dm}});
+  }
+};
+
+causal_attention::causal_attention(std::unique_ptr<impl> state) : impl_(std::move(state)) {}
+causal_attention::~causal_attention() = default;
+
+expected<std::unique_ptr<causal_attention>> causal_attention::make() {
+  try {
+    auto state = std::make_unique<impl>();
+    state->at(1, 4, 1, 4, 0.5f);  // oneDNN builds these primitives here, or says why not
+    state->shapes.clear();
+    return std::unique_ptr<causal_attention>(new causal_attention(std::move(state)));
+  } catch (const dnnl::error& e) {
+    return make_error(errc::unsupported, std::string("oneDNN attention: ") + e.what());
+  }
+}
+
+void causal_attention::forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
+                               float* prob, float* y) {
+  impl& st = *impl_;
+  impl::shape& s = st.at(batch, len, heads, head_dim, scale);
+  const std::int64_t c = std::int64_t{heads} * head_dim, rows = std::int64_t{batch} * heads * len;
+  st.run(s.scores, qkv, qkv + c, prob);
+  st.stream.wait();
+  // Causal mask: query i sees keys 0..i.
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t i = r % len;
+    std::fill(prob + r * len + i + 1, prob + (r + 1) * len, -std::numeric_limits<float>::infinity());
+  }
+  dnnl::memory pm(s.prob_md, st.engine, prob);
+  s.softmax.execute(st.stream, {{DNNL_ARG_SRC, pm}, {DNNL_ARG_DST, pm}});
+  st.run(s.values, prob, qkv + 2 * c, y);
+  st.stream.wait();
+}
+
+void causal_attention::backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
+                                const float* prob, const float* dy, float* dprob, float* dqkv) {
+  impl& st = *impl_;
+  impl::shape& s = st.at(batch, len, heads, head_dim, scale);
+  const std::int64_t c = std::int64_t{heads} * head_dim;
+  st.run(s.dprob, dy, qkv + 2 * c, dprob);
+  // dS = P ⊙ (dP − rowsum(dP ⊙ P)), in place; the score scale folds into dQ and dK.
+  dnnl::memory pm(s.prob_md, st.engine, const_cast<float*>(prob)), dm(s.prob_md, st.engine, dprob);
+  s.softmax_grad.execute(st.stream, {{DNNL_ARG_DST, pm}, {DNNL_ARG_DIFF_DST, dm}, {DNNL_ARG_DIFF_SRC, dm}});
+  st.run(s.dq, dprob, qkv + c, dqkv);
+  st.run(s.dk, dprob, qkv, dqkv + c);
+  st.run(s.dv, prob, dy, dqkv + 2 * c);
+  st.stream.wait();
 }
 
 }  // namespace archipelago

@@ -1,8 +1,9 @@
 #pragma once
-// The model's dense layers: row-major GEMMs through oneDNN, which picks its
-// kernels for the CPU it runs on (AVX2, AVX-512, AVX512_BF16, AMX) at run
-// time, so one portable build (-march=x86-64-v3) uses the best kernels of
-// every node. Only dense_gemm.cpp sees oneDNN's headers.
+// The model's dense layers (and its attention, causal_attention below):
+// row-major GEMMs through oneDNN, which picks its kernels for the CPU it runs
+// on (AVX2, AVX-512, AVX512_BF16, AMX) at run time, so one portable build
+// (-march=x86-64-v3) uses the best kernels of every node. Only dense_gemm.cpp
+// sees oneDNN's headers.
 //
 // Two paths:
 //   fp32  dnnl_sgemm.
@@ -75,6 +76,33 @@ class dense_gemm {
   gemm_precision precision_;
   std::unique_ptr<impl> impl_;
   std::int64_t fp32_fallbacks_ = 0;
+};
+
+/// Causal self-attention of a whole batch through oneDNN: batched matmuls over
+/// every (sequence, head) pair and oneDNN's softmax, dispatched to the CPU's ISA
+/// at run time (Eigen's, used otherwise, is fixed at compile time: AVX2 in the
+/// portable build), fp32 in every precision. The scores are computed over the full
+/// T×T, the upper triangle masked to −inf (exactly 0 after the softmax): twice the
+/// causal work, at the wide vectors' speed. Row-major layouts: qkv [B·T, 3C] (Q,
+/// K, V side by side, the heads contiguous within each), y and dy [B·T, C], prob
+/// and dprob [B·H, T, T]. Deterministic as dense_gemm is.
+class causal_attention {
+ public:
+  static expected<std::unique_ptr<causal_attention>> make();
+  ~causal_attention();
+  causal_attention(const causal_attention&) = delete;
+  causal_attention& operator=(const causal_attention&) = delete;
+
+  /// prob = softmax(mask(scale·Q·Kᵀ)), y = prob·V.
+  void forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv, float* prob, float* y);
+  /// dqkv (overwritten) = the gradient of qkv from dy; dprob is scratch.
+  void backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv, const float* prob,
+                const float* dy, float* dprob, float* dqkv);
+
+ private:
+  struct impl;
+  explicit causal_attention(std::unique_ptr<impl> state);
+  std::unique_ptr<impl> impl_;
 };
 
 /// Rounds n floats to bfloat16 (nearest even), as the bf16 path does: for tests

@@ -29,6 +29,11 @@ template <class S>
 using const_array_view = Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>;
 
 template <class S>
+using row_view = Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>;
+template <class S>
+using const_row_view = Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>;
+
+template <class S>
 matrix_view<S> view(S* p, Index rows, Index cols, Index stride) {
   return matrix_view<S>(p, rows, cols, Eigen::OuterStride<>(stride));
 }
@@ -50,32 +55,17 @@ constexpr int reduce_chunks = 32;          // fixed, so sums do not depend on th
 constexpr Index elementwise_block = 16384;  // elements per parallel block
 constexpr Index attention_row_block = 32;   // causal blocking: skips most of the upper triangle
 
-/// out[j] += Σ_rows a[r, j], summed in fixed chunks for determinism.
+/// Adds chunk partial sums [chunks × cols] to out in chunk order (deterministic).
 template <class S>
-void colsum_add(const S* a, Index rows, Index cols, S* out, S* scratch) {
-  const int chunks = static_cast<int>(std::min<Index>(reduce_chunks, rows));
-#pragma omp parallel for schedule(static)
-  for (int c = 0; c < chunks; ++c) {
-    array_view<S> part(scratch + c * cols, cols);
-    part.setZero();
-    for (Index r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r)
-      part += const_array_view<S>(a + r * cols, cols);
-  }
+void add_partials(const S* partials, int chunks, Index cols, S* out) {
   array_view<S> total(out, cols);
-  for (int c = 0; c < chunks; ++c) total += array_view<S>(scratch + c * cols, cols);
+  for (int c = 0; c < chunks; ++c) total += const_array_view<S>(partials + c * cols, cols);
 }
 
-/// Every row of y[rows, cols] set to `bias` (+ `base` row if given).
-template <class S>
-void broadcast_rows(S* y, const S* bias, const S* base, Index rows, Index cols) {
-  const_array_view<S> b(bias, cols);
-#pragma omp parallel for schedule(static)
-  for (Index r = 0; r < rows; ++r) {
-    array_view<S> out(y + r * cols, cols);
-    if (base) out = const_array_view<S>(base + r * cols, cols) + b;
-    else out = b;
-  }
-}
+/// Rows [begin, end) of reduction chunk c: the rows are cut into a fixed number of
+/// chunks, so sums do not depend on the thread count.
+inline Index chunk_begin(Index rows, int chunks, int c) { return rows * c / chunks; }
+inline int chunk_count(Index rows) { return static_cast<int>(std::min<Index>(reduce_chunks, rows)); }
 
 /// out[m×k] += Aᵀ·B for A [rows×m], B [rows×k]: a weight gradient, a reduction
 /// over all tokens into a small matrix. Eigen parallelises a GEMM over its
@@ -106,25 +96,22 @@ void add_weight_grad(const_matrix_view<S> a, const_matrix_view<S> b, S* out, S* 
   }
 }
 
-/// C[m×n] (+)= op(A)·op(B), row-major, for a dense layer: oneDNN when the model
+/// C[m×n] = op(A)·op(B), row-major, for a dense layer: oneDNN when the model
 /// has kernels (float), else Eigen (the double gradient checks, the eigen backend).
 /// A is stored [m×k], or [k×m] when ta; B [k×n], or [n×k] when tb.
 template <class S>
 void dense(dense_gemm* kernels, bool ta, bool tb, Index m, Index n, Index k, const S* a, Index lda, const S* b,
-           Index ldb, bool accumulate, S* c, Index ldc) {
+           Index ldb, S* c, Index ldc) {
   if constexpr (std::is_same_v<S, float>) {
     if (kernels) {
-      kernels->run(ta, tb, m, n, k, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+      kernels->run(ta, tb, m, n, k, a, lda, b, ldb, 0.0f, c, ldc);
       return;
     }
   }
   auto cv = view(c, m, n, ldc);
   const auto av = view(a, ta ? k : m, ta ? m : k, lda);
   const auto bv = view(b, tb ? n : k, tb ? k : n, ldb);
-  auto apply = [&](const auto& pa, const auto& pb) {
-    if (accumulate) cv.noalias() += pa * pb;
-    else cv.noalias() = pa * pb;
-  };
+  auto apply = [&](const auto& pa, const auto& pb) { cv.noalias() = pa * pb; };
   if (ta && tb) apply(av.transpose(), bv.transpose());
   else if (ta) apply(av.transpose(), bv);
   else if (tb) apply(av, bv.transpose());
@@ -144,13 +131,17 @@ void weight_grad(dense_gemm* kernels, const S* a, Index m, const S* b, Index k, 
   add_weight_grad(view(a, rows, m), view(b, rows, k), out, scratch, omp_get_max_threads());
 }
 
+/// y = LayerNorm(x). If `residual` is given, x ← x + residual + bias first, in
+/// place: the residual add of the block whose GEMM wrote x (with beta 0), fused
+/// into the one pass that reads x anyway.
 template <class S>
-void layernorm_forward(const S* x, S* y, S* stats, const S* gain, const S* shift, Index rows,
-                       Index cols) {
+void layernorm_forward(S* x, const S* residual, const S* bias, S* y, S* stats, const S* gain,
+                       const S* shift, Index rows, Index cols) {
   const_array_view<S> g(gain, cols), b(shift, cols);
 #pragma omp parallel for schedule(static)
   for (Index r = 0; r < rows; ++r) {
-    const_array_view<S> in(x + r * cols, cols);
+    array_view<S> in(x + r * cols, cols);
+    if (residual) in += const_array_view<S>(residual + r * cols, cols) + const_array_view<S>(bias, cols);
     const S mean = in.sum() / static_cast<S>(cols);
     const S var = (in - mean).square().sum() / static_cast<S>(cols);
     const S rstd = S(1) / std::sqrt(var + static_cast<S>(layernorm_eps));
@@ -160,18 +151,25 @@ void layernorm_forward(const S* x, S* y, S* stats, const S* gain, const S* shift
   }
 }
 
-/// dx += LayerNorm backward of dy; dgain/dshift accumulate. scratch: reduce_chunks·2·cols.
+/// dx += LayerNorm backward of dy; dgain/dshift accumulate, and so does dsum (if
+/// given) with the column sums of dx as updated: the gradient of the bias added
+/// to the residual stream there, read while the rows are in cache.
+/// scratch: reduce_chunks·3·cols.
 template <class S>
 void layernorm_backward(const S* dy, const S* x, const S* stats, const S* gain, S* dx, S* dgain,
-                        S* dshift, Index rows, Index cols, S* scratch) {
-  const int chunks = static_cast<int>(std::min<Index>(reduce_chunks, rows));
+                        S* dshift, S* dsum, Index rows, Index cols, S* scratch) {
+  const int chunks = chunk_count(rows);
   const_array_view<S> g(gain, cols);
+  S* part_g = scratch;
+  S* part_b = scratch + chunks * cols;
+  S* part_s = scratch + 2 * chunks * cols;
 #pragma omp parallel for schedule(static)
   for (int c = 0; c < chunks; ++c) {
-    array_view<S> pg(scratch + 2 * c * cols, cols), pb(scratch + (2 * c + 1) * cols, cols);
+    array_view<S> pg(part_g + c * cols, cols), pb(part_b + c * cols, cols), ps(part_s + c * cols, cols);
     pg.setZero();
     pb.setZero();
-    for (Index r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) {
+    if (dsum) ps.setZero();
+    for (Index r = chunk_begin(rows, chunks, c); r < chunk_begin(rows, chunks, c + 1); ++r) {
       const S mean = stats[2 * r], rstd = stats[2 * r + 1];
       const_array_view<S> in(x + r * cols, cols), d(dy + r * cols, cols);
       const auto xhat = (in - mean) * rstd;
@@ -180,14 +178,14 @@ void layernorm_backward(const S* dy, const S* x, const S* stats, const S* gain, 
       const auto dxhat = d * g;
       const S m1 = dxhat.sum() / static_cast<S>(cols);
       const S m2 = (dxhat * xhat).sum() / static_cast<S>(cols);
-      array_view<S>(dx + r * cols, cols) += rstd * (dxhat - m1 - xhat * m2);
+      array_view<S> out(dx + r * cols, cols);
+      out += rstd * (dxhat - m1 - xhat * m2);
+      if (dsum) ps += out;
     }
   }
-  array_view<S> tg(dgain, cols), tb(dshift, cols);
-  for (int c = 0; c < chunks; ++c) {
-    tg += array_view<S>(scratch + 2 * c * cols, cols);
-    tb += array_view<S>(scratch + (2 * c + 1) * cols, cols);
-  }
+  add_partials(part_g, chunks, cols, dgain);
+  add_partials(part_b, chunks, cols, dshift);
+  if (dsum) add_partials(part_s, chunks, cols, dsum);
 }
 
 // GELU, tanh approximation (as GPT-2).
@@ -196,31 +194,41 @@ constexpr S gelu_k0 = static_cast<S>(0.7978845608028654);  // sqrt(2/pi)
 template <class S>
 constexpr S gelu_k1 = static_cast<S>(0.044715);
 
+/// With x = pre + bias (every row): y = gelu(x), and pre ← gelu'(x) in place.
+/// The backward pass needs only the derivative, so it is computed here, where
+/// tanh(·) already is, and the backward becomes one multiply per element.
 template <class S>
-void gelu_forward(const S* x, S* y, Index n) {
-  const Index blocks = (n + elementwise_block - 1) / elementwise_block;
+void gelu_forward(S* pre, const S* bias, S* y, Index rows, Index cols) {
+  const_array_view<S> b(bias, cols);
 #pragma omp parallel for schedule(static)
-  for (Index k = 0; k < blocks; ++k) {
-    const Index begin = k * elementwise_block, len = std::min(elementwise_block, n - begin);
-    const_array_view<S> in(x + begin, len);
-    array_view<S>(y + begin, len) =
-        S(0.5) * in * (S(1) + (gelu_k0<S> * (in + gelu_k1<S> * in.cube())).tanh());
+  for (Index r = 0; r < rows; ++r) {
+    array_view<S> io(pre + r * cols, cols), out(y + r * cols, cols);
+    io += b;
+    out = (gelu_k0<S> * (io + gelu_k1<S> * io.cube())).tanh();  // t, until the loop below
+    for (Index j = 0; j < cols; ++j) {
+      const S x = io[j], t = out[j];
+      out[j] = S(0.5) * x * (S(1) + t);
+      io[j] = S(0.5) * (S(1) + t) + S(0.5) * x * (S(1) - t * t) * gelu_k0<S> * (S(1) + S(3) * gelu_k1<S> * x * x);
+    }
   }
 }
 
-/// dx = dy · gelu'(x), in place over dy.
+/// dy ← dy · gelu'(x) in place (derivative from gelu_forward), and dbias += its
+/// column sums. scratch: reduce_chunks·cols.
 template <class S>
-void gelu_backward(const S* x, S* dy, Index n) {
-  const Index blocks = (n + elementwise_block - 1) / elementwise_block;
+void gelu_backward(const S* derivative, S* dy, S* dbias, Index rows, Index cols, S* scratch) {
+  const int chunks = chunk_count(rows);
 #pragma omp parallel for schedule(static)
-  for (Index k = 0; k < blocks; ++k) {
-    const Index begin = k * elementwise_block, len = std::min(elementwise_block, n - begin);
-    const_array_view<S> in(x + begin, len);
-    array_view<S> d(dy + begin, len);
-    const auto t = (gelu_k0<S> * (in + gelu_k1<S> * in.cube())).tanh().eval();
-    d *= S(0.5) * (S(1) + t) +
-         S(0.5) * in * (S(1) - t.square()) * gelu_k0<S> * (S(1) + S(3) * gelu_k1<S> * in.square());
+  for (int c = 0; c < chunks; ++c) {
+    array_view<S> part(scratch + c * cols, cols);
+    part.setZero();
+    for (Index r = chunk_begin(rows, chunks, c); r < chunk_begin(rows, chunks, c + 1); ++r) {
+      array_view<S> d(dy + r * cols, cols);
+      d *= const_array_view<S>(derivative + r * cols, cols);
+      part += d;
+    }
   }
+  add_partials(scratch, chunks, cols, dbias);
 }
 
 /// Adds the scope's wall time to one phase of a profile, if profiling is on.
@@ -254,8 +262,7 @@ using phase = step_profile::phase;
 }  // namespace
 
 const char* step_profile::name(int p) {
-  static const char* const names[] = {"embedding", "layernorm", "dense GEMMs", "attention",
-                                      "gelu",      "loss",      "bias grads"};
+  static const char* const names[] = {"embedding", "layernorm", "dense GEMMs", "attention", "gelu", "loss"};
   return p >= 0 && p < phase_count ? names[p] : "?";
 }
 
@@ -278,7 +285,7 @@ struct gpt<S>::workspace {
   aligned_buffer<S> x;                   // (L+1)·N·C residual stream; x[L] feeds LNf
   aligned_buffer<S> ln1, ln2, atty, xm;  // L·N·C
   aligned_buffer<S> qkv;                 // L·N·3C
-  aligned_buffer<S> hpre, hact;          // L·N·4C
+  aligned_buffer<S> hgrad, hact;         // L·N·4C: gelu'(pre-activation), gelu(pre-activation)
   aligned_buffer<S> att;                 // L·B·H·T·T softmax probabilities
   aligned_buffer<S> ln1_stats, ln2_stats;  // L·N·2 (mean, rstd)
   aligned_buffer<S> lnf, lnf_stats;
@@ -288,8 +295,9 @@ struct gpt<S>::workspace {
 
   // Backward scratch.
   aligned_buffer<S> dx, dln, dqkv, dh, datty;
-  aligned_buffer<S> dprob;               // threads·T·T
-  aligned_buffer<S> reduce;              // reduce_chunks · max(2C, 4C, V)
+  aligned_buffer<S> dprob;               // B·H·T·T (oneDNN's attention), ≥ threads·T·T (Eigen's)
+  aligned_buffer<S> dqkv_bias_part;      // B·3C: the QKV bias gradient, per sequence
+  aligned_buffer<S> reduce;              // reduce_chunks · max(4C, V) ≥ LayerNorm's 3C
   aligned_buffer<S> wgrad;               // threads · max(4C·C, V·C): split weight gradients
 
   void ensure(const model_shape& s, int want_batch) {
@@ -306,7 +314,7 @@ struct gpt<S>::workspace {
     atty.resize(l * n * c);
     xm.resize(l * n * c);
     qkv.resize(l * n * 3 * c);
-    hpre.resize(l * n * 4 * c);
+    hgrad.resize(l * n * 4 * c);
     hact.resize(l * n * 4 * c);
     att.resize(l * cap_batch * s.n_head * tt * tt);
     ln1_stats.resize(l * n * 2);
@@ -321,7 +329,8 @@ struct gpt<S>::workspace {
     datty.resize(n * c);
     dqkv.resize(n * 3 * c);
     dh.resize(n * 4 * c);
-    dprob.resize(static_cast<Index>(threads) * tt * tt);
+    dprob.resize(std::max<Index>(threads, cap_batch * s.n_head) * tt * tt);
+    dqkv_bias_part.resize(cap_batch * 3 * c);
     reduce.resize(reduce_chunks * std::max<Index>(4 * c, s.vocab));
     wgrad.resize(static_cast<Index>(threads) * std::max<Index>(4 * c, s.vocab) * c);
   }
@@ -357,6 +366,8 @@ gpt<S>::gpt(const param_layout& layout, dense_backend backend)
         backend_ = dense_backend::fp32;
       }
     }
+    if (kernels_)
+      if (auto a = causal_attention::make()) attention_ = std::move(*a);
   }
   auto at = [&](const std::string& name) {
     const tensor_spec* t = layout_.find(name);
@@ -427,75 +438,92 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
   }
 
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
+  const bool onednn_attention = attention_ && len == s.context;
   for (int l = 0; l < s.n_layer; ++l) {
     const auto& o = w.layers[l];
-    const S* xl = w.x.data() + l * n * c;
+    S* xl = w.x.data() + l * n * c;
     S* ln1 = w.ln1.data() + l * n * c;
     S* qkv = w.qkv.data() + l * n * 3 * c;
     S* att = w.att.data() + l * w.cap_batch * h * s.context * s.context;
     S* atty = w.atty.data() + l * n * c;
     S* xm = w.xm.data() + l * n * c;
     S* ln2 = w.ln2.data() + l * n * c;
-    S* hpre = w.hpre.data() + l * n * 4 * c;
+    S* hgrad = w.hgrad.data() + l * n * 4 * c;
     S* hact = w.hact.data() + l * n * 4 * c;
     S* xnext = w.x.data() + (l + 1) * n * c;
 
+    // Every GEMM below writes its output with beta 0; the bias (and the
+    // residual) is added by the next pass over that output.
     timer.next(phase::layernorm);
-    layernorm_forward(xl, ln1, w.ln1_stats.data() + l * n * 2, p + o.ln1g, p + o.ln1b, n, c);
+    if (l == 0) layernorm_forward(xl, static_cast<const S*>(nullptr), static_cast<const S*>(nullptr), ln1,
+                                  w.ln1_stats.data(), p + o.ln1g, p + o.ln1b, n, c);
+    else  // x_l = xm_{l-1} + b2_{l-1} + (the MLP's output, in x_l)
+      layernorm_forward(xl, w.xm.data() + (l - 1) * n * c, p + w.layers[l - 1].b2, ln1,
+                        w.ln1_stats.data() + l * n * 2, p + o.ln1g, p + o.ln1b, n, c);
     timer.next(phase::dense);
-    broadcast_rows(qkv, p + o.bqkv, static_cast<const S*>(nullptr), n, 3 * c);
-    dense(kern, false, false, n, 3 * c, c, static_cast<const S*>(ln1), c, p + o.wqkv, 3 * c, true, qkv, 3 * c);
+    dense(kern, false, false, n, 3 * c, c, static_cast<const S*>(ln1), c, p + o.wqkv, 3 * c, qkv, 3 * c);
 
-    // Causal self-attention, one (sequence, head) pair per task.
+    // Causal self-attention: oneDNN's over the whole batch (training and
+    // evaluation windows), else one (sequence, head) pair per task, which adds the
+    // QKV bias to its own slice first.
     timer.next(phase::attention);
+    if (onednn_attention) {
 #pragma omp parallel for schedule(static)
-    for (Index bh = 0; bh < batch * h; ++bh) {
-      const Index b = bh / h, hh = bh % h;
-      const S* base = qkv + b * len * 3 * c + hh * hd;
-      auto q = view(base, len, hd, 3 * c);
-      auto k = view(base + c, len, hd, 3 * c);
-      auto vv = view(base + 2 * c, len, hd, 3 * c);
-      auto prob = view(att + bh * len * len, len, len);
-      auto y = view(atty + b * len * c + hh * hd, len, hd, c);
-      // Causal: row block [r0, r1) only needs keys and values [0, r1).
-      for (Index r0 = 0; r0 < len; r0 += attention_row_block) {
-        const Index r1 = std::min<Index>(len, r0 + attention_row_block), rl = r1 - r0;
-        prob.block(r0, 0, rl, r1).noalias() = q.middleRows(r0, rl) * k.topRows(r1).transpose();
-        for (Index i = r0; i < r1; ++i) {
-          auto row = prob.row(i).head(i + 1).array();
-          const S mx = row.maxCoeff();
-          row = ((row - mx) * scale).exp();
-          row /= row.sum();
-          prob.row(i).tail(len - i - 1).setZero();
+      for (Index r = 0; r < n; ++r) row_view<S>(qkv + r * 3 * c, 3 * c) += const_row_view<S>(p + o.bqkv, 3 * c);
+      if constexpr (std::is_same_v<S, float>)
+        attention_->forward(batch, len, static_cast<int>(h), static_cast<int>(hd), scale, qkv, att, atty);
+    } else {
+#pragma omp parallel for schedule(static)
+      for (Index bh = 0; bh < batch * h; ++bh) {
+        const Index b = bh / h, hh = bh % h;
+        S* base = qkv + b * len * 3 * c + hh * hd;
+        auto q = view(base, len, hd, 3 * c);
+        auto k = view(base + c, len, hd, 3 * c);
+        auto vv = view(base + 2 * c, len, hd, 3 * c);
+        q.rowwise() += const_row_view<S>(p + o.bqkv + hh * hd, hd);
+        k.rowwise() += const_row_view<S>(p + o.bqkv + c + hh * hd, hd);
+        vv.rowwise() += const_row_view<S>(p + o.bqkv + 2 * c + hh * hd, hd);
+        auto prob = view(att + bh * len * len, len, len);
+        auto y = view(atty + b * len * c + hh * hd, len, hd, c);
+        // Causal: row block [r0, r1) only needs keys and values [0, r1).
+        for (Index r0 = 0; r0 < len; r0 += attention_row_block) {
+          const Index r1 = std::min<Index>(len, r0 + attention_row_block), rl = r1 - r0;
+          prob.block(r0, 0, rl, r1).noalias() = q.middleRows(r0, rl) * k.topRows(r1).transpose();
+          for (Index i = r0; i < r1; ++i) {
+            auto row = prob.row(i).head(i + 1).array();
+            const S mx = row.maxCoeff();
+            row = ((row - mx) * scale).exp();
+            row *= S(1) / row.sum();
+            // Only the block's columns [0, r1) are ever read; zero the rest of the diagonal block.
+            prob.row(i).segment(i + 1, r1 - i - 1).setZero();
+          }
+          y.middleRows(r0, rl).noalias() = prob.block(r0, 0, rl, r1) * vv.topRows(r1);
         }
-        y.middleRows(r0, rl).noalias() = prob.block(r0, 0, rl, r1) * vv.topRows(r1);
       }
     }
 
     timer.next(phase::dense);
-    broadcast_rows(xm, p + o.bo, xl, n, c);
-    dense(kern, false, false, n, c, c, static_cast<const S*>(atty), c, p + o.wo, c, true, xm, c);
+    dense(kern, false, false, n, c, c, static_cast<const S*>(atty), c, p + o.wo, c, xm, c);
 
-    timer.next(phase::layernorm);
-    layernorm_forward(static_cast<const S*>(xm), ln2, w.ln2_stats.data() + l * n * 2, p + o.ln2g,
+    timer.next(phase::layernorm);  // xm = x_l + bo + (the projection, in xm)
+    layernorm_forward(xm, static_cast<const S*>(xl), p + o.bo, ln2, w.ln2_stats.data() + l * n * 2, p + o.ln2g,
                       p + o.ln2b, n, c);
     timer.next(phase::dense);
-    broadcast_rows(hpre, p + o.b1, static_cast<const S*>(nullptr), n, 4 * c);
-    dense(kern, false, false, n, 4 * c, c, static_cast<const S*>(ln2), c, p + o.w1, 4 * c, true, hpre, 4 * c);
+    dense(kern, false, false, n, 4 * c, c, static_cast<const S*>(ln2), c, p + o.w1, 4 * c, hgrad, 4 * c);
     timer.next(phase::gelu);
-    gelu_forward(static_cast<const S*>(hpre), hact, n * 4 * c);
+    gelu_forward(hgrad, p + o.b1, hact, n, 4 * c);
     timer.next(phase::dense);
-    broadcast_rows(xnext, p + o.b2, static_cast<const S*>(xm), n, c);
-    dense(kern, false, false, n, c, 4 * c, static_cast<const S*>(hact), 4 * c, p + o.w2, c, true, xnext, c);
+    dense(kern, false, false, n, c, 4 * c, static_cast<const S*>(hact), 4 * c, p + o.w2, c, xnext, c);
   }
 
   timer.next(phase::layernorm);
-  layernorm_forward(static_cast<const S*>(w.x.data() + s.n_layer * n * c), w.lnf.data(),
-                    w.lnf_stats.data(), p + w.lnfg, p + w.lnfb, n, c);
+  const int last = s.n_layer - 1;
+  layernorm_forward(w.x.data() + s.n_layer * n * c, w.xm.data() + last * n * c, p + w.layers[last].b2,
+                    w.lnf.data(), w.lnf_stats.data(), p + w.lnfg, p + w.lnfb, n, c);
   timer.next(phase::dense);
   const S* lnf = w.lnf.data();
-  if (s.tied) dense(kern, false, true, n, v, c, lnf, c, p + w.wte, c, false, w.logits.data(), v);
-  else dense(kern, false, false, n, v, c, lnf, c, p + w.lm_head, v, false, w.logits.data(), v);
+  if (s.tied) dense(kern, false, true, n, v, c, lnf, c, p + w.wte, c, w.logits.data(), v);
+  else dense(kern, false, false, n, v, c, lnf, c, p + w.lm_head, v, w.logits.data(), v);
 }
 
 template <class S>
@@ -537,16 +565,18 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
   const S* lnf = w.lnf.data();
   if (s.tied) {
     weight_grad(kern, dlogits, v, lnf, c, n, g + w.wte, w.wgrad.data());
-    dense(kern, false, false, n, c, v, dlogits, v, p + w.wte, c, false, w.dln.data(), c);
+    dense(kern, false, false, n, c, v, dlogits, v, p + w.wte, c, w.dln.data(), c);
   } else {
     weight_grad(kern, lnf, c, dlogits, v, n, g + w.lm_head, w.wgrad.data());
-    dense(kern, false, true, n, c, v, dlogits, v, p + w.lm_head, v, false, w.dln.data(), c);
+    dense(kern, false, true, n, c, v, dlogits, v, p + w.lm_head, v, w.dln.data(), c);
   }
+  // Each LayerNorm backward also sums the residual stream's gradient it leaves
+  // in dx: the gradient of the bias added to the stream there (b2, bo).
   timer.next(phase::layernorm);
   w.dx.zero();
   layernorm_backward(static_cast<const S*>(w.dln.data()), w.x.data() + s.n_layer * n * c,
-                     w.lnf_stats.data(), p + w.lnfg, w.dx.data(), g + w.lnfg, g + w.lnfb, n, c,
-                     w.reduce.data());
+                     w.lnf_stats.data(), p + w.lnfg, w.dx.data(), g + w.lnfg, g + w.lnfb,
+                     g + w.layers[s.n_layer - 1].b2, n, c, w.reduce.data());
 
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
   for (int l = s.n_layer - 1; l >= 0; --l) {
@@ -558,81 +588,86 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
     const S* atty = w.atty.data() + l * n * c;
     const S* xm = w.xm.data() + l * n * c;
     const S* ln2 = w.ln2.data() + l * n * c;
-    const S* hpre = w.hpre.data() + l * n * 4 * c;
+    const S* hgrad = w.hgrad.data() + l * n * 4 * c;
     const S* hact = w.hact.data() + l * n * 4 * c;
 
     // MLP: dx holds d(x_{l+1}).
     timer.next(phase::dense);
-    dense(kern, false, true, n, 4 * c, c, static_cast<const S*>(w.dx.data()), c, p + o.w2, c, false, w.dh.data(),
+    dense(kern, false, true, n, 4 * c, c, static_cast<const S*>(w.dx.data()), c, p + o.w2, c, w.dh.data(),
           4 * c);
     weight_grad(kern, hact, 4 * c, static_cast<const S*>(w.dx.data()), c, n, g + o.w2, w.wgrad.data());
-    timer.next(phase::bias_grads);
-    colsum_add(static_cast<const S*>(w.dx.data()), n, c, g + o.b2, w.reduce.data());
     timer.next(phase::gelu);
-    gelu_backward(hpre, w.dh.data(), n * 4 * c);
+    gelu_backward(hgrad, w.dh.data(), g + o.b1, n, 4 * c, w.reduce.data());
     timer.next(phase::dense);
     const S* dh = w.dh.data();
     weight_grad(kern, ln2, c, dh, 4 * c, n, g + o.w1, w.wgrad.data());
-    dense(kern, false, true, n, c, 4 * c, dh, 4 * c, p + o.w1, 4 * c, false, w.dln.data(), c);
-    timer.next(phase::bias_grads);
-    colsum_add(static_cast<const S*>(w.dh.data()), n, 4 * c, g + o.b1, w.reduce.data());
+    dense(kern, false, true, n, c, 4 * c, dh, 4 * c, p + o.w1, 4 * c, w.dln.data(), c);
     timer.next(phase::layernorm);
     layernorm_backward(static_cast<const S*>(w.dln.data()), xm, w.ln2_stats.data() + l * n * 2,
-                       p + o.ln2g, w.dx.data(), g + o.ln2g, g + o.ln2b, n, c, w.reduce.data());
+                       p + o.ln2g, w.dx.data(), g + o.ln2g, g + o.ln2b, g + o.bo, n, c, w.reduce.data());
 
     // Attention: dx now holds d(xm).
     timer.next(phase::dense);
-    dense(kern, false, true, n, c, c, static_cast<const S*>(w.dx.data()), c, p + o.wo, c, false, w.datty.data(), c);
+    dense(kern, false, true, n, c, c, static_cast<const S*>(w.dx.data()), c, p + o.wo, c, w.datty.data(), c);
     weight_grad(kern, atty, c, static_cast<const S*>(w.dx.data()), c, n, g + o.wo, w.wgrad.data());
-    timer.next(phase::bias_grads);
-    colsum_add(static_cast<const S*>(w.dx.data()), n, c, g + o.bo, w.reduce.data());
     timer.next(phase::attention);
 
     S* dqkv = w.dqkv.data();
+    if (attention_) {
+      if constexpr (std::is_same_v<S, float>)
+        attention_->backward(batch, len, static_cast<int>(h), static_cast<int>(hd), scale, qkv, att,
+                             w.datty.data(), w.dprob.data(), dqkv);
+    } else {
 #pragma omp parallel for schedule(static)
-    for (Index bh = 0; bh < batch * h; ++bh) {
-      const Index b = bh / h, hh = bh % h;
-      const Index at_base = b * len * 3 * c + hh * hd;
-      auto q = view(qkv + at_base, len, hd, 3 * c);
-      auto k = view(qkv + at_base + c, len, hd, 3 * c);
-      auto vv = view(qkv + at_base + 2 * c, len, hd, 3 * c);
-      auto prob = view(att + bh * len * len, len, len);
-      auto dy = view(static_cast<const S*>(w.datty.data()) + b * len * c + hh * hd, len, hd, c);
-      auto dq = view(dqkv + at_base, len, hd, 3 * c);
-      auto dk = view(dqkv + at_base + c, len, hd, 3 * c);
-      auto dv = view(dqkv + at_base + 2 * c, len, hd, 3 * c);
-      auto dprob = view(w.dprob.data() + omp_get_thread_num() * len * len, len, len);
+      for (Index bh = 0; bh < batch * h; ++bh) {
+        const Index b = bh / h, hh = bh % h;
+        const Index at_base = b * len * 3 * c + hh * hd;
+        auto q = view(qkv + at_base, len, hd, 3 * c);
+        auto k = view(qkv + at_base + c, len, hd, 3 * c);
+        auto vv = view(qkv + at_base + 2 * c, len, hd, 3 * c);
+        auto prob = view(att + bh * len * len, len, len);
+        auto dy = view(static_cast<const S*>(w.datty.data()) + b * len * c + hh * hd, len, hd, c);
+        auto dq = view(dqkv + at_base, len, hd, 3 * c);
+        auto dk = view(dqkv + at_base + c, len, hd, 3 * c);
+        auto dv = view(dqkv + at_base + 2 * c, len, hd, 3 * c);
+        auto dprob = view(w.dprob.data() + omp_get_thread_num() * len * len, len, len);
 
-      // Row blocks as in the forward pass; entries above the diagonal are zero.
-      for (Index r0 = 0; r0 < len; r0 += attention_row_block) {
-        const Index r1 = std::min<Index>(len, r0 + attention_row_block), rl = r1 - r0;
-        dprob.block(r0, 0, rl, r1).noalias() = dy.middleRows(r0, rl) * vv.topRows(r1).transpose();
-        // Softmax backward; the scale of the scores folds in here.
-        for (Index i = r0; i < r1; ++i) {
-          auto d = dprob.row(i).head(i + 1).array();
-          const auto pr = prob.row(i).head(i + 1).array();
-          const S dot = (d * pr).sum();
-          d = pr * (d - dot) * scale;
-          dprob.row(i).tail(len - i - 1).setZero();
+        // Row blocks as in the forward pass; entries above the diagonal are zero.
+        for (Index r0 = 0; r0 < len; r0 += attention_row_block) {
+          const Index r1 = std::min<Index>(len, r0 + attention_row_block), rl = r1 - r0;
+          dprob.block(r0, 0, rl, r1).noalias() = dy.middleRows(r0, rl) * vv.topRows(r1).transpose();
+          // Softmax backward; the scale of the scores folds in here.
+          for (Index i = r0; i < r1; ++i) {
+            auto d = dprob.row(i).head(i + 1).array();
+            const auto pr = prob.row(i).head(i + 1).array();
+            const S dot = (d * pr).sum();
+            d = pr * (d - dot) * scale;
+            dprob.row(i).segment(i + 1, r1 - i - 1).setZero();
+          }
+          dq.middleRows(r0, rl).noalias() = dprob.block(r0, 0, rl, r1) * k.topRows(r1);
         }
-        dq.middleRows(r0, rl).noalias() = dprob.block(r0, 0, rl, r1) * k.topRows(r1);
-      }
-      // Keys and values of block [c0, c1) are seen by query rows [c0, len).
-      for (Index c0 = 0; c0 < len; c0 += attention_row_block) {
-        const Index cl = std::min<Index>(len, c0 + attention_row_block) - c0;
-        dv.middleRows(c0, cl).noalias() = prob.block(c0, c0, len - c0, cl).transpose() * dy.bottomRows(len - c0);
-        dk.middleRows(c0, cl).noalias() = dprob.block(c0, c0, len - c0, cl).transpose() * q.bottomRows(len - c0);
+        // Keys and values of block [c0, c1) are seen by query rows [c0, len).
+        for (Index c0 = 0; c0 < len; c0 += attention_row_block) {
+          const Index cl = std::min<Index>(len, c0 + attention_row_block) - c0;
+          dv.middleRows(c0, cl).noalias() = prob.block(c0, c0, len - c0, cl).transpose() * dy.bottomRows(len - c0);
+          dk.middleRows(c0, cl).noalias() = dprob.block(c0, c0, len - c0, cl).transpose() * q.bottomRows(len - c0);
+        }
       }
     }
+    // The QKV bias gradient: column sums per sequence, added in sequence order.
+    S* bias_part = w.dqkv_bias_part.data();
+#pragma omp parallel for schedule(static)
+    for (Index b = 0; b < batch; ++b)
+      row_view<S>(bias_part + b * 3 * c, 3 * c) = view(static_cast<const S*>(dqkv) + b * len * 3 * c, len, 3 * c).colwise().sum();
+    add_partials(static_cast<const S*>(bias_part), batch, 3 * c, g + o.bqkv);
     timer.next(phase::dense);
     weight_grad(kern, ln1, c, static_cast<const S*>(dqkv), 3 * c, n, g + o.wqkv, w.wgrad.data());
-    dense(kern, false, true, n, c, 3 * c, static_cast<const S*>(dqkv), 3 * c, p + o.wqkv, 3 * c, false, w.dln.data(),
+    dense(kern, false, true, n, c, 3 * c, static_cast<const S*>(dqkv), 3 * c, p + o.wqkv, 3 * c, w.dln.data(),
           c);
-    timer.next(phase::bias_grads);
-    colsum_add(static_cast<const S*>(dqkv), n, 3 * c, g + o.bqkv, w.reduce.data());
     timer.next(phase::layernorm);
-    layernorm_backward(static_cast<const S*>(w.dln.data()), xl, w.ln1_stats.data() + l * n * 2,
-                       p + o.ln1g, w.dx.data(), g + o.ln1g, g + o.ln1b, n, c, w.reduce.data());
+    layernorm_backward(static_cast<const S*>(w.dln.data()), xl, w.ln1_stats.data() + l * n * 2, p + o.ln1g,
+                       w.dx.data(), g + o.ln1g, g + o.ln1b, l > 0 ? g + w.layers[l - 1].b2 : nullptr, n, c,
+                       w.reduce.data());
   }
 
   // Embeddings: dx holds d(x_0).

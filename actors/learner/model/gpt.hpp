@@ -29,9 +29,11 @@
 
 namespace archipelago {
 
-/// Where a step's time goes, for `bench compute --profile`.
+/// Where a step's time goes, for `bench compute --profile`. Bias and residual
+/// adds and bias gradients are fused into the pass after their GEMM, so they
+/// count in that phase (layernorm, attention, gelu).
 struct step_profile {
-  enum phase : int { embedding, layernorm, dense, attention, gelu, loss, bias_grads, phase_count };
+  enum phase : int { embedding, layernorm, dense, attention, gelu, loss, phase_count };
   static const char* name(int p);
   double seconds[phase_count] = {};
 };
@@ -95,6 +97,7 @@ class gpt {
   aligned_buffer<S> grads_;
   std::unique_ptr<workspace> ws_;
   std::unique_ptr<dense_gemm> kernels_;  // null: Eigen
+  std::unique_ptr<causal_attention> attention_;  // with kernels_; full-length sequences only
   dense_backend backend_ = dense_backend::eigen;
   step_profile* profile_ = nullptr;
 };
