@@ -22,7 +22,8 @@ The cluster is always torn down (daemons, namespaces, bridge, directory).
 
 Needs root, slurm-wlm, munge and iproute2 (tools/setup.sh test); exits 77
 (skipped) without them. Environment: ARCHIPELAGO (the binary), SLURM_TEST_STEPS
-(default 80), SLURM_TEST_JOB_TIMEOUT (seconds, default 120), KEEP=1 (keep the
+(default 300: the learners never wait for the mesh, so their work must outlast
+the brokers' election and the first rounds, some seconds), SLURM_TEST_JOB_TIMEOUT (seconds, default 120), KEEP=1 (keep the
 work directory).
 """
 
@@ -160,7 +161,7 @@ def main():
     if not os.access(binary, os.X_OK):
         print(f"FAIL: ARCHIPELAGO={binary!r} is not an executable", file=sys.stderr)
         return 1
-    steps = int(os.environ.get("SLURM_TEST_STEPS", "80"))
+    steps = int(os.environ.get("SLURM_TEST_STEPS", "300"))
     job_timeout = float(os.environ.get("SLURM_TEST_JOB_TIMEOUT", "120"))
 
     started = time.time()
