@@ -50,6 +50,12 @@ void pack_bf16(const float* in, std::int64_t rows, std::int64_t cols, std::int64
   }
 }
 
+/// A built oneDNN matmul and its descriptor (which gives the memory descriptors to run it with).
+struct matmul_op {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+};
+
 }  // namespace
 
 const char* precision_name(gemm_precision p) { return p == gemm_precision::bf16 ? "bf16" : "fp32"; }
@@ -91,15 +97,11 @@ struct dense_gemm::impl {
 
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  struct matmul_entry {
-    dnnl::matmul::primitive_desc pd;
-    dnnl::matmul prim;
-  };
-  std::map<key, matmul_entry> primitives;
+  std::map<key, matmul_op> primitives;
   aligned_buffer<std::uint16_t> a16, b16;
 
   /// The bf16 matmul of this shape (op(A) and op(B) packed dense, in their stored layout).
-  matmul_entry& primitive(const key& k) {
+  matmul_op& primitive(const key& k) {
     if (auto it = primitives.find(k); it != primitives.end()) return it->second;
     if (primitives.size() >= primitives_max) primitives.clear();
     const auto [ta, tb, m, n, kk, accumulate, ldc] = k;
@@ -114,7 +116,7 @@ struct dense_gemm::impl {
       attr.set_post_ops(ops);
     }
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
-    return primitives.emplace(k, matmul_entry{pd, dnnl::matmul(pd)}).first->second;
+    return primitives.emplace(k, matmul_op{pd, dnnl::matmul(pd)}).first->second;
   }
 
   static void ensure(aligned_buffer<std::uint16_t>& buf, std::int64_t count) {
@@ -162,7 +164,7 @@ void dense_gemm::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
   pack_bf16(a, a_rows, a_cols, lda, st.a16.data());
   pack_bf16(b, b_rows, b_cols, ldb, st.b16.data());
   try {
-    impl::matmul_entry& mm = st.primitive({trans_a, trans_b, m, n, k, beta != 0.0f, ldc});
+    matmul_op& mm = st.primitive({trans_a, trans_b, m, n, k, beta != 0.0f, ldc});
     dnnl::memory am(mm.pd.src_desc(), st.engine, st.a16.data());
     dnnl::memory bm(mm.pd.weights_desc(), st.engine, st.b16.data());
     dnnl::memory cm(mm.pd.dst_desc(), st.engine, c);
@@ -185,10 +187,7 @@ struct causal_attention::impl {
   using key = std::tuple<int, int, int, int, float>;
   static constexpr std::size_t shapes_max = 8;
 
-  struct op {
-    dnnl::matmul::primitive_desc pd;
-    dnnl::matmul prim;
-  };
+  using op = matmul_op;
   struct shape {
     op scores, values;                 // S = scale·Q·Kᵀ; Y = P·V
     op dprob, dq, dk, dv;              // dP = dY·Vᵀ; dQ = scale·dS·K; dK = scale·dSᵀ·Q; dV = Pᵀ·dY

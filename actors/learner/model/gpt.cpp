@@ -455,11 +455,10 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
     // Every GEMM below writes its output with beta 0; the bias (and the
     // residual) is added by the next pass over that output.
     timer.next(phase::layernorm);
-    if (l == 0) layernorm_forward(xl, static_cast<const S*>(nullptr), static_cast<const S*>(nullptr), ln1,
-                                  w.ln1_stats.data(), p + o.ln1g, p + o.ln1b, n, c);
-    else  // x_l = xm_{l-1} + b2_{l-1} + (the MLP's output, in x_l)
-      layernorm_forward(xl, w.xm.data() + (l - 1) * n * c, p + w.layers[l - 1].b2, ln1,
-                        w.ln1_stats.data() + l * n * 2, p + o.ln1g, p + o.ln1b, n, c);
+    // x_l = xm_{l-1} + b2_{l-1} + (the MLP's output, in x_l); x_0 is the embedding as is.
+    const S* residual = l > 0 ? w.xm.data() + (l - 1) * n * c : nullptr;
+    const S* residual_bias = l > 0 ? p + w.layers[l - 1].b2 : nullptr;
+    layernorm_forward(xl, residual, residual_bias, ln1, w.ln1_stats.data() + l * n * 2, p + o.ln1g, p + o.ln1b, n, c);
     timer.next(phase::dense);
     dense(kern, false, false, n, 3 * c, c, static_cast<const S*>(ln1), c, p + o.wqkv, 3 * c, qkv, 3 * c);
 
