@@ -270,7 +270,7 @@ expected<std::unique_ptr<kv_store>> open_rocksdb(const std::string& path, rocksd
   }
 
   // A reader is a secondary instance: RocksDB supports it beside a writer in
-  // another process, so there is no race to retry around.
+  // another process (the snapshot store retries the moments while a writer recovers).
   return try_open(path, options);
 }
 

@@ -1,7 +1,11 @@
 #include "node/mesh_snapshots.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "core/checksum.hpp"
 #include "core/clock.hpp"
@@ -42,12 +46,43 @@ expected<recovered_store> open_mesh_store(const std::string& dir, const mesh_set
   return out;
 }
 
+namespace {
+
+/// Whether another process holds RocksDB's lock on the store (a live writer): RocksDB
+/// locks `LOCK` with fcntl, which F_GETLK reports without taking it.
+bool writer_holds_lock(const std::string& dir) {
+  const int fd = ::open((std::filesystem::path(dir) / "LOCK").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct flock probe {};
+  probe.l_type = F_WRLCK;
+  probe.l_whence = SEEK_SET;
+  const bool held = ::fcntl(fd, F_GETLK, &probe) == 0 && probe.l_type != F_UNLCK;
+  ::close(fd);
+  return held;
+}
+
+}  // namespace
+
 expected<std::shared_ptr<storage::snapshot_store>> open_store_read_only(const std::string& dir) {
-  auto kv = storage::open_rocksdb(dir, {storage::open_mode::read_only, false});
-  if (!kv) return kv.err();
-  auto store = storage::snapshot_store::open(std::shared_ptr<storage::kv_store>(std::move(*kv)));
-  if (!store) return make_error(store.err().code, dir + ": " + store.err().message);
-  return store;
+  // A secondary opened while its writer starts or recovers (RocksDB replays the
+  // WAL into new tables and swaps its MANIFEST) can see an empty or half-named
+  // store; that settles within moments, so a store with a live writer gets a few
+  // bounded retries. Without a writer the first answer is final.
+  constexpr int attempts = 10;
+  constexpr auto pause = std::chrono::milliseconds(200);
+  for (int attempt = 1;; ++attempt) {
+    auto kv = storage::open_rocksdb(dir, {storage::open_mode::read_only, false});
+    expected<std::shared_ptr<storage::snapshot_store>> store =
+        kv ? storage::snapshot_store::open(std::shared_ptr<storage::kv_store>(std::move(*kv)))
+           : expected<std::shared_ptr<storage::snapshot_store>>(kv.err());
+    if (store) return store;
+    const bool settling = store.err().code == errc::corrupt_data || store.err().code == errc::io_error;
+    if (!settling || attempt == attempts || !writer_holds_lock(dir)) {
+      if (!kv) return store.err();  // open_rocksdb's errors already name the directory
+      return make_error(store.err().code, dir + ": " + store.err().message);
+    }
+    std::this_thread::sleep_for(pause);
+  }
 }
 
 expected<config> config_of(const storage::store_info& info) {

@@ -45,7 +45,8 @@ def last_json(text):
 
 def replay(binary, db, *args, live=False):
     """`live`: another process is writing the store. `replay` reads it as a RocksDB
-    secondary instance, which RocksDB supports beside a live writer: no retries."""
+    secondary instance, which RocksDB supports beside a live writer; replay itself
+    retries the moments while the writer recovers, so the test does not."""
     out = subprocess.run([binary, "replay", "--db", db, *args, "--json"], capture_output=True, text=True,
                          timeout=120)
     summary = last_json(out.stdout)
