@@ -61,26 +61,32 @@ bool writer_holds_lock(const std::string& dir) {
   return held;
 }
 
+/// open_rocksdb's errors name the directory already; the store's do not.
+std::string with_dir(const std::string& dir, const std::string& message) {
+  return message.find(dir) == std::string::npos ? dir + ": " + message : message;
+}
+
 }  // namespace
 
 expected<std::shared_ptr<storage::snapshot_store>> open_store_read_only(const std::string& dir) {
-  // A secondary opened while its writer starts or recovers (RocksDB replays the
-  // WAL into new tables and swaps its MANIFEST) can see an empty or half-named
-  // store; that settles within moments, so a store with a live writer gets a few
-  // bounded retries. Without a writer the first answer is final.
+  // A secondary opened while its writer creates, starts or recovers the store
+  // (RocksDB writes CURRENT and the families, replays the WAL into new tables and
+  // swaps its MANIFEST) can see no store, an empty one or a half-named one; that
+  // settles within moments. So while a live writer holds the store, a failed open
+  // is retried a bounded number of times; without a writer the first answer is final.
   constexpr int attempts = 10;
   constexpr auto pause = std::chrono::milliseconds(200);
   for (int attempt = 1;; ++attempt) {
     auto kv = storage::open_rocksdb(dir, {storage::open_mode::read_only, false});
-    expected<std::shared_ptr<storage::snapshot_store>> store =
-        kv ? storage::snapshot_store::open(std::shared_ptr<storage::kv_store>(std::move(*kv)))
-           : expected<std::shared_ptr<storage::snapshot_store>>(kv.err());
-    if (store) return store;
-    const bool settling = store.err().code == errc::corrupt_data || store.err().code == errc::io_error;
-    if (!settling || attempt == attempts || !writer_holds_lock(dir)) {
-      if (!kv) return store.err();  // open_rocksdb's errors already name the directory
-      return make_error(store.err().code, dir + ": " + store.err().message);
+    if (kv) {
+      auto store = storage::snapshot_store::open(std::shared_ptr<storage::kv_store>(std::move(*kv)));
+      if (store) return store;
+      kv = store.err();
     }
+    if (!writer_holds_lock(dir)) return make_error(kv.err().code, with_dir(dir, kv.err().message));
+    if (attempt == attempts)
+      return make_error(kv.err().code, with_dir(dir, kv.err().message) + " (its writer is live, and the store did not settle in " +
+                                           std::to_string(attempts * pause.count()) + " ms)");
     std::this_thread::sleep_for(pause);
   }
 }

@@ -111,6 +111,19 @@ before=$(tree_digest "$work/foreign")
 expect_error 2 "$work/foreign" -- "$A" replay --db "$work/foreign" list
 expect_error 2 "not a snapshot store" -- "$A" run --learners 2 --steps 10 --db "$work/foreign"
 [[ $(tree_digest "$work/foreign") == "$before" ]] && pass || fail "replay or run changed a foreign directory"
+# A store its writer is still creating (a process holds RocksDB's lock on an empty
+# directory): replay waits a bounded while for it to settle, then says so. The same
+# directory without the lock is refused at once.
+mkdir -p "$work/starting" && : >"$work/starting/LOCK"
+$py -c 'import fcntl,sys,time; f=open(sys.argv[1],"r+"); fcntl.lockf(f,fcntl.LOCK_EX); print(flush=True); time.sleep(60)' \
+  "$work/starting/LOCK" >"$work/lock_ready" &
+locker=$!
+for _ in $(seq 100); do [[ -s $work/lock_ready ]] && break; sleep 0.1; done
+started=$(date +%s%N)
+expect_error 2 "no archipelago store.*writer is live.*did not settle" -- "$A" replay --db "$work/starting" list
+(( ($(date +%s%N) - started) / 1000000 >= 1800 )) && pass || fail "replay gave up on a live writer's store before its retries"
+kill "$locker"; wait "$locker" 2>/dev/null
+expect_error 2 "no archipelago store at $work/starting \(no RocksDB CURRENT file\)$" -- "$A" replay --db "$work/starting" list
 cp -r "$db" "$work/bad" && printf 'garbage' >"$work/bad/CURRENT"
 before=$(tree_digest "$work/bad")
 expect_error 2 "$work/bad" -- "$A" replay --db "$work/bad" check

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 bool is_store(const fs::path& dir) {
   std::error_code ec;
-  return fs::exists(dir / "CURRENT", ec);
+  return fs::exists(dir / "CURRENT", ec) || fs::exists(dir / "LOCK", ec);  // LOCK alone: a store being created
 }
 
 /// The first line where two configurations differ, for the refusal's message.
