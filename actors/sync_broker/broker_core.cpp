@@ -187,6 +187,11 @@ bool broker_core::is_live(learner_index learner) const {
   return it != learners_.end() && it->second.live && !it->second.departed;
 }
 
+bool broker_core::has_departed(learner_index learner) const {
+  auto it = learners_.find(learner);
+  return it != learners_.end() && it->second.departed;
+}
+
 std::vector<member_view> broker_core::members() const {
   std::vector<member_view> out;
   for (const auto& [index, st] : learners_)

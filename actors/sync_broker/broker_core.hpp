@@ -233,6 +233,8 @@ class broker_core {
   std::size_t rounds_open() const { return open_.size(); }
   round_number next_round() const { return round_number{next_round_}; }
   bool is_live(learner_index learner) const;
+  /// Its newest incarnation left on purpose (a Leave): its silence afterwards is expected.
+  bool has_departed(learner_index learner) const;
   /// Every learner the broker knows (its newest incarnation), by index.
   std::vector<member_view> members() const;
   bool is_eligible(learner_index learner) const;

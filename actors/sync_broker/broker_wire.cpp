@@ -368,6 +368,7 @@ void broker_wire::on_peer(node_address peer, bool alive, nanos now) {
     return dispatch(now);
   }
   if (peer.kind != role::learner) return;
+  if (!alive && core_->has_departed({peer.index})) return;  // it said Leave, then exited: no news
   note_event(now, peer.to_string() + (alive ? " heard again" : " fell silent: dead"));
   if (alive) {
     core_->on_peer_alive({peer.index}, now);

@@ -56,7 +56,12 @@ def refused_with_a_different_model(binary):
 
 def main():
     binary = os.environ["ARCHIPELAGO"]
-    r = launch(binary, "--learners", "3", "--steps", "250", "--kill", "1@5", "--kill", "2@9")
+    # Each step takes at least 60 ms (mesh.step_time_ms), so on any machine the run lasts past
+    # 15 s and the learners not killed still train while the killed ones restart (at 7 and 11 s):
+    # on a fast machine they would otherwise finish first, and the gap until the last restarted
+    # learner's first merge is a real stall of the mesh, not the fault this test injects.
+    r = launch(binary, "--learners", "3", "--steps", "250", "--kill", "1@5", "--kill", "2@9",
+               "--set", "mesh.step_time_ms=60")
     check(r["kills"] == 2, "both learners were killed", r)
     check(r["uptime"] == 1, "rounds went on without a stall while learners were down", r)
     check(all(t is not None and t <= REJOIN_BOUND_S for t in r["rejoin_s"]),

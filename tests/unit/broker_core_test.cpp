@@ -532,6 +532,12 @@ TEST_CASE("a departed learner is not waited for, its incarnation stays closed") 
   h.step(1, 2, 30 * ms, 1);
   CHECK(h.core.counters().stale == 1);
   CHECK_FALSE(h.core.is_live(L(1)));
+  CHECK(h.core.has_departed(L(1)));
+  CHECK_FALSE(h.core.has_departed(L(0)));
+  h.core.on_peer_lost(L(0), h.now());  // a crash is not a departure
+  CHECK_FALSE(h.core.has_departed(L(0)));
+  h.core.on_join(L(1), I(2), h.now());  // a restart is back
+  CHECK_FALSE(h.core.has_departed(L(1)));
 }
 
 TEST_CASE("timeout closes a round without quorum") {
