@@ -250,6 +250,9 @@ std::vector<knob> make_knobs() {
                   "Outer learning rate (eta_out). Default: 0.6."),
       number_knob("mesh.outer_momentum", h, &mesh_config::outer_momentum, 0.0, 0.999,
                   "Outer Nesterov momentum (mu). Default: 0.6."),
+      number_knob("mesh.outer_warmup", h, &mesh_config::outer_warmup, I{0}, I{1} << 40,
+                  "Outer steps of each fragment over which eta_out ramps linearly from eta_out/W up to "
+                  "eta_out (a fragment resumed past them takes the full step); 0: none. Default: 0."),
       text_knob("mesh.merge", h, &mesh_config::merge, "rda | mean",
                 "How shards merge the learners' deltas: radial-directional averaging (rda) or the "
                 "token-weighted mean (mean, the ablation baseline); embeddings always take the mean. "

@@ -70,6 +70,7 @@ struct mesh_config {
   // here syncs every ~P steps, where they overshoot (README, "The mesh").
   double outer_lr = 0.6;           // η_out
   double outer_momentum = 0.6;     // μ
+  std::int64_t outer_warmup = 0;   // outer steps per fragment over which η_out ramps up; 0: none
   std::string merge = "rda";       // shards' merge of deltas: rda | mean (the weighted-mean ablation)
   // The robust merge (shards only; README "Robust merge"): norm screening of each
   // member against the lower median of recent norms, then a trimmed merge.

@@ -235,6 +235,8 @@ status validate(const nesterov_config& config) {
     return make_error(errc::invalid_input,
                       "outer momentum " + std::to_string(config.momentum) + " (need in [0, 1))");
   }
+  if (config.warmup < 0)
+    return make_error(errc::invalid_input, "outer warm-up " + std::to_string(config.warmup) + " (need >= 0)");
   return status::ok();
 }
 
@@ -242,9 +244,15 @@ outer_optimizer::outer_optimizer(nesterov_config config) : config_(config) {
   assert(validate(config_).has_value());
 }
 
-void outer_optimizer::step(float* theta, float* momentum_buffer, const float* delta,
-                           std::size_t n) const {
-  const double lr = config_.lr;
+double outer_optimizer::lr_at(std::uint64_t version) const {
+  const auto warmup = static_cast<std::uint64_t>(config_.warmup);
+  if (version + 1 >= warmup) return config_.lr;
+  return config_.lr * static_cast<double>(version + 1) / static_cast<double>(warmup);
+}
+
+void outer_optimizer::step(float* theta, float* momentum_buffer, const float* delta, std::size_t n,
+                           std::uint64_t version) const {
+  const double lr = lr_at(version);
   const double mu = config_.momentum;
   for (std::size_t i = 0; i < n; ++i) {
     const double d = delta[i];

@@ -5,6 +5,7 @@
 // every replay of a round produces bit-identical fragments.
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 
@@ -76,6 +77,7 @@ status merge_outer_gradient(std::span<const fragment_tensor> tensors,
 struct nesterov_config {
   double lr = 0.7;        // η_out: finite, ≥ 0
   double momentum = 0.9;  // μ: finite, in [0, 1)
+  std::int64_t warmup = 0;  // outer steps over which η ramps linearly up to lr (0: none), ≥ 0
 };
 
 /// Checks the bounds above; the error names the offending field.
@@ -89,9 +91,12 @@ class outer_optimizer {
   /// The config must be valid (asserted; check it with validate first).
   explicit outer_optimizer(nesterov_config config);
 
-  /// b ← μ·b + Δ;  Θ ← Θ − η·(Δ + μ·b), element-wise in double, stored in fp32.
-  /// The Θ update uses the stored (fp32) b, so replays from a snapshot agree.
-  void step(float* theta, float* momentum_buffer, const float* delta, std::size_t n) const;
+  /// b ← μ·b + Δ;  Θ ← Θ − η_v·(Δ + μ·b), element-wise in double, stored in fp32, where
+  /// v is the fragment's version (outer steps taken) before this one: η_v = lr·(v + 1)/warmup
+  /// while v + 1 < warmup, else lr. The Θ update uses the stored (fp32) b, so replays from a
+  /// snapshot agree.
+  void step(float* theta, float* momentum_buffer, const float* delta, std::size_t n, std::uint64_t version) const;
+  double lr_at(std::uint64_t version) const;
 
   const nesterov_config& config() const { return config_; }
 

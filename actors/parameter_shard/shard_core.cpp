@@ -214,7 +214,7 @@ expected<std::optional<published_fragment>> shard_core::on_round_decided(
                                scheduled_lr(config_.adamw_outer, static_cast<std::int64_t>(f.version),
                                             config_.schedule_steps));
   else
-    outer_.step(f.theta.data(), f.momentum.data(), outer_gradient.data(), f.theta.size());
+    outer_.step(f.theta.data(), f.momentum.data(), outer_gradient.data(), f.theta.size(), f.version);
   ++f.version;
   f.round = r.value;
   ledger_.merged += views.size();

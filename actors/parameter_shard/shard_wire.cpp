@@ -26,7 +26,7 @@ robust_config robust_settings(const config& cfg) {
 
 shard_config shard_settings(const mesh_setup& setup, bool record_merges) {
   shard_config sc;
-  sc.outer = {setup.cfg.mesh.outer_lr, setup.cfg.mesh.outer_momentum};
+  sc.outer = {setup.cfg.mesh.outer_lr, setup.cfg.mesh.outer_momentum, setup.cfg.mesh.outer_warmup};
   sc.gradient_mode = setup.policy.send_gradients;
   sc.merge_mean = setup.cfg.mesh.merge == "mean";
   sc.adamw_outer = setup.cfg.optimizer;

@@ -219,7 +219,7 @@ TEST_CASE("Nesterov outer step matches a hand computation over 3 steps") {
   const double want_theta[3][2] = {{-0.33, -2.665}, {-0.232, -3.6135}, {-0.4588, -4.15215}};
   for (int s = 0; s < 3; ++s) {
     CAPTURE(s);
-    opt.step(theta.data(), b.data(), deltas[s].data(), 2);
+    opt.step(theta.data(), b.data(), deltas[s].data(), 2, static_cast<std::uint64_t>(s));
     for (int i = 0; i < 2; ++i) {
       CHECK(b[i] == doctest::Approx(want_b[s][i]).epsilon(1e-6));
       CHECK(theta[i] == doctest::Approx(want_theta[s][i]).epsilon(1e-6));
@@ -230,9 +230,23 @@ TEST_CASE("Nesterov outer step matches a hand computation over 3 steps") {
   const outer_optimizer sgd(nesterov_config{1.0, 0.0});
   std::vector<float> t2{1.0f}, b2{0.0f};
   const float d2 = 0.25f;
-  sgd.step(t2.data(), b2.data(), &d2, 1);
+  sgd.step(t2.data(), b2.data(), &d2, 1, 0);
   CHECK(t2[0] == 0.75f);
   CHECK(b2[0] == 0.25f);
+}
+
+TEST_CASE("the outer warm-up ramps eta linearly over the fragment's first outer steps") {
+  const outer_optimizer opt(nesterov_config{0.6, 0.0, 4});
+  CHECK(opt.lr_at(0) == doctest::Approx(0.15));
+  CHECK(opt.lr_at(1) == doctest::Approx(0.3));
+  CHECK(opt.lr_at(2) == doctest::Approx(0.45));
+  CHECK(opt.lr_at(3) == 0.6);
+  CHECK(opt.lr_at(1000) == 0.6);  // a fragment resumed past the warm-up takes the full step
+  std::vector<float> theta{1.0f}, b{0.0f};
+  const float delta = 1.0f;
+  opt.step(theta.data(), b.data(), &delta, 1, 1);  // version 1: η = 0.3, μ = 0 → Θ − 0.3 Δ
+  CHECK(theta[0] == doctest::Approx(0.7));
+  CHECK(outer_optimizer(nesterov_config{0.6, 0.6}).lr_at(0) == 0.6);  // no warm-up: the full step at once
 }
 
 TEST_CASE("nesterov_config validation") {
@@ -240,7 +254,7 @@ TEST_CASE("nesterov_config validation") {
   CHECK(validate(nesterov_config{0.0, 0.0}));
   for (const auto& bad : {nesterov_config{-0.1, 0.9}, nesterov_config{NAN, 0.9},
                           nesterov_config{0.7, 1.0}, nesterov_config{0.7, -0.5},
-                          nesterov_config{INFINITY, 0.9}}) {
+                          nesterov_config{INFINITY, 0.9}, nesterov_config{0.7, 0.9, -1}}) {
     const auto st = validate(bad);
     REQUIRE_FALSE(st);
     CHECK(st.err().code == errc::invalid_input);

@@ -65,7 +65,7 @@ TEST_CASE("shard core: merge of the named members, outer step, version + 1") {
   std::vector<contribution_view> views{{d1.data(), 400, 4}, {d2.data(), 100, 2}};
   std::vector<float> grad(before.size()), theta = before, momentum(before.size(), 0.f);
   REQUIRE(merge_outer_gradient(tensors, views, before.size(), grad.data()));
-  outer_optimizer(nesterov_config{}).step(theta.data(), momentum.data(), grad.data(), theta.size());
+  outer_optimizer(nesterov_config{}).step(theta.data(), momentum.data(), grad.data(), theta.size(), 0);
   CHECK(f.shard.value(p) == theta);
   CHECK(f.shard.momentum(p) == momentum);
 
@@ -159,7 +159,7 @@ TEST_CASE("shard core: mesh.merge = mean takes the token-weighted mean on every 
                  f.init.begin() + static_cast<std::ptrdiff_t>(f.layout.tensors[t].offset + f.layout.tensors[t].size()));
   for (std::size_t i = 0; i < grad.size(); ++i)
     grad[i] = static_cast<float>((w1 * -d1[i] + w2 * -d2[i]) / (w1 + w2));
-  outer_optimizer(nesterov_config{}).step(start.data(), momentum.data(), grad.data(), start.size());
+  outer_optimizer(nesterov_config{}).step(start.data(), momentum.data(), grad.data(), start.size(), 0);
   const std::vector<float> got = mean_shard.value(p);
   REQUIRE(got.size() == start.size());
   double worst = 0;
