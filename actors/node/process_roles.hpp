@@ -37,12 +37,12 @@ struct process_roles {
   bool record_contributions = false;
   const storage::snapshot_store* restore_store = nullptr;  // shards resume from a manifest of it
   const std::vector<storage::fragment_state>* restored = nullptr;  // its head's states, read by the recovery
-  std::function<std::uint64_t()> learner_steps, tokens;    // for manifests; may be empty
-  std::function<void(bool failing)> set_storage_failing;   // the chaos monkey's disk faults; may be empty
+  std::function<std::uint64_t()> learner_steps{}, tokens{};  // for manifests; may be empty
+  std::function<void(bool failing)> set_storage_failing{}; // the chaos monkey's disk faults; may be empty
   /// Brokers with a store of their own (a mesh with standbys in one process, as
   /// `node --role broker --db` each): broker b writes through broker_writers[b]
   /// (null: none, its host lost); beyond the vector, brokers write through `writer`.
-  std::vector<storage::snapshot_writer*> broker_writers;
+  std::vector<storage::snapshot_writer*> broker_writers{};
 
   /// Learner `index`; its schedule starts at `start_step` (-1: the setup's).
   caf::actor learner(std::uint32_t index, incarnation inc = incarnation{1}, std::int64_t start_step = -1) const;
