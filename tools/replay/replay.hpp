@@ -156,7 +156,7 @@ struct mesh_cut {
   /// tape did not see, or no tape given).
   std::uint64_t tokens = 0, learner_steps = 0;
   bool counts_known = true;
-  std::string given;                                      // a cut named by its fragment versions, as given
+  std::string given{};                                    // a cut named by its fragment versions, as given
   bool complete(const mesh_view& v) const;
   std::string name() const;                               // "k", "head" or the versions given
 };
