@@ -8,9 +8,13 @@
 
 namespace archipelago {
 
+double warmed_up_lr(double lr, std::int64_t step, std::int64_t warmup) {
+  if (step + 1 >= warmup) return lr;
+  return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+}
+
 double scheduled_lr(const optimizer_config& opt, std::int64_t step, std::int64_t total_steps) {
-  if (step < opt.warmup_steps)
-    return opt.lr * static_cast<double>(step + 1) / static_cast<double>(opt.warmup_steps);
+  if (step < opt.warmup_steps) return warmed_up_lr(opt.lr, step, opt.warmup_steps);
   const double min_lr = opt.lr * opt.min_lr_ratio;
   const std::int64_t decay_steps = std::max<std::int64_t>(1, total_steps - opt.warmup_steps);
   const double progress =

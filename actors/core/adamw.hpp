@@ -13,6 +13,9 @@
 
 namespace archipelago {
 
+/// Linear warm-up: lr·(step + 1)/warmup while step + 1 < warmup, else lr (step 0-based).
+double warmed_up_lr(double lr, std::int64_t step, std::int64_t warmup);
+
 /// Learning rate at `step` (0-based) of `total_steps`.
 double scheduled_lr(const optimizer_config& opt, std::int64_t step, std::int64_t total_steps);
 

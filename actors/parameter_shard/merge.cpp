@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/adamw.hpp"
+
 namespace archipelago {
 
 namespace {
@@ -245,9 +247,7 @@ outer_optimizer::outer_optimizer(nesterov_config config) : config_(config) {
 }
 
 double outer_optimizer::lr_at(std::uint64_t version) const {
-  const auto warmup = static_cast<std::uint64_t>(config_.warmup);
-  if (version + 1 >= warmup) return config_.lr;
-  return config_.lr * static_cast<double>(version + 1) / static_cast<double>(warmup);
+  return warmed_up_lr(config_.lr, static_cast<std::int64_t>(version), config_.warmup);
 }
 
 void outer_optimizer::step(float* theta, float* momentum_buffer, const float* delta, std::size_t n,
