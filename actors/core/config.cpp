@@ -264,8 +264,8 @@ std::vector<knob> make_knobs() {
       bool_knob("mesh.robust", h, &mesh_config::robust,
                 "Robust merge on the shards: every member of a round is screened by its delta's norm per sqrt(step) "
                 "against mesh.robust_norm_factor x the lower median of the fragment's recent norms "
-                "(rejected or clipped, mesh.robust_screen), and the merge takes coordinate-wise trimmed "
-                "means (mesh.robust_trim). Default: false."),
+                "(rejected or clipped, mesh.robust_screen) and by its direction (mesh.robust_min_cosine); "
+                "mesh.robust_trim > 0 makes the merge's means coordinate-wise trimmed. Default: false."),
       number_knob("mesh.robust_norm_factor", h, &mesh_config::robust_norm_factor, 1.0, 1e6,
                   "mesh.robust: a member whose delta norm per sqrt(step) exceeds this times the lower "
                   "median of the round's members (3 or more; else of them and the last mesh.robust_window "
@@ -283,7 +283,7 @@ std::vector<knob> make_knobs() {
                 }),
       number_knob("mesh.robust_trim", h, &mesh_config::robust_trim, 0, 64,
                   "mesh.robust: contributions dropped per side per coordinate in the merge's weighted "
-                  "means (at most (members - 1) / 2; 0: no trimming, screening only). Default: 1."),
+                  "means (at most (members - 1) / 2; 0: no trimming, screening only). Default: 0."),
       number_knob("mesh.robust_min_cosine", h, &mesh_config::robust_min_cosine, -1.0, 1.0,
                   "mesh.robust: a member whose delta's cosine with the reference direction (the coordinate-wise "
                   "median of the round's unit deltas with 3 or more members, else the fragment's recent descent: "

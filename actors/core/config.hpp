@@ -78,7 +78,7 @@ struct mesh_config {
   double robust_norm_factor = 3;   // bound = lower median of recent norms × this
   int robust_window = 32;          // accepted norms remembered per fragment
   std::string robust_screen = "reject";  // reject | clip
-  int robust_trim = 1;             // contributions trimmed per side per coordinate
+  int robust_trim = 0;             // contributions trimmed per side per coordinate
   double robust_min_cosine = 0;    // direction screen: reject below this cosine; -1: off
   double mix = -1;                 // α_mix; -1: the mode's (0, streaming 0.5)
   bool rebase = false;             // on receipt keep the progress not yet contributed (excludes mix)

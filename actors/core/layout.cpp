@@ -298,6 +298,7 @@ const preset presets[] = {
     {"nano", {256, 64, 64, 2, 4, true}},      // 120,576 parameters
     {"micro", {256, 128, 160, 3, 5, true}},   // 989,600 parameters
     {"mini", {256, 128, 384, 6, 6, true}},    // 10,795,008 parameters
+    {"small", {256, 256, 640, 10, 10, true}},  // 49,564,160 parameters
 };
 }  // namespace
 

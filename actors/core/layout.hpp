@@ -123,7 +123,8 @@ status validate(const model_shape& shape);
 /// The layout for a valid shape (asserts validity).
 param_layout make_layout(const model_shape& shape);
 
-/// Named presets: "nano" (~0.1 M), "micro" (~1 M), "mini" (~10 M parameters).
+/// Named presets: "nano" (~0.1 M), "micro" (~1 M), "mini" (~10 M),
+/// "small" (~50 M parameters).
 expected<model_shape> model_preset(const std::string& name);
 const std::vector<std::string>& model_preset_names();
 

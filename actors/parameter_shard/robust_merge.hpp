@@ -39,7 +39,7 @@ struct robust_config {
   double norm_factor = 3;    // mesh.robust_norm_factor: bound = lower median × this; finite, ≥ 1
   std::size_t window = 32;   // mesh.robust_window: accepted norms remembered per fragment; ≥ 1
   bool clip = false;         // mesh.robust_screen = clip (true) | reject (false)
-  std::size_t trim = 1;      // mesh.robust_trim: contributions trimmed per side per coordinate
+  std::size_t trim = 0;      // mesh.robust_trim: contributions trimmed per side per coordinate
   double min_cosine = 0;     // mesh.robust_min_cosine: in [-1, 1]; -1 turns the direction screen off
   /// false: no screening, only the trimmed merge — `replay verify` re-merges recorded
   /// members, which the shard screened (and clipped) already.

@@ -39,7 +39,7 @@ timeout 120 "$A" replay --db "$db" verify --json >"$work/out" 2>&1 &&
 # recorded members, as the shard screened and clipped them, bit for bit.
 rdb=$work/robust.db
 if timeout 300 "$A" run --learners 3 --steps 40 --db "$rdb" --record-contributions --out "" --report "" \
-     --set mesh.quorum=3 --set mesh.robust=true --set mesh.robust_screen=clip --set mesh.robust_norm_factor=1 \
+     --set mesh.quorum=3 --set mesh.robust=true --set mesh.robust_screen=clip --set mesh.robust_norm_factor=1 --set mesh.robust_trim=1 \
      --json >"$work/out" 2>"$work/err" &&
    timeout 120 "$A" replay --db "$rdb" verify --json >"$work/out" 2>&1 &&
    [[ $(json 's["ok"] and s["merges"] > 0 and 0 < s["compared"] <= s["merges"] and s["failures"] == 0') == True ]]; then

@@ -847,7 +847,8 @@ attack_losses run_attack(const std::string& kind) {
 // non-IID targets, so leaving one learner out — its work rejected — itself moves the
 // optimum): it stops the scaled attacker (robust off: the loss explodes); it does not
 // stop a sign-flipped or random one of honest norm (README "Robust merge": known
-// limits), where rounds of 2 members (K = 2 here) cannot be trimmed at all. The checks
+// limits). The defaults screen without trimming (rounds of 2 members, K = 2 here,
+// could not be trimmed anyway). The checks
 // pin what holds and bound the rest, so that a change that makes it worse fails.
 TEST_CASE("sim: attack scaled x1000, the robust merge rejects it") {
   const attack_losses l = run_attack("scaled");

@@ -13,6 +13,7 @@ TEST_CASE("presets have the documented parameter counts") {
   CHECK(make_layout(*model_preset("nano")).param_count == 120576);
   CHECK(make_layout(*model_preset("micro")).param_count == 989600);
   CHECK(make_layout(*model_preset("mini")).param_count == 10795008);
+  CHECK(make_layout(*model_preset("small")).param_count == 49564160);
 }
 
 TEST_CASE("every tensor is 64-byte aligned, in order and non-overlapping") {

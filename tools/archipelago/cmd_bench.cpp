@@ -178,10 +178,10 @@ runner add_bench_command(CLI::App& app) {
   add_bench_parity(*bench);
   CLI::App* compute = bench->add_subcommand(
       "compute", "Learner engine throughput vs its backends, matched GEMMs, the CPU's peaks (and PyTorch)");
-  compute->add_option("--model", o.model, "nano, micro or mini")->required();
+  compute->add_option("--model", o.model, "nano, micro, mini or small")->required();
   compute->add_option("--threads", o.threads, "Compute threads (default 2)");
   compute->add_option("--batch", o.batch, "Sequences per step (default 32)");
-  compute->add_option("--steps", o.steps, "Timed steps (default: 40 nano, 15 micro, 6 mini)");
+  compute->add_option("--steps", o.steps, "Timed steps (default: 40 nano, 15 micro, 6 mini, 2 small)");
   compute->add_option("--warmup", o.warmup, "Untimed warm-up steps (default 3)");
   compute->add_flag("--against-torch", o.against_torch, "Also run the PyTorch reference, as installed and tuned");
   compute->add_option("--rounds", o.rounds, "Interleaved rounds of every measurement (default 3)")
