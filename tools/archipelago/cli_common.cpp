@@ -1,5 +1,7 @@
 #include "cli_common.hpp"
 
+#include "core/layout.hpp"
+
 #include <unistd.h>
 
 #include <cmath>
@@ -142,6 +144,14 @@ status write_text_file(const std::string& flag, const std::string& path, const s
   f << text;
   if (!f.flush()) return make_error(errc::io_error, flag + " " + path + ": cannot write the file");
   return {};
+}
+
+std::string model_size_choices() {
+  const auto& names = model_preset_names();
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
 }
 
 }  // namespace archipelago::cli

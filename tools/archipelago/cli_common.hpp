@@ -98,4 +98,7 @@ using archipelago::json_escape;
 using archipelago::json_line;
 std::string format_duration(double seconds);
 
+/// The model presets for a flag's help, from the preset table: "nano, micro, mini or small".
+std::string model_size_choices();
+
 }  // namespace archipelago::cli

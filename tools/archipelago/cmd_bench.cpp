@@ -178,7 +178,7 @@ runner add_bench_command(CLI::App& app) {
   add_bench_parity(*bench);
   CLI::App* compute = bench->add_subcommand(
       "compute", "Learner engine throughput vs its backends, matched GEMMs, the CPU's peaks (and PyTorch)");
-  compute->add_option("--model", o.model, "nano, micro, mini or small")->required();
+  compute->add_option("--model", o.model, model_size_choices())->required();
   compute->add_option("--threads", o.threads, "Compute threads (default 2)");
   compute->add_option("--batch", o.batch, "Sequences per step (default 32)");
   compute->add_option("--steps", o.steps, "Timed steps (default: 40 nano, 15 micro, 6 mini, 2 small)");

@@ -234,7 +234,7 @@ void add_ddp(CLI::App& bench) {
   d.script = ARCHIPELAGO_SOURCE_DIR "/tools/bench/ddp_reference.py";
   CLI::App* p = bench.add_subcommand("ddp", "Our dp against PyTorch DDP (gloo) on this machine: step time and bytes per step");
   f.command = p;
-  p->add_option("--model", d.model, "nano, micro, mini or small (default nano)");
+  p->add_option("--model", d.model, model_size_choices() + " (default nano)");
   p->add_option("--ranks", d.ranks, "Learners, and DDP ranks (default 2)")->check(CLI::Range(1, 16));
   p->add_option("--batch", d.batch, "Sequences per step per learner/rank (default 32)");
   p->add_option("--steps", d.steps, "Timed steps per side and round (default 100)");
@@ -253,7 +253,7 @@ void add_bench_wan(CLI::App& bench) {
   CLI::App* w = bench.add_subcommand(
       "wan", "dp, diloco, streaming and decoupled race to one eval loss over links capped like a 12B model's WAN");
   f.command = w;
-  w->add_option("--model", o.model, "nano, micro, mini or small (default nano)");
+  w->add_option("--model", o.model, model_size_choices() + " (default nano)");
   w->add_option("--learners", o.learners, "Learners M (default 2)")->check(CLI::Range(1, 16));
   w->add_option("--steps", o.steps, "Every mode's schedule (warm-up, cosine decay), steps per learner (default 800)");
   w->add_option("--dp-steps", o.dp_steps, "dp's uncapped run stops after this many steps per learner; its loss is the target (default 250)");

@@ -233,7 +233,7 @@ runner add_drill_command(CLI::App& app) {
   cmd->add_option("--modes", o->modes, "Run the plan once per mode, e.g. dp,decoupled (default: mesh.mode)")
       ->delimiter(',');
   o->flags.add_shortcut(*cmd, "--learners", "mesh.learners", "M", "Learners (the plans are written for 4)");
-  o->flags.add_shortcut(*cmd, "--model", "model.size", "SIZE", "Model size: nano, micro, mini or small");
+  o->flags.add_shortcut(*cmd, "--model", "model.size", "SIZE", "Model size: " + model_size_choices());
   o->flags.add_shortcut(*cmd, "--step-time-ms", "mesh.step_time_ms", "MS",
                         "Compute budget per inner step (default: calibrated on this machine)");
   o->flags.add_to(*cmd);

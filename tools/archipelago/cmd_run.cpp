@@ -146,7 +146,7 @@ void add_run_flags(CLI::App& cmd, run_options& o) {
   o.flags.add_shortcut(cmd, "--mode", "mesh.mode", "MODE", "dp, diloco, streaming or decoupled");
   o.flags.add_shortcut(cmd, "--learners", "mesh.learners", "M", "Learners");
   o.flags.add_shortcut(cmd, "--shards", "mesh.shards", "S", "Parameter shards");
-  o.flags.add_shortcut(cmd, "--model", "model.size", "SIZE", "Model size: nano, micro, mini or small");
+  o.flags.add_shortcut(cmd, "--model", "model.size", "SIZE", "Model size: " + model_size_choices());
   o.flags.add_shortcut(cmd, "--corpus", "data.corpus", "FILE", "Text file (default: the synthetic corpus)");
   o.flags.add_shortcut(cmd, "--steps", "train.steps", "N", "Inner steps per learner (default 1500)");
   o.flags.add_to(cmd);

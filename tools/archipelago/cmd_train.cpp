@@ -170,7 +170,7 @@ int run_train(const train_options& opts, logger& log) {
 runner add_train_command(CLI::App& app) {
   auto opts = std::make_shared<train_options>();
   CLI::App* cmd = app.add_subcommand("train", "Train one learner (no mesh) and evaluate it");
-  opts->flags.add_shortcut(*cmd, "--model", "model.size", "SIZE", "Model size: nano, micro, mini or small");
+  opts->flags.add_shortcut(*cmd, "--model", "model.size", "SIZE", "Model size: " + model_size_choices());
   opts->flags.add_shortcut(*cmd, "--corpus", "data.corpus", "FILE",
                            "Text file to train on (default: the built-in synthetic corpus)");
   opts->flags.add_shortcut(*cmd, "--steps", "train.steps", "N", "Optimizer steps");
