@@ -315,6 +315,10 @@ std::vector<knob> make_knobs() {
                 "it received: it answers rounds until then (bounded by mesh.round_timeout_s), so the "
                 "last steps are merged instead of lost. The synchronous modes wait for that anyway. "
                 "Default: false."),
+      number_knob("mesh.warm_start", h, &mesh_config::warm_start, I{0}, I{1} << 40,
+                  "A synchronous warm start: the first N steps of the schedule run as dp (the learners' "
+                  "gradients averaged every step), then the mode runs the rest of the schedule from dp's "
+                  "model. The one-process mesh only (run, bench); no effect in dp. 0: none. Default: 0."),
       bool_knob("mesh.elastic", h, &mesh_config::elastic,
                 "dp, diloco, streaming: rounds stop waiting for a dead learner (false: they stall "
                 "until it is back, the non-elastic baseline). Default: true."),
@@ -594,6 +598,9 @@ status validate_mesh(const config& cfg) {
     if (auto plan = make_fragment_plan(*resolve_layout(cfg), m.fragments); !plan)
       return invalid("mesh.fragments: " + plan.err().message);
   }
+  if (m.warm_start >= cfg.train.steps && m.mode != "dp")
+    return invalid("mesh.warm_start (" + std::to_string(m.warm_start) + ") must be below train.steps (" +
+                   std::to_string(cfg.train.steps) + "): the mode runs the steps after it");
   if (m.rebase && m.mix > 0)
     return invalid("mesh.rebase and mesh.mix > 0 both say what a learner does on receipt of a fragment: "
                    "choose one");

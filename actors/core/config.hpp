@@ -83,6 +83,9 @@ struct mesh_config {
   double mix = -1;                 // α_mix; -1: the mode's (0, streaming 0.5)
   bool rebase = false;             // on receipt keep the progress not yet contributed (excludes mix)
   bool flush = false;              // a learner done with its steps leaves once all its work is merged
+  // A synchronous warm start: the schedule's first this many steps run as dp,
+  // then the mode starts from dp's model at that step (the one-process mesh only).
+  std::int64_t warm_start = 0;
   int inner_steps = 50;            // H for diloco and streaming (paper 500, scaled)
   bool elastic = true;             // synchronous modes: stop waiting for a dead learner (false: stall)
   double round_timeout_s = 60;     // bound on any open round

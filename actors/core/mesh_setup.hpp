@@ -44,6 +44,8 @@ struct mesh_setup {
   /// own endpoint is in-process (`run --admin`): tcp:// with CURVE, Reconfigure only. Empty: not.
   std::string admin_endpoint;
   std::int64_t start_step = 0;  // a resumed run: where the learners' schedule starts
+  std::int64_t stop_step = -1;  // the learners leave at this step of the schedule; -1: at train.steps
+  std::int64_t last_step() const { return stop_step >= 0 ? stop_step : cfg.train.steps; }
 
   std::size_t fragments() const { return plan.fragments.size(); }
   std::uint32_t brokers() const { return static_cast<std::uint32_t>(1 + standby_endpoints.size()); }

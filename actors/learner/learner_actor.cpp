@@ -121,7 +121,7 @@ void step(learner_self* self) {
     self->delayed_send(self, round_timeout(setup), wake_atom::value, ++st.wake_generation);
     return;
   }
-  if (st.eng->steps_done() >= setup.cfg.train.steps) return finish(self);
+  if (st.eng->steps_done() >= setup.last_step()) return finish(self);
   const nanos t0 = st.now();
   if (setup.policy.send_gradients) st.eng->compute_gradient();
   else st.eng->step();

@@ -38,7 +38,7 @@ struct learner_actor_args {
   status_board* board = nullptr;
 };
 
-/// Spawns the learner: it trains setup->cfg.train.steps inner steps, then
+/// Spawns the learner: it trains up to setup->last_step() of the schedule, then
 /// leaves. stop_atom makes it leave after its current step (its last Progress
 /// and contributions go out first); pause_atom freezes it for a duration (a
 /// one-process SIGSTOP). It answers metrics_atom.

@@ -263,13 +263,24 @@ struct mesh_figures {
   }
 };
 
+/// One phase of a warm-started run (mesh.warm_start): where its schedule
+/// starts and stops, and the model it starts from.
+struct run_phase {
+  const std::vector<float>* start_params = nullptr;  // nullptr: the initial model
+  std::int64_t start_step = 0;
+  std::int64_t stop_step = -1;  // -1: train.steps
+  /// The learners' first incarnation: a learner's batches are drawn from a seed
+  /// its incarnation takes part in, so a later phase does not replay the first's.
+  std::uint64_t learner_incarnation = 1;
+};
+
 /// One run of a one-process mesh, from its configuration to its summary.
 class local_run {
  public:
   local_run(const config& base, logger& log, const mesh_snapshots& snapshots, mesh_drill* drill, const mesh_eval& eval,
-            std::string admin_endpoint)
+            std::string admin_endpoint, run_phase phase = {})
       : base_(base), log_(log), snapshots_(snapshots), drill_(drill), eval_(eval), m_(base.mesh.learners),
-        admin_endpoint_(std::move(admin_endpoint)) {}
+        admin_endpoint_(std::move(admin_endpoint)), phase_(phase) {}
 
   status prepare();
   expected<mesh_summary> run(const mesh_progress& progress, const std::function<bool()>& stop_requested,
@@ -292,6 +303,7 @@ class local_run {
   const mesh_eval& eval_;
   const int m_;
   const std::string admin_endpoint_;
+  const run_phase phase_;
   mesh_setup setup_;
   std::optional<dataset> data_;
   std::vector<float> initial_;
@@ -337,7 +349,12 @@ status local_run::prepare() {
   auto origin = prepare_snapshots(setup_, snapshots_, initial_, log_);
   if (!origin) return origin.err();
   origin_ = std::move(*origin);
+  if (phase_.start_params) {  // no snapshots here (run_warm_started): the phase's model and step instead
+    initial_ = *phase_.start_params;
+    origin_.start_step = phase_.start_step;
+  }
   setup_.start_step = origin_.start_step;
+  setup_.stop_step = phase_.stop_step;
   evaluator_ = std::make_unique<engine>(setup_.cfg, setup_.shape, *data_, 0);
   set_compute_threads(1);
   // The curve starts at the loss of Θ the run starts from (a resumed run's: its snapshot's).
@@ -457,7 +474,8 @@ expected<mesh_summary> local_run::run(const mesh_progress& progress, const std::
   for (int i = 0; i < setup_.policy.shards; ++i) shards_.push_back(roles.shard(static_cast<std::uint32_t>(i), incarnation{1}, origin_.from));
   for (std::uint32_t b = 0; b < setup_.brokers(); ++b)  // on a store of its own, a broker recovers from it as a node does
     brokers_.push_back(roles.broker(incarnation{1}, origin_.from, !broker_stores.empty(), b));
-  for (int i = 0; i < m_; ++i) learners_.push_back(roles.learner(static_cast<std::uint32_t>(i)));
+  for (int i = 0; i < m_; ++i)
+    learners_.push_back(roles.learner(static_cast<std::uint32_t>(i), incarnation{phase_.learner_incarnation}));
   if (metrics_http) {
     std::vector<caf::actor> all = shards_;
     all.insert(all.end(), brokers_.begin(), brokers_.end());
@@ -572,6 +590,7 @@ void local_run::summarize(bool all_done, nanos stopped_ns) {
   const double span_s = out_.broker.first_join_ns >= 0 && end_ns > out_.broker.first_join_ns
                             ? static_cast<double>(end_ns - out_.broker.first_join_ns) * 1e-9
                             : out_.wall_s;
+  out_.span_s = span_s;
   out_.goodput = l.merged_step_time_s / (m_ * span_s);
   out_.wait_share = static_cast<double>(board_.total(role::learner).wait_ns) * 1e-9 / (m_ * span_s);
   out_.ledger_exact = l.balanced() && l.processed == out_.tokens;
@@ -603,10 +622,108 @@ void fill_mesh_counts(const status_board& board, int learners, mesh_summary& out
   }
 }
 
+namespace {
+
+/// The warm start's two phases as one run: counts and the ledger add up,
+/// the eval curve and the timeline continue the first phase's, goodput and the
+/// wait share are over both spans; the rest (the broker's per-fragment figures,
+/// participation, timing estimates) is the second phase's, the mode's own.
+mesh_summary join_phases(mesh_summary first, mesh_summary second) {
+  mesh_summary out = std::move(second);
+  out.steps += first.steps;
+  out.tokens += first.tokens;
+  if (out.rounds + first.rounds > 0)
+    out.mean_members = (out.mean_members * static_cast<double>(out.rounds) +
+                        first.mean_members * static_cast<double>(first.rounds)) /
+                       static_cast<double>(out.rounds + first.rounds);
+  out.rounds += first.rounds;
+  out.published += first.published;
+  out.bytes_on_wire += first.bytes_on_wire;
+  out.refetches += first.refetches;
+  out.budget_overruns += first.budget_overruns;
+  for (const auto& [reason, n] : first.refused) out.refused[reason] += n;
+  const double first_wall_s = first.wall_s;
+  const std::uint64_t first_tokens = first.tokens;
+  for (std::size_t i = 1; i < out.eval_curve.size(); ++i) {  // its first point is the first phase's last
+    first.eval_curve.emplace_back(out.eval_curve[i].first + first_tokens, out.eval_curve[i].second);
+    if (i < out.eval_times_s.size()) first.eval_times_s.push_back(out.eval_times_s[i] + first_wall_s);
+  }
+  out.eval_curve = std::move(first.eval_curve);
+  out.eval_times_s = std::move(first.eval_times_s);
+  if (out.target_reached_s >= 0) out.target_reached_s += first_wall_s;
+  const run_sample last = first.timeline.empty() ? run_sample{} : first.timeline.back();
+  for (run_sample& t : out.timeline) {
+    t.t_s += first_wall_s;
+    t.tokens += first_tokens;
+    t.rounds += last.rounds;
+    t.merged_step_time_s += first.broker.ledger.merged_step_time_s;
+    for (std::size_t i = 0; i < t.learner_steps.size() && i < last.learner_steps.size(); ++i)
+      t.learner_steps[i] += last.learner_steps[i];
+  }
+  first.timeline.insert(first.timeline.end(), out.timeline.begin(), out.timeline.end());
+  out.timeline = std::move(first.timeline);
+  const double wait_s = out.wait_share * out.learners * out.span_s + first.wait_share * first.learners * first.span_s;
+  out.broker.ledger += first.broker.ledger;
+  out.wall_s += first_wall_s;
+  out.span_s += first.span_s;
+  out.goodput = out.broker.ledger.merged_step_time_s / (out.learners * out.span_s);
+  out.wait_share = wait_s / (out.learners * out.span_s);
+  out.ledger_exact = first.ledger_exact && out.ledger_exact;
+  out.start_eval_loss = first.start_eval_loss;
+  out.start_step = first.start_step;
+  out.warm_start_steps = first.steps / static_cast<std::uint64_t>(first.learners);
+  out.warm_start_tokens = first_tokens;
+  return out;
+}
+
+/// mesh.warm_start: the schedule's first steps as dp, then the mode from dp's
+/// model at that step, each phase a mesh of its own (fresh optimizer states:
+/// the learners' AdamW moments and the shards' outer momentum start at zero).
+expected<mesh_summary> run_warm_started(const config& base, logger& log, const mesh_progress& progress,
+                                        const std::function<bool()>& stop_requested, const mesh_snapshots& snapshots,
+                                        const metrics_endpoint& metrics, const mesh_eval& eval) {
+  if (!snapshots.db.empty() || !snapshots.resume_db.empty())
+    return make_error(errc::invalid_input, "mesh.warm_start: a warm-started run keeps no snapshots (--db, --resume)");
+  config dp = base;
+  dp.mesh.mode = "dp";
+  const std::int64_t warm_steps = base.mesh.warm_start;
+  local_run warm(dp, log, snapshots, nullptr, eval, {}, run_phase{nullptr, 0, warm_steps});
+  if (auto ok = warm.prepare(); !ok) return ok.err();
+  log.info("run.warm_start", "archipelago run: the first %lld steps as dp", static_cast<long long>(warm_steps));
+  auto first = warm.run(progress, stop_requested, metrics);
+  if (!first) return first.err();
+  const bool ended = stop_requested() || first->target_reached_s >= 0 ||
+                     (eval.stop_tokens > 0 && first->tokens >= eval.stop_tokens) ||
+                     first->steps < static_cast<std::uint64_t>(warm_steps) * static_cast<std::uint64_t>(base.mesh.learners);
+  if (ended) {  // stopped, at its target or out of time within the warm start: nothing follows
+    first->warm_start_steps = first->steps / static_cast<std::uint64_t>(base.mesh.learners);
+    first->warm_start_tokens = first->tokens;
+    return first;
+  }
+  mesh_eval rest = eval;
+  if (eval.stop_tokens > 0) rest.stop_tokens = eval.stop_tokens - first->tokens;
+  log.info("run.warm_start", "archipelago run: %s from step %lld", base.mesh.mode.c_str(),
+           static_cast<long long>(warm_steps));
+  config then = base;  // train.time_limit_s bounds both phases together
+  if (base.train.time_limit_s > 0) then.train.time_limit_s = std::max(1e-3, base.train.time_limit_s - first->wall_s);
+  local_run mode(then, log, snapshots, nullptr, rest, {}, run_phase{&first->global_params, warm_steps, -1, 2});
+  if (auto ok = mode.prepare(); !ok) return ok.err();
+  auto second = mode.run(progress, stop_requested, metrics);
+  if (!second) return second.err();
+  return join_phases(std::move(*first), std::move(*second));
+}
+
+}  // namespace
+
 expected<mesh_summary> run_local_mesh(const config& base, logger& log, const mesh_progress& progress,
                                       const std::function<bool()>& stop_requested, const mesh_snapshots& snapshots,
                                       mesh_drill* drill, const metrics_endpoint& metrics, const mesh_eval& eval,
                                       const std::string& admin_endpoint) {
+  if (base.mesh.warm_start > 0 && base.mesh.mode != "dp") {
+    if (drill || !admin_endpoint.empty())
+      return make_error(errc::invalid_input, "mesh.warm_start: a drill or a run with --admin has no warm start");
+    return run_warm_started(base, log, progress, stop_requested, snapshots, metrics, eval);
+  }
   local_run run(base, log, snapshots, drill, eval, admin_endpoint);
   if (auto ok = run.prepare(); !ok) return ok.err();
   return run.run(progress, stop_requested, metrics);

@@ -42,6 +42,9 @@ struct mesh_summary {
   double goodput = 0;       // merged learner step time / (M × the learners' span)
   double wait_share = 0;    // learner time spent waiting for fragments / (M × span)
   bool ledger_exact = false;  // buckets sum to the tokens processed, which equal the learners' count
+  double span_s = 0;          // the learners' span: the first Join to the last Leave (or the stop)
+  /// mesh.warm_start: the steps per learner and the tokens the dp phase ran (0: none).
+  std::uint64_t warm_start_steps = 0, warm_start_tokens = 0;
   std::vector<float> global_params;  // Θ at the end, laid out like a learner's buffer
   /// The global model's eval loss during the run: (tokens, nats/byte).
   std::vector<std::pair<std::uint64_t, double>> eval_curve;

@@ -18,6 +18,9 @@ namespace {
 
 status check_options(const config& cfg, const sync_policy& policy, const node_options& o) {
   if (o.broker_endpoints.empty()) return make_error(errc::invalid_input, "--broker: the broker's endpoint is required");
+  if (cfg.mesh.warm_start > 0 && policy.mode != "dp")
+    return make_error(errc::invalid_input, "mesh.warm_start: the synchronous warm start runs on the one-process mesh "
+                                           "(run, bench) only, not across nodes");
   if (o.broker_endpoints.size() > max_brokers)
     return make_error(errc::invalid_input, "--broker lists " + std::to_string(o.broker_endpoints.size()) +
                                                " brokers; at most " + std::to_string(max_brokers));

@@ -82,6 +82,24 @@ assert 0 < s["goodput"] <= 1 and 0 < s["uptime"] <= 1 and s["bytes_on_wire"] > 0
 else
   fail "run failed: $(tail -5 "$work/run.err")"
 fi
+# A synchronous warm start: the first 15 steps as dp, then decoupled from dp's model; one run's figures.
+if timeout 240 "$A" run --steps 40 --learners 2 --shards 2 --set mesh.warm_start=15 --json >"$work/warm.out" 2>"$work/warm.err"; then
+  if tail -n 1 "$work/warm.out" | python3 -c '
+import json, sys
+s = json.loads(sys.stdin.read())
+assert s["mode"] == "decoupled" and s["steps"] == 80 and s["tokens"] == 80 * 32 * 64, s
+assert s["warm_start_steps"] == 15 and s["warm_start_tokens"] == 30 * 32 * 64, s
+l = s["ledger"]
+assert l["merged"] + l["late"] + l["overwritten"] + l["lost"] + l["rejected"] == l["processed"] == s["tokens"] and s["ledger_exact"], s
+assert l["merged"] >= 30 * 32 * 64 * 0.9, s  # dp merges (nearly) every step of its phase
+assert 0 < s["goodput"] <= 1 and 0 < s["eval_bpb"] < 8.0, s
+' && grep -q "warm start: the first 15 steps per learner as dp" "$work/warm.out"; then pass
+  else fail "run warm start: $(tail -n 3 "$work/warm.out")"; fi
+else
+  fail "run warm start failed: $(tail -5 "$work/warm.err")"
+fi
+expect_error 2 "mesh.warm_start \\(40\\) must be below train.steps \\(40\\)" -- "$A" run --steps 40 --set mesh.warm_start=40
+expect_error 2 "a warm-started run keeps no snapshots" -- "$A" run --set mesh.warm_start=5 --db "$work/warm.db"
 expect_error 2 "mesh.quorum \\(3\\) must not exceed mesh.learners \\(2\\)" -- "$A" run --learners 2 --set mesh.quorum=3
 expect_error 2 "unknown mode 'async'" -- "$A" run --mode async
 expect_error 2 "mesh.shards \\(30\\) must not exceed mesh.fragments \\(24\\)" -- "$A" run --shards 30

@@ -55,6 +55,11 @@ int run_mesh_command(const run_options& o, logger& log) {
     std::printf("resumed from version %llu of %s (eval loss there %.4f; learners' schedule at step %lld)\n",
                 static_cast<unsigned long long>(s.resumed_from), o.snapshots.resume_db.c_str(), s.start_eval_loss,
                 static_cast<long long>(s.start_step));
+  if (s.warm_start_steps > 0)
+    std::printf("warm start: the first %llu steps per learner as dp (%llu tokens), then %s; participation, uptime "
+                "and availability below are %s's\n",
+                static_cast<unsigned long long>(s.warm_start_steps), static_cast<unsigned long long>(s.warm_start_tokens),
+                s.mode.c_str(), s.mode.c_str());
   const ledger_totals& l = s.broker.ledger;
   std::printf("ran %.1f s: %llu steps, %llu tokens; %llu rounds (%.2f members each), %llu versions published; "
               "participation %.1f %% (members merged / live learners, mean over %llu rounds)\n",
@@ -133,6 +138,8 @@ int run_mesh_command(const run_options& o, logger& log) {
         .add("db", o.snapshots.db)
         .add("mesh_version", s.mesh_version)
         .add("resumed_from", s.resumed_from)
+        .add("warm_start_steps", static_cast<std::int64_t>(s.warm_start_steps))
+        .add("warm_start_tokens", static_cast<std::int64_t>(s.warm_start_tokens))
         .add("start_step", static_cast<std::int64_t>(s.start_step))
         .add("start_eval_loss", s.resumed_from ? s.start_eval_loss : std::nan(""))
         .add("committed", s.committed)
