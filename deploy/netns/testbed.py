@@ -135,6 +135,7 @@ class Testbed:
         self.subnet = args.subnet
         self.mtu = args.mtu
         self.relay_binary = args.relay
+        self.burst_ms = getattr(args, "burst_ms", None)  # None: the default burst (see add_host)
         self.hub = f"{bed}-hub"
         self.relay = None
         self.relay_log = None
@@ -175,7 +176,13 @@ class Testbed:
         sh("ip", "-n", h.ns, "route", "add", "default", "via", f"{self.subnet}.{h.index}.1")
         # tbf: exact in this kernel (MACHINE.md section 5). The burst must hold the
         # largest packet; about 5 ms at the rate beyond that keeps the rate exact over short spans.
-        burst = max(4 * self.mtu, 256 * 1024, int(h.rate_mbit * 1e6 / 8 * 0.005))
+        # burst_ms (the WAN race) bounds it by time instead of the 256 KiB floor, which on a
+        # link of a few Mbit/s would let half a megabyte pass at line speed.
+        rate_bytes_s = h.rate_mbit * 1e6 / 8
+        if self.burst_ms is None:
+            burst = int(max(4 * self.mtu, 256 * 1024, rate_bytes_s * 0.005))
+        else:
+            burst = int(max(4 * self.mtu, rate_bytes_s * self.burst_ms / 1e3))
         for ns, dev in ((h.ns, HOST_IF), (self.hub, h.hub_if)):
             sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{h.rate_mbit}mbit",
                "burst", str(burst), "latency", "50ms")
@@ -325,7 +332,10 @@ def last_json_text(text):
 
 # ---- the mesh across the bed ----------------------------------------------------
 
-def run_mesh(bed, args, log_dir):
+def run_mesh(bed, args, log_dir, learner_args=(), should_stop=None):
+    """Starts the broker and shards on the broker host and a learner on each other host, and
+    waits until the learners finish (or --duration, --timeout, a failure, or should_stop(t0)
+    returning True, asked about once a second); then stops every node in order."""
     broker_host, learner_hosts = bed.hosts[0], bed.hosts[1:]
     broker_ip = broker_host.addr(bed.subnet)
     broker_ep = f"tcp://{broker_ip}:{BROKER_PORT}"
@@ -352,11 +362,17 @@ def run_mesh(bed, args, log_dir):
     before = bed.counters()
     t0 = time.time()
     for i, h in enumerate(learner_hosts):
-        start(f"learner-{i}", h.ns, "learner", i, "--listen", f"tcp://{h.addr(bed.subnet)}:{LEARNER_PORT}")
+        start(f"learner-{i}", h.ns, "learner", i, "--listen", f"tcp://{h.addr(bed.subnet)}:{LEARNER_PORT}",
+              *learner_args)
     failure = None
+    asked = t0
     while True:
         if args.duration and time.time() - t0 >= args.duration:
             break
+        if should_stop and time.time() - asked >= 1.0:
+            asked = time.time()
+            if should_stop(t0):
+                break
         if time.time() - t0 > args.timeout:
             failure = f"the learners did not finish within --timeout {args.timeout:.0f} s"
             break
@@ -395,7 +411,7 @@ def run_mesh(bed, args, log_dir):
                            # timeout (a connection stalled at least one RTO: what starves a control lane).
                            "tcp_retransmitted": after[h.name]["tcp"]["TcpRetransSegs"] - before[h.name]["tcp"]["TcpRetransSegs"],
                            "tcp_timeouts": after[h.name]["tcp"]["TcpExtTCPTimeouts"] - before[h.name]["tcp"]["TcpExtTCPTimeouts"]}
-    return failure, reports, traffic, train_s
+    return failure, reports, traffic, train_s, t0
 
 
 def make_keys(args, log_dir):
@@ -548,7 +564,7 @@ def cmd_up(args, keep):
                   f"{m['mbit_s']:.1f} Mbit/s (cap {m['cap_mbit_s']:g})", flush=True)
         summary["measured"] = links
         t = phase("probe", t)
-        failure, reports, traffic, train_s = run_mesh(bed, args, log_dir)
+        failure, reports, traffic, train_s, _ = run_mesh(bed, args, log_dir)
         t = phase("mesh", t)
         summary["relay"] = bed.stop_relay()
         broker = reports.get("broker") or {}
