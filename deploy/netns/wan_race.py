@@ -112,8 +112,10 @@ def torch_settings():
 
 
 def params_of(knobs):
-    out = subprocess.run([PYTHON, "-c", "import json, sys, archipelago; l = archipelago.mesh_layout('', sys.argv[1:]);"
-                          "print(sum(__import__('math').prod(t['shape']) for t in l['tensors']))", *knobs],
+    """The model's parameter count, from the python package's reading of the knobs."""
+    count = ("import math, sys, archipelago\n"
+             "print(sum(math.prod(t['shape']) for t in archipelago.mesh_layout('', sys.argv[1:])['tensors']))")
+    out = subprocess.run([PYTHON, "-c", count, *knobs],
                          capture_output=True, text=True, env={**os.environ, **torch_settings()}, timeout=120)
     if out.returncode != 0:
         raise tb.TestbedError(f"the python package (build/python; WITH_TORCH=1 tools/setup.sh): {out.stderr.strip()[-400:]}")
@@ -402,6 +404,15 @@ def main():
         races.append((name, mode, extra))
     if a.target is None and (not races or races[0][1] != "ddp"):
         ap.error("without --target, ddp must race first: its final loss is the target")
+    positive = ("ref_gbit", "ref_params", "ref_bytes_per_param", "ref_tokens", "ref_chips", "ref_chip_tflops",
+                "dp_seconds", "mode_seconds")
+    bad = [k for k in positive if not getattr(a, k) > 0] + (["ref_latency_ms"] if a.ref_latency_ms < 0 else []) + \
+        (["dp_stop"] if a.dp_stop < 1 else []) + (["compute_steps"] if a.compute_steps < 5 else [])
+    if bad:
+        ap.error(f"--{bad[0].replace('_', '-')} {getattr(a, bad[0])}: out of range (positive; --dp-stop >= 1, "
+                 f"--compute-steps >= 5)")
+    if not 1280 <= a.mtu <= 65000:
+        ap.error(f"--mtu {a.mtu}: 1280-65000")
     if a.learners < 2 or a.target_steps < 1 or a.schedule_steps < a.target_steps or a.eval_every < 1:
         ap.error("--learners >= 2, --target-steps >= 1, --schedule-steps >= --target-steps, --eval-every >= 1")
     if os.geteuid() != 0:
