@@ -557,3 +557,18 @@ TEST_CASE("bench parity: a variant is LABEL=MODE,KEY=VALUE,..., checked before a
   o.variants = {*parse_parity_variant("r=decoupled,mesh.rebase=true")};
   CHECK(check_parity(o, config{}));
 }
+
+TEST_CASE("bench parity: a variant's own train.steps overrides --steps (a longer budget past dp's)") {
+  parity_options o;
+  o.steps = 1000;
+  o.learners = 3;
+  const auto plain = parity_arm_config(o, config{}, {"decoupled", "decoupled", {}}, "a.txt");
+  REQUIRE(plain);
+  CHECK(plain->train.steps == 1000);
+  CHECK(plain->mesh.learners == 3);
+  CHECK(plain->data.corpus == "a.txt");
+  const auto longer = parity_arm_config(o, config{}, *parse_parity_variant("long=decoupled,train.steps=1050"), "");
+  REQUIRE(longer);
+  CHECK(longer->train.steps == 1050);
+  CHECK(longer->mesh.mode == "decoupled");
+}

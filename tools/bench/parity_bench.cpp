@@ -19,18 +19,6 @@ std::vector<parity_variant> arms_of(const parity_options& o) {
   return arms;
 }
 
-expected<config> arm_config(const parity_options& o, const config& base, const parity_variant& arm,
-                            const std::string& corpus) {
-  config c = base;
-  c.mesh.mode = arm.mode;
-  for (const std::string& setting : arm.settings)
-    if (auto ok = set_knob_assignment(c, setting); !ok) return ok.err();
-  c.mesh.learners = o.learners;
-  c.data.corpus = corpus;
-  if (o.steps > 0) c.train.steps = o.steps;
-  return c;
-}
-
 std::string corpus_name(const std::string& corpus) { return corpus.empty() ? "synthetic" : corpus; }
 
 void record(parity_outcome& r, const mesh_summary& s) {
@@ -46,6 +34,20 @@ void record(parity_outcome& r, const mesh_summary& s) {
 }
 
 }  // namespace
+
+expected<config> parity_arm_config(const parity_options& o, const config& base, const parity_variant& arm,
+                                   const std::string& corpus) {
+  config c = base;
+  c.mesh.mode = arm.mode;
+  if (o.steps > 0) c.train.steps = o.steps;
+  // After --steps: a variant's own train.steps is a longer (or shorter) schedule, how
+  // tokens to dp's final loss are measured past dp's budget.
+  for (const std::string& setting : arm.settings)
+    if (auto ok = set_knob_assignment(c, setting); !ok) return ok.err();
+  c.mesh.learners = o.learners;
+  c.data.corpus = corpus;
+  return c;
+}
 
 double tokens_to_reach(const loss_curve& curve, double target) {
   for (std::size_t i = 0; i < curve.size(); ++i) {
@@ -89,7 +91,7 @@ status check_parity(const parity_options& o, const config& base) {
       return make_error(errc::invalid_input, "bench parity: " + arm.label + " given twice (a mode or a variant's label)");
   for (const std::string& corpus : o.corpora)
     for (const parity_variant& arm : arms) {
-      auto c = arm_config(o, base, arm, corpus);
+      auto c = parity_arm_config(o, base, arm, corpus);
       status ok = c ? validate_mesh(*c) : status(c.err());
       if (!ok)
         return make_error(errc::invalid_input,
@@ -132,7 +134,7 @@ expected<parity_result> run_parity_bench(const parity_options& o, const config& 
     for (int seed = 1; seed <= o.seeds; ++seed) {
       for (std::size_t i = 0; i < arms.size(); ++i) {
         if (hooks.stopped()) return interrupted();
-        auto configured = arm_config(o, base, arms[i], corpus);
+        auto configured = parity_arm_config(o, base, arms[i], corpus);
         if (!configured) return configured.err();  // check_parity saw it valid
         config c = *configured;
         c.train.seed = base.train.seed + static_cast<std::uint64_t>(seed - 1);

@@ -68,6 +68,11 @@ struct parity_result {
   bool ledger_exact = true;
 };
 
+/// One arm's configuration: `base` with the arm's mode, --steps, then the arm's own
+/// settings (so a variant's train.steps overrides --steps), M and the corpus.
+expected<config> parity_arm_config(const parity_options& o, const config& base, const parity_variant& arm,
+                                   const std::string& corpus);
+
 /// Checks the options and every mode's configuration from `base` before any run.
 status check_parity(const parity_options& o, const config& base);
 
