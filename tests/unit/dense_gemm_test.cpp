@@ -202,6 +202,10 @@ TEST_CASE("train.precision: parsed like the other knobs, resolved against the CP
   CHECK(note.find("slower") != std::string::npos);
   CHECK(*resolve_precision("auto", with, note) == gemm_precision::bf16);
   CHECK(note.empty());
+  // AMX: oneDNN's bf16 matmuls run on its tiles, whatever the AVX-512 dot products' peak.
+  const gemm_cpu amx{"avx512_core_amx", true, false, true};
+  CHECK(*resolve_precision("auto", amx, note) == gemm_precision::bf16);
+  CHECK(note.empty());
   CHECK(*resolve_precision("auto", without, note) == gemm_precision::fp32);
   CHECK(note.empty());
   CHECK(*resolve_precision("bf16", with, note) == gemm_precision::bf16);

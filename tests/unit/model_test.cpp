@@ -5,10 +5,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/prng.hpp"
 #include "core/adamw.hpp"
+#include "learner/model/attention_avx512.hpp"
+#include "learner/model/dense_gemm.hpp"
 #include "learner/model/gpt.hpp"
 #include "learner/model/trainer.hpp"
 
@@ -162,36 +165,65 @@ TEST_CASE("the schedule warms up linearly and decays by cosine to the floor") {
   CHECK(scheduled_lr(opt, 500, 100) == doctest::Approx(0.1));
 }
 
-TEST_CASE("oneDNN's batched attention and Eigen's per-head attention give the same gradients") {
-  // Full-length sequences take oneDNN's attention in the fp32 backend, Eigen's in
-  // the eigen backend; biases and LayerNorm parameters are perturbed so every
-  // fused bias and residual path carries a gradient.
-  const std::uint64_t seed = 11;
+namespace {
+
+/// The fp32 backend's attention (oneDNN's batched, or the fused AVX-512 kernels)
+/// against Eigen's per-head attention, on full-length sequences: the loss and
+/// every tensor's gradient. Biases and LayerNorm parameters are perturbed so every
+/// fused bias and residual path carries a gradient.
+void check_attention_against_eigen(const model_shape& shape, int batch, std::uint64_t seed) {
   CAPTURE(seed);
-  const param_layout layout = make_layout(tiny);
-  gpt<float> onednn(layout, dense_backend::fp32), eigen(layout, dense_backend::eigen);
-  REQUIRE(onednn.backend() == dense_backend::fp32);
-  onednn.init(seed);
+  const param_layout layout = make_layout(shape);
+  gpt<float> fast(layout, dense_backend::fp32), eigen(layout, dense_backend::eigen);
+  REQUIRE(fast.backend() == dense_backend::fp32);
+  CHECK(std::string(eigen.attention_kernel()) == "eigen per head");
+  MESSAGE("attention kernels: " << std::string(fast.attention_kernel()) << " (T " << shape.context << ", head dim "
+                                << shape.head_dim() << ")");
+  fast.init(seed);
   prng rng(derive_seed(seed, 1));
   for (const auto& t : layout.tensors)
     if (t.kind == tensor_kind::vector)
-      for (std::size_t k = 0; k < t.size(); ++k) onednn.params()[t.offset + k] += 0.1f * static_cast<float>(rng.normal());
-  std::memcpy(eigen.params(), onednn.params(), layout.total_floats * sizeof(float));
-  const int batch = 3;
-  const auto in = random_tokens(batch * tiny.context, derive_seed(seed, 2));
-  const auto out = random_tokens(batch * tiny.context, derive_seed(seed, 3));
-  const double la = onednn.forward_backward(in.data(), out.data(), batch);
+      for (std::size_t k = 0; k < t.size(); ++k) fast.params()[t.offset + k] += 0.1f * static_cast<float>(rng.normal());
+  std::memcpy(eigen.params(), fast.params(), layout.total_floats * sizeof(float));
+  const auto in = random_tokens(batch * shape.context, derive_seed(seed, 2));
+  const auto out = random_tokens(batch * shape.context, derive_seed(seed, 3));
+  const double la = fast.forward_backward(in.data(), out.data(), batch);
+  const std::vector<float> first(fast.grads(), fast.grads() + layout.total_floats);
+  // Deterministic: the same batch again gives the same loss and gradients, bit for bit.
+  CHECK(fast.forward_backward(in.data(), out.data(), batch) == la);
+  CHECK(std::memcmp(first.data(), fast.grads(), layout.total_floats * sizeof(float)) == 0);
   const double lb = eigen.forward_backward(in.data(), out.data(), batch);
   CHECK(la == doctest::Approx(lb).epsilon(1e-5));
   for (const auto& t : layout.tensors) {
     CAPTURE(t.name);
     double diff = 0, norm = 0;
     for (std::size_t k = 0; k < t.size(); ++k) {
-      const double a = onednn.grads()[t.offset + k], b = eigen.grads()[t.offset + k];
+      const double a = fast.grads()[t.offset + k], b = eigen.grads()[t.offset + k];
       diff += (a - b) * (a - b);
       norm += b * b;
     }
     CHECK(norm > 0);
     CHECK(std::sqrt(diff) <= 1e-4 * std::sqrt(norm));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("oneDNN's batched attention and Eigen's per-head attention give the same gradients") {
+  // Head dimension 8: not a multiple of 16, so oneDNN's batched attention on every CPU.
+  check_attention_against_eigen(tiny, 3, 11);
+}
+
+TEST_CASE("the fused AVX-512 attention and Eigen's per-head attention give the same gradients") {
+  // Head dimensions 16, 32, 48 and 64 (every register blocking of the kernels) and
+  // T = 48 (an odd number of 16-wide score tiles). On a CPU without AVX-512 these
+  // run oneDNN's batched attention, which the same check covers.
+  for (const model_shape& shape : {model_shape{256, 48, 32, 1, 2, true}, model_shape{256, 48, 64, 2, 2, true},
+                                   model_shape{256, 32, 96, 1, 2, true}, model_shape{256, 32, 128, 1, 2, false}}) {
+    CAPTURE(shape.head_dim());
+    const param_layout layout = make_layout(shape);
+    if (fused_attention_fits(shape.context, shape.head_dim()) && detect_gemm_cpu().isa.starts_with("avx512"))
+      CHECK(std::string(gpt<float>(layout, dense_backend::fp32).attention_kernel()) == "fused avx512");
+    check_attention_against_eigen(shape, 3, 12);
   }
 }

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "core/aligned_buffer.hpp"
+#include "learner/model/attention_avx512.hpp"
 
 namespace archipelago {
 namespace {
@@ -68,17 +69,19 @@ float bf16_to_float(std::uint16_t v) { return std::bit_cast<float>(static_cast<s
 
 gemm_cpu detect_gemm_cpu() {
   const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-  return gemm_cpu{isa_name(isa), has_isa(isa, dnnl_cpu_isa_avx512_core_bf16)};
+  return gemm_cpu{isa_name(isa), has_isa(isa, dnnl_cpu_isa_avx512_core_bf16), false,
+                  has_isa(isa, dnnl_cpu_isa_avx512_core_amx)};
 }
 
 expected<gemm_precision> resolve_precision(std::string_view knob, const gemm_cpu& cpu, std::string& note) {
   note.clear();
   if (knob == "fp32") return gemm_precision::fp32;
   if (knob == "auto") {
-    if (cpu.bf16 && !cpu.bf16_faster)
+    const bool faster = cpu.bf16 && (cpu.amx || cpu.bf16_faster);
+    if (cpu.bf16 && !faster)
       note = "train.precision = auto: this CPU's native bf16 dot products run slower than its fp32 FMAs "
-             "(measured peaks); running fp32";
-    return cpu.bf16 && cpu.bf16_faster ? gemm_precision::bf16 : gemm_precision::fp32;
+             "(measured peaks) and it has no AMX; running fp32";
+    return faster ? gemm_precision::bf16 : gemm_precision::fp32;
   }
   if (knob == "bf16") {
     if (cpu.bf16) return gemm_precision::bf16;
@@ -199,6 +202,11 @@ struct causal_attention::impl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<key, shape> shapes;
+  // The fused AVX-512 kernels where oneDNN itself dispatches to AVX-512, so that
+  // ONEDNN_MAX_CPU_ISA=AVX2 shows the whole AVX2-only path.
+  bool avx512 = detect_gemm_cpu().isa.starts_with("avx512");
+
+  bool fused(int len, int head_dim) const { return avx512 && fused_attention_fits(len, head_dim); }
 
   shape& at(int batch, int len, int heads, int head_dim, float scale) {
     const key k{batch, len, heads, head_dim, scale};
@@ -252,11 +260,21 @@ expected<std::unique_ptr<causal_attention>> causal_attention::make() {
   }
 }
 
-void causal_attention::forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
-                               float* prob, float* y) {
+const char* causal_attention::kernel(int len, int head_dim) const {
+  return impl_->fused(len, head_dim) ? "fused avx512" : "onednn batched";
+}
+
+void causal_attention::forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias,
+                               float* qkv, float* prob, float* y) {
   impl& st = *impl_;
+  if (st.fused(len, head_dim))
+    return fused_attention_forward(batch, len, heads, head_dim, scale, qkv_bias, qkv, prob, y);
   impl::shape& s = st.at(batch, len, heads, head_dim, scale);
   const std::int64_t c = std::int64_t{heads} * head_dim, rows = std::int64_t{batch} * heads * len;
+  const std::int64_t tokens = std::int64_t{batch} * len;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < tokens; ++r)
+    for (std::int64_t j = 0; j < 3 * c; ++j) qkv[r * 3 * c + j] += qkv_bias[j];
   st.run(s.scores, qkv, qkv + c, prob);
   st.stream.wait();
   // Causal mask: query i sees keys 0..i.
@@ -272,8 +290,11 @@ void causal_attention::forward(int batch, int len, int heads, int head_dim, floa
 }
 
 void causal_attention::backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
-                                const float* prob, const float* dy, float* dprob, float* dqkv) {
+                                const float* prob, const float* dy, float* dprob, float* dqkv,
+                                float* dqkv_bias_part) {
   impl& st = *impl_;
+  if (st.fused(len, head_dim))
+    return fused_attention_backward(batch, len, heads, head_dim, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part);
   impl::shape& s = st.at(batch, len, heads, head_dim, scale);
   const std::int64_t c = std::int64_t{heads} * head_dim;
   st.run(s.dprob, dy, qkv + 2 * c, dprob);
@@ -284,6 +305,13 @@ void causal_attention::backward(int batch, int len, int heads, int head_dim, flo
   st.run(s.dk, dprob, qkv, dqkv + c);
   st.run(s.dv, prob, dy, dqkv + 2 * c);
   st.stream.wait();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t b = 0; b < batch; ++b) {
+    float* part = dqkv_bias_part + b * 3 * c;
+    std::fill(part, part + 3 * c, 0.0f);
+    for (std::int64_t r = b * len; r < (b + 1) * len; ++r)
+      for (std::int64_t j = 0; j < 3 * c; ++j) part[j] += dqkv[r * 3 * c + j];
+  }
 }
 
 }  // namespace archipelago

@@ -42,11 +42,14 @@ struct gemm_cpu {
   /// Its measured bf16 dot-product peak beats its fp32 FMA peak (some CPUs with
   /// AVX512_BF16 run it at half the fp32 rate); measured only for auto (dense_backend_for).
   bool bf16_faster = false;
+  /// AMX tiles (oneDNN's avx512_core_amx): oneDNN's bf16 matmuls run on them, far
+  /// above the AVX-512 dot products' peak, whatever that peak is.
+  bool amx = false;
 };
 gemm_cpu detect_gemm_cpu();
 
 /// Resolves train.precision ("fp32" | "bf16" | "auto") on `cpu`: auto is bf16
-/// where the CPU has native bf16 and it outpaces fp32 (bf16_faster), fp32
+/// where the CPU has AMX, or native bf16 that outpaces fp32 (bf16_faster), fp32
 /// elsewhere; bf16 on a CPU without it falls back to fp32. `note` gets one line
 /// when bf16 is asked for or present and fp32 is what runs (empty otherwise).
 /// An unknown value is invalid_input naming it.
@@ -78,7 +81,8 @@ class dense_gemm {
   std::int64_t fp32_fallbacks_ = 0;
 };
 
-/// Causal self-attention of a whole batch through oneDNN: batched matmuls over
+/// Causal self-attention of a whole batch: where oneDNN dispatches to AVX-512 and
+/// the shape suits, the fused per-head kernels of attention_avx512.hpp; else through oneDNN: batched matmuls over
 /// every (sequence, head) pair and oneDNN's softmax, dispatched to the CPU's ISA
 /// at run time (Eigen's, used otherwise, is fixed at compile time: AVX2 in the
 /// portable build), fp32 in every precision. The scores are computed over the full
@@ -90,14 +94,19 @@ class causal_attention {
  public:
   static expected<std::unique_ptr<causal_attention>> make();
   ~causal_attention();
+  /// Which kernels a batch of this shape runs: "fused avx512" or "onednn batched".
+  const char* kernel(int len, int head_dim) const;
   causal_attention(const causal_attention&) = delete;
   causal_attention& operator=(const causal_attention&) = delete;
 
-  /// prob = softmax(mask(scale·Q·Kᵀ)), y = prob·V.
-  void forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv, float* prob, float* y);
-  /// dqkv (overwritten) = the gradient of qkv from dy; dprob is scratch.
+  /// qkv += qkv_bias [3C] on every row (in place: the backward pass reads it);
+  /// then prob = softmax(mask(scale·Q·Kᵀ)), y = prob·V.
+  void forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias, float* qkv,
+               float* prob, float* y);
+  /// dqkv (overwritten) = the gradient of qkv from dy, and dqkv_bias_part [B × 3C]
+  /// (overwritten) its column sums per sequence; dprob is scratch.
   void backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv, const float* prob,
-                const float* dy, float* dprob, float* dqkv);
+                const float* dy, float* dprob, float* dqkv, float* dqkv_bias_part);
 
  private:
   struct impl;

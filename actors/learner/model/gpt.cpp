@@ -392,6 +392,11 @@ template <class S>
 gpt<S>::~gpt() = default;
 
 template <class S>
+const char* gpt<S>::attention_kernel() const {
+  return attention_ ? attention_->kernel(layout_.shape.context, layout_.shape.head_dim()) : "eigen per head";
+}
+
+template <class S>
 void gpt<S>::init(std::uint64_t seed) {
   params_.zero();
   const double residual_scale = 1.0 / std::sqrt(2.0 * layout_.shape.n_layer);
@@ -467,10 +472,8 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
     // QKV bias to its own slice first.
     timer.next(phase::attention);
     if (onednn_attention) {
-#pragma omp parallel for schedule(static)
-      for (Index r = 0; r < n; ++r) row_view<S>(qkv + r * 3 * c, 3 * c) += const_row_view<S>(p + o.bqkv, 3 * c);
       if constexpr (std::is_same_v<S, float>)
-        attention_->forward(batch, len, static_cast<int>(h), static_cast<int>(hd), scale, qkv, att, atty);
+        attention_->forward(batch, len, static_cast<int>(h), static_cast<int>(hd), scale, p + o.bqkv, qkv, att, atty);
     } else {
 #pragma omp parallel for schedule(static)
       for (Index bh = 0; bh < batch * h; ++bh) {
@@ -612,10 +615,11 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
     timer.next(phase::attention);
 
     S* dqkv = w.dqkv.data();
+    S* bias_part = w.dqkv_bias_part.data();  // the QKV bias gradient, per sequence
     if (attention_) {
       if constexpr (std::is_same_v<S, float>)
         attention_->backward(batch, len, static_cast<int>(h), static_cast<int>(hd), scale, qkv, att,
-                             w.datty.data(), w.dprob.data(), dqkv);
+                             w.datty.data(), w.dprob.data(), dqkv, bias_part);
     } else {
 #pragma omp parallel for schedule(static)
       for (Index bh = 0; bh < batch * h; ++bh) {
@@ -652,12 +656,11 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
           dk.middleRows(c0, cl).noalias() = dprob.block(c0, c0, len - c0, cl).transpose() * q.bottomRows(len - c0);
         }
       }
-    }
-    // The QKV bias gradient: column sums per sequence, added in sequence order.
-    S* bias_part = w.dqkv_bias_part.data();
 #pragma omp parallel for schedule(static)
-    for (Index b = 0; b < batch; ++b)
-      row_view<S>(bias_part + b * 3 * c, 3 * c) = view(static_cast<const S*>(dqkv) + b * len * 3 * c, len, 3 * c).colwise().sum();
+      for (Index b = 0; b < batch; ++b)
+        row_view<S>(bias_part + b * 3 * c, 3 * c) = view(static_cast<const S*>(dqkv) + b * len * 3 * c, len, 3 * c).colwise().sum();
+    }
+    // The per-sequence sums added in sequence order.
     add_partials(static_cast<const S*>(bias_part), batch, 3 * c, g + o.bqkv);
     timer.next(phase::dense);
     weight_grad(kern, ln1, c, static_cast<const S*>(dqkv), 3 * c, n, g + o.wqkv, w.wgrad.data());

@@ -57,6 +57,8 @@ class gpt {
   const model_shape& shape() const { return layout_.shape; }
 
   dense_backend backend() const { return backend_; }
+  /// The attention kernels of a full-length batch: "fused avx512", "onednn batched" or "eigen per head".
+  const char* attention_kernel() const;
 
   S* params() { return params_.data(); }
   const S* params() const { return params_.data(); }

@@ -22,7 +22,7 @@ void set_compute_threads(int threads) {
 
 dense_backend dense_backend_for(const train_config& train, std::string& note) {
   gemm_cpu cpu = detect_gemm_cpu();
-  if (train.precision == "auto" && cpu.bf16) {
+  if (train.precision == "auto" && cpu.bf16 && !cpu.amx) {
     // One pass of each peak loop on one thread (some 30 ms), once per process: every
     // engine of it (learners, restarts, the evaluator) then makes the same choice.
     static const bool bf16_faster = [] {

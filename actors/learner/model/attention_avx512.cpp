@@ -1,0 +1,328 @@
+#include "learner/model/attention_avx512.hpp"
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() as their merge source and then
+// warn about it where they are inlined (max, min, scalef, roundscale); nothing here reads it.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cassert>
+#include <cstdint>
+
+#include "core/aligned_buffer.hpp"
+
+namespace archipelago {
+namespace {
+
+#define ARCHIPELAGO_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
+#define ARCHIPELAGO_AVX512_INLINE ARCHIPELAGO_AVX512 __attribute__((always_inline)) inline
+
+using index = std::int64_t;
+constexpr int lanes = 16;
+constexpr int score_rows = 8;  // query rows per block of the score and softmax passes
+
+/// e^x, Cephes' polynomial (relative error ~2e-7 on the range), 2^n by VSCALEFPS.
+ARCHIPELAGO_AVX512_INLINE __m512 exp_ps(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+/// The lanes summed in a fixed order (through memory: GCC 12's _mm512_reduce_* warn in their header).
+ARCHIPELAGO_AVX512_INLINE float sum_lanes(__m512 v) {
+  alignas(64) float l[lanes];
+  _mm512_store_ps(l, v);
+  float s = 0;
+  for (float x : l) s += x;
+  return s;
+}
+ARCHIPELAGO_AVX512_INLINE float max_lanes(__m512 v) {
+  alignas(64) float l[lanes];
+  _mm512_store_ps(l, v);
+  float m = l[0];
+  for (float x : l) m = x > m ? x : m;
+  return m;
+}
+
+/// Lanes [0, count − 16·chunk) of chunk `chunk` of a row of `count` valid entries.
+ARCHIPELAGO_AVX512_INLINE __mmask16 valid_lanes(index count, index chunk) {
+  const index left = count - chunk * lanes;
+  return left >= lanes ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+}
+
+/// out[d × len] = in[len × d]ᵀ (in's rows `ld` apart, len a multiple of 16): 16 rows
+/// of one column per gather, so every store is a whole aligned vector.
+ARCHIPELAGO_AVX512_INLINE void transpose_into(const float* in, index ld, index len, index d, float* out) {
+  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int>(ld)));
+  for (index j = 0; j < len; j += lanes)
+    for (index k = 0; k < d; ++k)
+      _mm512_store_ps(out + k * len + j, _mm512_i32gather_ps(rows, in + j * ld + k, 4));
+}
+
+/// c[R × 16·NT] = a[R × k]·bt[k × 16·NT]: a's rows lda apart, bt's rows ldb apart (aligned).
+template <int R, int NT>
+ARCHIPELAGO_AVX512_INLINE void rows_by_columns(const float* a, index lda, const float* bt, index ldb, index k,
+                                               float* c, index ldc) {
+  __m512 acc[R][NT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (index kk = 0; kk < k; ++kk) {
+    __m512 b[NT];
+    for (int t = 0; t < NT; ++t) b[t] = _mm512_load_ps(bt + kk * ldb + t * lanes);
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r * lda + kk]);
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_fmadd_ps(av, b[t], acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) _mm512_store_ps(c + r * ldc + t * lanes, acc[r][t]);
+}
+
+/// Columns [0, scored_columns(r0)) of query rows [r0, r0 + score_rows) are written: their
+/// causal extent rounded up to whole tiles of 16. Past the diagonal they hold zeros, which is
+/// all the weighted sums read (a row block never reads beyond its last row's extent); the rest
+/// of a row is never written nor read.
+constexpr index scored_columns(index r0) { return (r0 + score_rows + lanes - 1) / lanes * lanes; }
+
+/// The causal scores of query rows [r0, r0 + score_rows), columns [0, scored_columns(r0))
+/// (the entries past the diagonal are overwritten by the softmax).
+ARCHIPELAGO_AVX512_INLINE void causal_scores(const float* a, index lda, const float* bt, index len, index d,
+                                             index r0, float* s) {
+  const index tiles = scored_columns(r0) / lanes;
+  index t = 0;
+  for (; t + 2 <= tiles; t += 2)
+    rows_by_columns<score_rows, 2>(a + r0 * lda, lda, bt + t * lanes, len, d, s + r0 * len + t * lanes, len);
+  if (t < tiles)
+    rows_by_columns<score_rows, 1>(a + r0 * lda, lda, bt + t * lanes, len, d, s + r0 * len + t * lanes, len);
+}
+
+/// out[R × 16·ND] = alpha · p[R × count]·m[count × 16·ND] (p's rows ldp apart, m's ldm).
+template <int R, int ND>
+ARCHIPELAGO_AVX512_INLINE void weighted_rows(const float* p, index ldp, index count, const float* m, index ldm,
+                                             float alpha, float* out, index ldo) {
+  __m512 acc[R][ND];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < ND; ++n) acc[r][n] = _mm512_setzero_ps();
+  for (index j = 0; j < count; ++j) {
+    __m512 mv[ND];
+    for (int n = 0; n < ND; ++n) mv[n] = _mm512_loadu_ps(m + j * ldm + n * lanes);
+    for (int r = 0; r < R; ++r) {
+      const __m512 pv = _mm512_set1_ps(p[r * ldp + j]);
+      for (int n = 0; n < ND; ++n) acc[r][n] = _mm512_fmadd_ps(pv, mv[n], acc[r][n]);
+    }
+  }
+  const __m512 a = _mm512_set1_ps(alpha);
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < ND; ++n) _mm512_storeu_ps(out + r * ldo + n * lanes, _mm512_mul_ps(a, acc[r][n]));
+}
+
+/// out[R × 16·ND] = alpha · p[from:to, j0:j0+R]ᵀ·m[from:to, 16·ND]: the transposed product
+/// for keys j0..j0+R, read down p's columns.
+template <int R, int ND>
+ARCHIPELAGO_AVX512_INLINE void weighted_columns(const float* p, index ldp, index j0, index from, index to,
+                                                const float* m, index ldm, float alpha, float* out, index ldo) {
+  __m512 acc[R][ND];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < ND; ++n) acc[r][n] = _mm512_setzero_ps();
+  for (index i = from; i < to; ++i) {
+    __m512 mv[ND];
+    for (int n = 0; n < ND; ++n) mv[n] = _mm512_loadu_ps(m + i * ldm + n * lanes);
+    for (int r = 0; r < R; ++r) {
+      const __m512 pv = _mm512_set1_ps(p[i * ldp + j0 + r]);
+      for (int n = 0; n < ND; ++n) acc[r][n] = _mm512_fmadd_ps(pv, mv[n], acc[r][n]);
+    }
+  }
+  const __m512 a = _mm512_set1_ps(alpha);
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < ND; ++n) _mm512_storeu_ps(out + r * ldo + n * lanes, _mm512_mul_ps(a, acc[r][n]));
+}
+
+/// row[0, count) ← softmax(scale·row[0, count)); row[count, end) ← 0.
+ARCHIPELAGO_AVX512_INLINE void softmax_row(float* row, index count, index end, float scale) {
+  const index chunks = (count + lanes - 1) / lanes;
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  __m512 vmax = neg_inf;
+  for (index ch = 0; ch < chunks; ++ch)
+    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, valid_lanes(count, ch), row + ch * lanes));
+  const __m512 mx = _mm512_set1_ps(max_lanes(vmax)), sc = _mm512_set1_ps(scale);
+  __m512 vsum = _mm512_setzero_ps();
+  for (index ch = 0; ch < chunks; ++ch) {
+    const __mmask16 m = valid_lanes(count, ch);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(row + ch * lanes), mx), sc)));
+    vsum = _mm512_add_ps(vsum, e);
+    _mm512_store_ps(row + ch * lanes, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / sum_lanes(vsum));
+  for (index ch = 0; ch < chunks; ++ch)
+    _mm512_store_ps(row + ch * lanes, _mm512_mul_ps(inv, _mm512_load_ps(row + ch * lanes)));
+  for (index ch = chunks; ch < end / lanes; ++ch) _mm512_store_ps(row + ch * lanes, _mm512_setzero_ps());
+}
+
+/// ds[0, count) ← p·(ds − Σ p·ds) (the softmax's backward, ds holding dP on entry);
+/// ds[count, end) ← 0.
+ARCHIPELAGO_AVX512_INLINE void softmax_backward_row(const float* p, float* ds, index count, index end) {
+  const index chunks = (count + lanes - 1) / lanes;
+  __m512 vdot = _mm512_setzero_ps();
+  for (index ch = 0; ch < chunks; ++ch) {
+    const __mmask16 m = valid_lanes(count, ch);
+    vdot = _mm512_fmadd_ps(_mm512_maskz_load_ps(m, p + ch * lanes), _mm512_maskz_load_ps(m, ds + ch * lanes), vdot);
+  }
+  const __m512 dot = _mm512_set1_ps(sum_lanes(vdot));
+  for (index ch = 0; ch < chunks; ++ch) {
+    const __mmask16 m = valid_lanes(count, ch);
+    const __m512 pv = _mm512_maskz_load_ps(m, p + ch * lanes);
+    _mm512_store_ps(ds + ch * lanes, _mm512_mul_ps(pv, _mm512_sub_ps(_mm512_load_ps(ds + ch * lanes), dot)));
+  }
+  for (index ch = chunks; ch < end / lanes; ++ch) _mm512_store_ps(ds + ch * lanes, _mm512_setzero_ps());
+}
+
+/// Rows of the weighted sums per block: enough accumulators to hide the FMA latency, few enough for the registers.
+template <int ND>
+constexpr int sum_rows = ND <= 2 ? 8 : 4;
+
+/// rows[len × 16·ND] (rows ld apart) += bias, every row.
+template <int ND>
+ARCHIPELAGO_AVX512_INLINE void add_bias(float* rows, index ld, index len, const float* bias) {
+  __m512 b[ND];
+  for (int n = 0; n < ND; ++n) b[n] = _mm512_loadu_ps(bias + n * lanes);
+  for (index i = 0; i < len; ++i)
+    for (int n = 0; n < ND; ++n)
+      _mm512_storeu_ps(rows + i * ld + n * lanes, _mm512_add_ps(b[n], _mm512_loadu_ps(rows + i * ld + n * lanes)));
+}
+
+/// sum[16·ND] = the column sums of rows[len × 16·ND] (rows ld apart), in row order.
+template <int ND>
+ARCHIPELAGO_AVX512_INLINE void column_sums(const float* rows, index ld, index len, float* sum) {
+  __m512 acc[ND];
+  for (int n = 0; n < ND; ++n) acc[n] = _mm512_setzero_ps();
+  for (index i = 0; i < len; ++i)
+    for (int n = 0; n < ND; ++n) acc[n] = _mm512_add_ps(acc[n], _mm512_loadu_ps(rows + i * ld + n * lanes));
+  for (int n = 0; n < ND; ++n) _mm512_storeu_ps(sum + n * lanes, acc[n]);
+}
+
+/// One (sequence, head): the QKV bias added to its slices of qkv, its scores and
+/// probabilities in s (prob's slice), its output in y.
+template <int ND>
+ARCHIPELAGO_AVX512 void forward_head(float* q, float* k, float* v, index ld3, const float* bias, index c, index len,
+                                     float scale, float* s, float* y, index ldy, float* kt) {
+  constexpr index d = ND * lanes;
+  constexpr int R = sum_rows<ND>;
+  add_bias<ND>(q, ld3, len, bias);
+  add_bias<ND>(k, ld3, len, bias + c);
+  add_bias<ND>(v, ld3, len, bias + 2 * c);
+  transpose_into(k, ld3, len, d, kt);
+  for (index r0 = 0; r0 < len; r0 += score_rows) {
+    causal_scores(q, ld3, kt, len, d, r0, s);
+    const index end = scored_columns(r0);
+    for (index i = r0; i < r0 + score_rows; ++i) softmax_row(s + i * len, i + 1, end, scale);
+    // The rows' weighted sums while their probabilities are in cache; row i needs values [0, i].
+    for (index b0 = r0; b0 < r0 + score_rows; b0 += R)
+      weighted_rows<R, ND>(s + b0 * len, len, b0 + R, v, ld3, 1.0f, y + b0 * ldy, ldy);
+  }
+}
+
+template <int ND>
+ARCHIPELAGO_AVX512 void backward_head(const float* q, const float* k, const float* v, index ld3, const float* p,
+                                      const float* dy, index ldy, index len, float scale, float* ds, float* dq,
+                                      float* dk, float* dv, index c, float* dbias, float* vt) {
+  constexpr index d = ND * lanes;
+  constexpr int R = sum_rows<ND>;
+  transpose_into(v, ld3, len, d, vt);
+  for (index r0 = 0; r0 < len; r0 += score_rows) {
+    causal_scores(dy, ldy, vt, len, d, r0, ds);  // dP = dY·Vᵀ
+    const index end = scored_columns(r0);
+    for (index i = r0; i < r0 + score_rows; ++i) softmax_backward_row(p + i * len, ds + i * len, i + 1, end);
+    for (index b0 = r0; b0 < r0 + score_rows; b0 += R)  // dQ = scale·dS·K
+      weighted_rows<R, ND>(ds + b0 * len, len, b0 + R, k, ld3, scale, dq + b0 * ld3, ld3);
+  }
+  // Key j is seen by queries [j, len): dK = scale·dSᵀ·Q, dV = Pᵀ·dY.
+  for (index j0 = 0; j0 < len; j0 += R) {
+    weighted_columns<R, ND>(ds, len, j0, j0, len, q, ld3, scale, dk + j0 * ld3, ld3);
+    weighted_columns<R, ND>(p, len, j0, j0, len, dy, ldy, 1.0f, dv + j0 * ld3, ld3);
+  }
+  column_sums<ND>(dq, ld3, len, dbias);
+  column_sums<ND>(dk, ld3, len, dbias + c);
+  column_sums<ND>(dv, ld3, len, dbias + 2 * c);
+}
+
+template <int ND>
+void forward_all(int batch, int len, int heads, float scale, const float* bias, float* qkv, float* prob, float* y) {
+  const index c = index{heads} * ND * lanes, ld3 = 3 * c, t = len;
+#pragma omp parallel
+  {
+    aligned_buffer<float> kt(static_cast<std::size_t>(ND * lanes * t));
+#pragma omp for schedule(static)
+    for (index bh = 0; bh < index{batch} * heads; ++bh) {
+      const index b = bh / heads, h = bh % heads;
+      const index col = h * ND * lanes;
+      float* q = qkv + b * t * ld3 + col;
+      forward_head<ND>(q, q + c, q + 2 * c, ld3, bias + col, c, t, scale, prob + bh * t * t, y + b * t * c + col, c,
+                       kt.data());
+    }
+  }
+}
+
+template <int ND>
+void backward_all(int batch, int len, int heads, float scale, const float* qkv, const float* prob, const float* dy,
+                  float* dprob, float* dqkv, float* dbias_part) {
+  const index c = index{heads} * ND * lanes, ld3 = 3 * c, t = len;
+#pragma omp parallel
+  {
+    aligned_buffer<float> vt(static_cast<std::size_t>(ND * lanes * t));
+#pragma omp for schedule(static)
+    for (index bh = 0; bh < index{batch} * heads; ++bh) {
+      const index b = bh / heads, h = bh % heads, col = h * ND * lanes;
+      const float* q = qkv + b * t * ld3 + col;
+      float* dq = dqkv + b * t * ld3 + col;
+      backward_head<ND>(q, q + c, q + 2 * c, ld3, prob + bh * t * t, dy + b * t * c + col, c, t, scale,
+                        dprob + bh * t * t, dq, dq + c, dq + 2 * c, c, dbias_part + b * ld3 + col, vt.data());
+    }
+  }
+}
+
+bool cpu_has_avx512f() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+}
+
+}  // namespace
+
+bool fused_attention_fits(int len, int head_dim) {
+  static const bool avx512 = cpu_has_avx512f();
+  return avx512 && len > 0 && len % lanes == 0 && head_dim > 0 && head_dim % lanes == 0 && head_dim <= 4 * lanes;
+}
+
+void fused_attention_forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias,
+                             float* qkv, float* prob, float* y) {
+  assert(fused_attention_fits(len, head_dim));
+  switch (head_dim / lanes) {
+    case 1: return forward_all<1>(batch, len, heads, scale, qkv_bias, qkv, prob, y);
+    case 2: return forward_all<2>(batch, len, heads, scale, qkv_bias, qkv, prob, y);
+    case 3: return forward_all<3>(batch, len, heads, scale, qkv_bias, qkv, prob, y);
+    default: return forward_all<4>(batch, len, heads, scale, qkv_bias, qkv, prob, y);
+  }
+}
+
+void fused_attention_backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
+                              const float* prob, const float* dy, float* dprob, float* dqkv, float* dqkv_bias_part) {
+  assert(fused_attention_fits(len, head_dim));
+  switch (head_dim / lanes) {
+    case 1: return backward_all<1>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part);
+    case 2: return backward_all<2>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part);
+    case 3: return backward_all<3>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part);
+    default: return backward_all<4>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part);
+  }
+}
+
+}  // namespace archipelago

@@ -1,0 +1,31 @@
+#pragma once
+// Causal self-attention fused per (sequence, head) in AVX-512: the scores, the
+// softmax and the weighted sum of one head stay in L1/L2 while they are used,
+// and only the causal half of every product is computed. oneDNN's batched
+// attention (dense_gemm.hpp) computes the full T×T at a time and goes through
+// memory between its steps; on micro that made attention a fifth of a step.
+//
+// Behind target attributes, so the portable build (-march=x86-64-v3) carries it
+// and runs it only where the CPU has AVX-512F (fused_attention_fits). Layouts
+// are causal_attention's: qkv [B·T, 3C], y and dy [B·T, C], prob and dprob
+// [B·H, T, T], of which only each row's causal extent rounded up to 16 columns
+// is written (zeros past the diagonal) and read. Deterministic: each (sequence,
+// head) pair is one task with a fixed summation order, whatever the threads.
+
+namespace archipelago {
+
+/// The CPU has AVX-512F, and the shape suits the kernels: T a multiple of 16,
+/// the head dimension a multiple of 16 up to 64.
+bool fused_attention_fits(int len, int head_dim);
+
+/// qkv += qkv_bias [3C] on every row (in place, kept for the backward pass); then
+/// prob = softmax(mask(scale·Q·Kᵀ)), y = prob·V.
+void fused_attention_forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias,
+                             float* qkv, float* prob, float* y);
+
+/// dqkv (overwritten) = the gradient of qkv from dy; dqkv_bias_part [B × 3C]
+/// (overwritten) = dqkv's column sums per sequence. dprob is scratch [B·H, T, T].
+void fused_attention_backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
+                              const float* prob, const float* dy, float* dprob, float* dqkv, float* dqkv_bias_part);
+
+}  // namespace archipelago
