@@ -81,15 +81,16 @@ class dense_gemm {
   std::int64_t fp32_fallbacks_ = 0;
 };
 
-/// Causal self-attention of a whole batch: where oneDNN dispatches to AVX-512 and
-/// the shape suits, the fused per-head kernels of attention_avx512.hpp; else through oneDNN: batched matmuls over
-/// every (sequence, head) pair and oneDNN's softmax, dispatched to the CPU's ISA
-/// at run time (Eigen's, used otherwise, is fixed at compile time: AVX2 in the
-/// portable build), fp32 in every precision. The scores are computed over the full
-/// T×T, the upper triangle masked to −inf (exactly 0 after the softmax): twice the
-/// causal work, at the wide vectors' speed. Row-major layouts: qkv [B·T, 3C] (Q,
-/// K, V side by side, the heads contiguous within each), y and dy [B·T, C], prob
-/// and dprob [B·H, T, T]. Deterministic as dense_gemm is.
+/// Causal self-attention of a whole batch, fp32 in every precision. Where oneDNN
+/// dispatches to AVX-512 and the shape suits (fused_attention_fits), the fused
+/// per-head kernels of attention_avx512.hpp. Elsewhere oneDNN's batched matmuls over
+/// every (sequence, head) pair and its softmax, dispatched to the CPU's ISA at run
+/// time (Eigen's per-head attention, used without oneDNN, is fixed at compile time:
+/// AVX2 in the portable build): the scores over the full T×T, the upper triangle
+/// masked to −inf (exactly 0 after the softmax), twice the causal work at the wide
+/// vectors' speed. Row-major layouts: qkv [B·T, 3C] (Q, K, V side by side, the heads
+/// contiguous within each), y and dy [B·T, C], prob and dprob [B·H, T, T].
+/// Deterministic as dense_gemm is.
 class causal_attention {
  public:
   static expected<std::unique_ptr<causal_attention>> make();
