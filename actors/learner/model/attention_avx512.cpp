@@ -107,39 +107,20 @@ ARCHIPELAGO_AVX512_INLINE void causal_scores(const float* a, index lda, const fl
     rows_by_columns<score_rows, 1>(a + r0 * lda, lda, bt + t * lanes, len, d, s + r0 * len + t * lanes, len);
 }
 
-/// out[R × 16·ND] = alpha · p[R × count]·m[count × 16·ND] (p's rows ldp apart, m's ldm).
+/// out[R × 16·ND] = alpha · Σ_{j ∈ [from, to)} p(r, j)·m[j, 16·ND], with p(r, j) at
+/// p[r·stride_r + j·stride_j]: the rows of p times m (stride_j 1), or, read down p's
+/// columns, its transpose times m (stride_r 1).
 template <int R, int ND>
-ARCHIPELAGO_AVX512_INLINE void weighted_rows(const float* p, index ldp, index count, const float* m, index ldm,
-                                             float alpha, float* out, index ldo) {
+ARCHIPELAGO_AVX512_INLINE void weighted_sum(const float* p, index stride_r, index stride_j, index from, index to,
+                                            const float* m, index ldm, float alpha, float* out, index ldo) {
   __m512 acc[R][ND];
   for (int r = 0; r < R; ++r)
     for (int n = 0; n < ND; ++n) acc[r][n] = _mm512_setzero_ps();
-  for (index j = 0; j < count; ++j) {
+  for (index j = from; j < to; ++j) {
     __m512 mv[ND];
     for (int n = 0; n < ND; ++n) mv[n] = _mm512_loadu_ps(m + j * ldm + n * lanes);
     for (int r = 0; r < R; ++r) {
-      const __m512 pv = _mm512_set1_ps(p[r * ldp + j]);
-      for (int n = 0; n < ND; ++n) acc[r][n] = _mm512_fmadd_ps(pv, mv[n], acc[r][n]);
-    }
-  }
-  const __m512 a = _mm512_set1_ps(alpha);
-  for (int r = 0; r < R; ++r)
-    for (int n = 0; n < ND; ++n) _mm512_storeu_ps(out + r * ldo + n * lanes, _mm512_mul_ps(a, acc[r][n]));
-}
-
-/// out[R × 16·ND] = alpha · p[from:to, j0:j0+R]ᵀ·m[from:to, 16·ND]: the transposed product
-/// for keys j0..j0+R, read down p's columns.
-template <int R, int ND>
-ARCHIPELAGO_AVX512_INLINE void weighted_columns(const float* p, index ldp, index j0, index from, index to,
-                                                const float* m, index ldm, float alpha, float* out, index ldo) {
-  __m512 acc[R][ND];
-  for (int r = 0; r < R; ++r)
-    for (int n = 0; n < ND; ++n) acc[r][n] = _mm512_setzero_ps();
-  for (index i = from; i < to; ++i) {
-    __m512 mv[ND];
-    for (int n = 0; n < ND; ++n) mv[n] = _mm512_loadu_ps(m + i * ldm + n * lanes);
-    for (int r = 0; r < R; ++r) {
-      const __m512 pv = _mm512_set1_ps(p[i * ldp + j0 + r]);
+      const __m512 pv = _mm512_set1_ps(p[r * stride_r + j * stride_j]);
       for (int n = 0; n < ND; ++n) acc[r][n] = _mm512_fmadd_ps(pv, mv[n], acc[r][n]);
     }
   }
@@ -228,7 +209,7 @@ ARCHIPELAGO_AVX512 void forward_head(float* q, float* k, float* v, index ld3, co
     for (index i = r0; i < r0 + score_rows; ++i) softmax_row(s + i * len, i + 1, end, scale);
     // The rows' weighted sums while their probabilities are in cache; row i needs values [0, i].
     for (index b0 = r0; b0 < r0 + score_rows; b0 += R)
-      weighted_rows<R, ND>(s + b0 * len, len, b0 + R, v, ld3, 1.0f, y + b0 * ldy, ldy);
+      weighted_sum<R, ND>(s + b0 * len, len, 1, 0, b0 + R, v, ld3, 1.0f, y + b0 * ldy, ldy);
   }
 }
 
@@ -244,12 +225,12 @@ ARCHIPELAGO_AVX512 void backward_head(const float* q, const float* k, const floa
     const index end = scored_columns(r0);
     for (index i = r0; i < r0 + score_rows; ++i) softmax_backward_row(p + i * len, ds + i * len, i + 1, end);
     for (index b0 = r0; b0 < r0 + score_rows; b0 += R)  // dQ = scale·dS·K
-      weighted_rows<R, ND>(ds + b0 * len, len, b0 + R, k, ld3, scale, dq + b0 * ld3, ld3);
+      weighted_sum<R, ND>(ds + b0 * len, len, 1, 0, b0 + R, k, ld3, scale, dq + b0 * ld3, ld3);
   }
   // Key j is seen by queries [j, len): dK = scale·dSᵀ·Q, dV = Pᵀ·dY.
   for (index j0 = 0; j0 < len; j0 += R) {
-    weighted_columns<R, ND>(ds, len, j0, j0, len, q, ld3, scale, dk + j0 * ld3, ld3);
-    weighted_columns<R, ND>(p, len, j0, j0, len, dy, ldy, 1.0f, dv + j0 * ld3, ld3);
+    weighted_sum<R, ND>(ds + j0, 1, len, j0, len, q, ld3, scale, dk + j0 * ld3, ld3);
+    weighted_sum<R, ND>(p + j0, 1, len, j0, len, dy, ldy, 1.0f, dv + j0 * ld3, ld3);
   }
   column_sums<ND>(dq, ld3, len, dbias);
   column_sums<ND>(dk, ld3, len, dbias + c);
