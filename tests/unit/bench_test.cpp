@@ -426,6 +426,13 @@ TEST_CASE("bench compute: the nano engine against its matched GEMM, two timed st
   CHECK(r->bf16_gemm_s.size() == (bf16 ? 2u : 0u));
   // The peak loop asks the CPU, not oneDNN (whose ISA ONEDNN_MAX_CPU_ISA may cap).
   if (bf16) CHECK(finite_positive(r->bf16_peak_gflops()));
+  // With AMX its tile loop is the bf16 peak, well above the vector dot products'.
+  const cpu_peak& peak = r->peaks.front();
+  if (peak.amx_bf16_gflops > 0) {
+    CHECK(r->bf16_peak_gflops() == peak.amx_bf16_gflops);
+    CHECK(peak.amx_bf16_gflops > peak.bf16_gflops);
+    CHECK(std::string(peak.bf16_isa()) == "amx");
+  }
   CHECK(std::isnan(r->thread_efficiency()));  // one thread: nothing to compare
 
   // Two threads: the engine on one thread too, for the efficiency.

@@ -147,7 +147,8 @@ int run_compute(const compute_flags& f, logger& log) {
       return a.fp32_gflops() < b.fp32_gflops();
     });  // the round whose loop set the peak names its ISA
     std::printf("  peak     fp32 FMA %.1f GFLOP/s (%s)", r->fp32_peak_gflops(), best->fp32_isa.c_str());
-    if (!std::isnan(r->bf16_peak_gflops())) std::printf(", bf16 dot product %.1f GFLOP/s", r->bf16_peak_gflops());
+    if (!std::isnan(r->bf16_peak_gflops()))
+      std::printf(", bf16 dot product %.1f GFLOP/s (%s)", r->bf16_peak_gflops(), best->bf16_isa());
     std::printf(" on %d threads\n           engine fp32 = %.1f%% of the fp32 peak", o.threads,
                 100 * r->gflops() / r->fp32_peak_gflops());
     if (r->other(dense_backend::bf16))

@@ -321,7 +321,7 @@ double compute_result::fp32_peak_gflops() const {
 double compute_result::bf16_peak_gflops() const {
   double best = std::nan("");
   for (const auto& p : peaks)
-    if (p.bf16_gflops > 0 && !(p.bf16_gflops <= best)) best = p.bf16_gflops;
+    if (p.bf16_best_gflops() > 0 && !(p.bf16_best_gflops() <= best)) best = p.bf16_best_gflops();
   return best;
 }
 double compute_result::thread_efficiency() const {

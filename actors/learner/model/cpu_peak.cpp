@@ -1,10 +1,14 @@
 #include "learner/model/cpu_peak.hpp"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 
 namespace archipelago {
 namespace {
@@ -57,6 +61,58 @@ __attribute__((target("avx512f,avx512bf16"))) float loop_bf16(long n) {
   return sum_lanes(s);
 }
 
+// AMX: 8 tiles of 16 rows × 64 bytes. One TDPBF16PS multiplies a 16×32 bf16 tile by
+// a 32×16 one into a 16×16 fp32 tile: 16·16·32 multiply-adds, 16,384 FLOPs.
+constexpr int amx_accumulators = 4;
+constexpr long amx_iterations_divisor = 16;  // an AMX iteration is ~16× a vector one
+
+struct alignas(64) amx_tile_config {
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+/// The CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7), and Linux lets this process
+/// use the tile state (it must be asked for, once per process: ARCH_REQ_XCOMP_PERM).
+bool amx_usable() {
+  static const bool usable = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool amx = (d & (1u << 22)) && (d & (1u << 24));  // AMX-BF16, AMX-TILE
+    constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    return amx && syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+  }();
+  return usable;
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) float loop_amx(long n) {
+  amx_tile_config config;
+  for (int t = 0; t < amx_accumulators + 2; ++t) {
+    config.bytes_per_row[t] = 64;
+    config.rows[t] = 16;
+  }
+  _tile_loadconfig(&config);
+  alignas(64) std::uint16_t operand[16 * 32];
+  std::fill(std::begin(operand), std::end(operand), std::uint16_t{0x3c00});  // bf16 2^-7: no overflow
+  alignas(64) float out[16 * 16];
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  for (long it = 0; it < n; ++it) {
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+
 /// GFLOP/s of `loop` on every thread at once: total FLOPs over the slowest thread's time.
 template <class Loop>
 double measure(Loop loop, double flops_per_iteration, int threads, double seconds) {
@@ -91,6 +147,9 @@ cpu_peak measure_cpu_peak(int threads, double seconds) {
     p.fp32_avx512_gflops = measure(loop_avx512, 32.0 * acc_avx512, threads, seconds);
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"))
     p.bf16_gflops = measure(loop_bf16, 64.0 * acc_avx512, threads, seconds);
+  if (amx_usable())
+    p.amx_bf16_gflops = measure([](long n) { return loop_amx(n / amx_iterations_divisor); },
+                                16384.0 * amx_accumulators / amx_iterations_divisor, threads, seconds);
   p.fp32_isa = p.fp32_avx512_gflops > p.fp32_avx2_gflops ? "avx512f" : "avx2+fma";
   return p;
 }
