@@ -9,7 +9,8 @@
 #include <cassert>
 #include <cstdint>
 
-#include "core/aligned_buffer.hpp"
+#include "learner/model/avx512_lanes.hpp"
+
 
 namespace archipelago {
 namespace {
@@ -36,22 +37,6 @@ ARCHIPELAGO_AVX512_INLINE __m512 exp_ps(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(y, n);
-}
-
-/// The lanes summed in a fixed order (through memory: GCC 12's _mm512_reduce_* warn in their header).
-ARCHIPELAGO_AVX512_INLINE float sum_lanes(__m512 v) {
-  alignas(64) float l[lanes];
-  _mm512_store_ps(l, v);
-  float s = 0;
-  for (float x : l) s += x;
-  return s;
-}
-ARCHIPELAGO_AVX512_INLINE float max_lanes(__m512 v) {
-  alignas(64) float l[lanes];
-  _mm512_store_ps(l, v);
-  float m = l[0];
-  for (float x : l) m = x > m ? x : m;
-  return m;
 }
 
 /// Lanes [0, count − 16·chunk) of chunk `chunk` of a row of `count` valid entries.
@@ -238,36 +223,37 @@ ARCHIPELAGO_AVX512 void backward_head(const float* q, const float* k, const floa
 }
 
 template <int ND>
-void forward_all(int batch, int len, int heads, float scale, const float* bias, float* qkv, float* prob, float* y) {
+void forward_all(int batch, int len, int heads, float scale, const float* bias, float* qkv, float* prob, float* y,
+                 float* scratch) {
   const index c = index{heads} * ND * lanes, ld3 = 3 * c, t = len;
 #pragma omp parallel
   {
-    aligned_buffer<float> kt(static_cast<std::size_t>(ND * lanes * t));
+    float* kt = scratch + omp_get_thread_num() * ND * lanes * t;
 #pragma omp for schedule(static)
     for (index bh = 0; bh < index{batch} * heads; ++bh) {
       const index b = bh / heads, h = bh % heads;
       const index col = h * ND * lanes;
       float* q = qkv + b * t * ld3 + col;
       forward_head<ND>(q, q + c, q + 2 * c, ld3, bias + col, c, t, scale, prob + bh * t * t, y + b * t * c + col, c,
-                       kt.data());
+                       kt);
     }
   }
 }
 
 template <int ND>
 void backward_all(int batch, int len, int heads, float scale, const float* qkv, const float* prob, const float* dy,
-                  float* dprob, float* dqkv, float* dbias_part) {
+                  float* dprob, float* dqkv, float* dbias_part, float* scratch) {
   const index c = index{heads} * ND * lanes, ld3 = 3 * c, t = len;
 #pragma omp parallel
   {
-    aligned_buffer<float> vt(static_cast<std::size_t>(ND * lanes * t));
+    float* vt = scratch + omp_get_thread_num() * ND * lanes * t;
 #pragma omp for schedule(static)
     for (index bh = 0; bh < index{batch} * heads; ++bh) {
       const index b = bh / heads, h = bh % heads, col = h * ND * lanes;
       const float* q = qkv + b * t * ld3 + col;
       float* dq = dqkv + b * t * ld3 + col;
       backward_head<ND>(q, q + c, q + 2 * c, ld3, prob + bh * t * t, dy + b * t * c + col, c, t, scale,
-                        dprob + bh * t * t, dq, dq + c, dq + 2 * c, c, dbias_part + b * ld3 + col, vt.data());
+                        dprob + bh * t * t, dq, dq + c, dq + 2 * c, c, dbias_part + b * ld3 + col, vt);
     }
   }
 }
@@ -285,24 +271,25 @@ bool fused_attention_fits(int len, int head_dim) {
 }
 
 void fused_attention_forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias,
-                             float* qkv, float* prob, float* y) {
+                             float* qkv, float* prob, float* y, float* scratch) {
   assert(fused_attention_fits(len, head_dim));
   switch (head_dim / lanes) {
-    case 1: return forward_all<1>(batch, len, heads, scale, qkv_bias, qkv, prob, y);
-    case 2: return forward_all<2>(batch, len, heads, scale, qkv_bias, qkv, prob, y);
-    case 3: return forward_all<3>(batch, len, heads, scale, qkv_bias, qkv, prob, y);
-    default: return forward_all<4>(batch, len, heads, scale, qkv_bias, qkv, prob, y);
+    case 1: return forward_all<1>(batch, len, heads, scale, qkv_bias, qkv, prob, y, scratch);
+    case 2: return forward_all<2>(batch, len, heads, scale, qkv_bias, qkv, prob, y, scratch);
+    case 3: return forward_all<3>(batch, len, heads, scale, qkv_bias, qkv, prob, y, scratch);
+    default: return forward_all<4>(batch, len, heads, scale, qkv_bias, qkv, prob, y, scratch);
   }
 }
 
 void fused_attention_backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
-                              const float* prob, const float* dy, float* dprob, float* dqkv, float* dqkv_bias_part) {
+                              const float* prob, const float* dy, float* dprob, float* dqkv, float* dqkv_bias_part,
+                              float* scratch) {
   assert(fused_attention_fits(len, head_dim));
   switch (head_dim / lanes) {
-    case 1: return backward_all<1>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part);
-    case 2: return backward_all<2>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part);
-    case 3: return backward_all<3>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part);
-    default: return backward_all<4>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part);
+    case 1: return backward_all<1>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part, scratch);
+    case 2: return backward_all<2>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part, scratch);
+    case 3: return backward_all<3>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part, scratch);
+    default: return backward_all<4>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part, scratch);
   }
 }
 

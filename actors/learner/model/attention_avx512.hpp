@@ -18,14 +18,19 @@ namespace archipelago {
 /// the head dimension a multiple of 16 up to 64.
 bool fused_attention_fits(int len, int head_dim);
 
+/// Floats of scratch the kernels need: a transposed head per OpenMP thread.
+inline long fused_attention_scratch(int threads, int len, int head_dim) { return long{threads} * len * head_dim; }
+
 /// qkv += qkv_bias [3C] on every row (in place, kept for the backward pass); then
-/// prob = softmax(mask(scale·Q·Kᵀ)), y = prob·V.
+/// prob = softmax(mask(scale·Q·Kᵀ)), y = prob·V. scratch: 64-byte aligned,
+/// fused_attention_scratch(omp_get_max_threads(), len, head_dim) floats.
 void fused_attention_forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias,
-                             float* qkv, float* prob, float* y);
+                             float* qkv, float* prob, float* y, float* scratch);
 
 /// dqkv (overwritten) = the gradient of qkv from dy; dqkv_bias_part [B × 3C]
 /// (overwritten) = dqkv's column sums per sequence. dprob is scratch [B·H, T, T].
 void fused_attention_backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
-                              const float* prob, const float* dy, float* dprob, float* dqkv, float* dqkv_bias_part);
+                              const float* prob, const float* dy, float* dprob, float* dqkv, float* dqkv_bias_part,
+                              float* scratch);
 
 }  // namespace archipelago

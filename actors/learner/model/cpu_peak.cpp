@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdint>
 
+#include "learner/model/avx512_lanes.hpp"
+
 namespace archipelago {
 namespace {
 
@@ -27,15 +29,6 @@ __attribute__((target("avx2,fma"))) float loop_avx2(long n) {
   __m256 s = acc[0];
   for (int i = 1; i < acc_avx2; ++i) s = _mm256_add_ps(s, acc[i]);
   return _mm256_cvtss_f32(s);
-}
-
-// Through memory: GCC 12's _mm512_reduce_add_ps warns (-Wuninitialized) in its own header.
-__attribute__((target("avx512f"))) float sum_lanes(__m512 v) {
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, v);
-  float s = 0;
-  for (float x : lanes) s += x;
-  return s;
 }
 
 __attribute__((target("avx512f"))) float loop_avx512(long n) {

@@ -206,7 +206,14 @@ struct causal_attention::impl {
   // ONEDNN_MAX_CPU_ISA=AVX2 shows the whole AVX2-only path.
   bool avx512 = detect_gemm_cpu().isa.starts_with("avx512");
 
+  aligned_buffer<float> fused_scratch;  // the fused kernels' transposed heads
+
   bool fused(int len, int head_dim) const { return avx512 && fused_attention_fits(len, head_dim); }
+  float* scratch(int len, int head_dim) {
+    const auto need = static_cast<std::size_t>(fused_attention_scratch(omp_get_max_threads(), len, head_dim));
+    if (fused_scratch.size() < need) fused_scratch.resize(need);
+    return fused_scratch.data();
+  }
 
   shape& at(int batch, int len, int heads, int head_dim, float scale) {
     const key k{batch, len, heads, head_dim, scale};
@@ -268,7 +275,8 @@ void causal_attention::forward(int batch, int len, int heads, int head_dim, floa
                                float* qkv, float* prob, float* y) {
   impl& st = *impl_;
   if (st.fused(len, head_dim))
-    return fused_attention_forward(batch, len, heads, head_dim, scale, qkv_bias, qkv, prob, y);
+    return fused_attention_forward(batch, len, heads, head_dim, scale, qkv_bias, qkv, prob, y,
+                                   st.scratch(len, head_dim));
   impl::shape& s = st.at(batch, len, heads, head_dim, scale);
   const std::int64_t c = std::int64_t{heads} * head_dim, rows = std::int64_t{batch} * heads * len;
   const std::int64_t tokens = std::int64_t{batch} * len;
@@ -294,7 +302,8 @@ void causal_attention::backward(int batch, int len, int heads, int head_dim, flo
                                 float* dqkv_bias_part) {
   impl& st = *impl_;
   if (st.fused(len, head_dim))
-    return fused_attention_backward(batch, len, heads, head_dim, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part);
+    return fused_attention_backward(batch, len, heads, head_dim, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part,
+                                    st.scratch(len, head_dim));
   impl::shape& s = st.at(batch, len, heads, head_dim, scale);
   const std::int64_t c = std::int64_t{heads} * head_dim;
   st.run(s.dprob, dy, qkv + 2 * c, dprob);

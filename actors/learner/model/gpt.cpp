@@ -443,7 +443,7 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
   }
 
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
-  const bool onednn_attention = attention_ && len == s.context;
+  const bool full_length_attention = attention_ && len == s.context;
   for (int l = 0; l < s.n_layer; ++l) {
     const auto& o = w.layers[l];
     S* xl = w.x.data() + l * n * c;
@@ -471,7 +471,7 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
     // evaluation windows), else one (sequence, head) pair per task, which adds the
     // QKV bias to its own slice first.
     timer.next(phase::attention);
-    if (onednn_attention) {
+    if (full_length_attention) {
       if constexpr (std::is_same_v<S, float>)
         attention_->forward(batch, len, static_cast<int>(h), static_cast<int>(hd), scale, p + o.bqkv, qkv, att, atty);
     } else {
