@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <cassert>
+#include <cmath>
 #include <cstdint>
 
 #include "learner/model/avx512_lanes.hpp"
@@ -114,8 +115,9 @@ ARCHIPELAGO_AVX512_INLINE void weighted_sum(const float* p, index stride_r, inde
     for (int n = 0; n < ND; ++n) _mm512_storeu_ps(out + r * ldo + n * lanes, _mm512_mul_ps(a, acc[r][n]));
 }
 
-/// row[0, count) ← softmax(scale·row[0, count)); row[count, end) ← 0.
-ARCHIPELAGO_AVX512_INLINE void softmax_row(float* row, index count, index end, float scale) {
+/// row[0, count) ← softmax(scale·row[0, count)); row[count, end) ← 0. Returns the
+/// row's log-sum-exp, log Σ e^(scale·row[j]), from which the backward pass recomputes it.
+ARCHIPELAGO_AVX512_INLINE float softmax_row(float* row, index count, index end, float scale) {
   const index chunks = (count + lanes - 1) / lanes;
   const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
   __m512 vmax = neg_inf;
@@ -129,9 +131,23 @@ ARCHIPELAGO_AVX512_INLINE void softmax_row(float* row, index count, index end, f
     vsum = _mm512_add_ps(vsum, e);
     _mm512_store_ps(row + ch * lanes, e);
   }
-  const __m512 inv = _mm512_set1_ps(1.0f / sum_lanes(vsum));
+  const float sum = sum_lanes(vsum);
+  const __m512 inv = _mm512_set1_ps(1.0f / sum);
   for (index ch = 0; ch < chunks; ++ch)
     _mm512_store_ps(row + ch * lanes, _mm512_mul_ps(inv, _mm512_load_ps(row + ch * lanes)));
+  for (index ch = chunks; ch < end / lanes; ++ch) _mm512_store_ps(row + ch * lanes, _mm512_setzero_ps());
+  return scale * max_lanes(vmax) + std::log(sum);
+}
+
+/// row[0, count) ← e^(scale·row[j] − lse): the softmax again from the scores and the
+/// forward pass's log-sum-exp; row[count, end) ← 0.
+ARCHIPELAGO_AVX512_INLINE void probabilities_row(float* row, index count, index end, float scale, float lse) {
+  const index chunks = (count + lanes - 1) / lanes;
+  const __m512 sc = _mm512_set1_ps(scale), shift = _mm512_set1_ps(lse);
+  for (index ch = 0; ch < chunks; ++ch) {
+    const __m512 e = exp_ps(_mm512_fmsub_ps(_mm512_loadu_ps(row + ch * lanes), sc, shift));
+    _mm512_store_ps(row + ch * lanes, _mm512_maskz_mov_ps(valid_lanes(count, ch), e));
+  }
   for (index ch = chunks; ch < end / lanes; ++ch) _mm512_store_ps(row + ch * lanes, _mm512_setzero_ps());
 }
 
@@ -178,10 +194,10 @@ ARCHIPELAGO_AVX512_INLINE void column_sums(const float* rows, index ld, index le
 }
 
 /// One (sequence, head): the QKV bias added to its slices of qkv, its scores and
-/// probabilities in s (prob's slice), its output in y.
+/// probabilities in the tile s (scratch), its output in y, each row's log-sum-exp in lse.
 template <int ND>
 ARCHIPELAGO_AVX512 void forward_head(float* q, float* k, float* v, index ld3, const float* bias, index c, index len,
-                                     float scale, float* s, float* y, index ldy, float* kt) {
+                                     float scale, float* s, float* lse, float* y, index ldy, float* kt) {
   constexpr index d = ND * lanes;
   constexpr int R = sum_rows<ND>;
   add_bias<ND>(q, ld3, len, bias);
@@ -191,23 +207,29 @@ ARCHIPELAGO_AVX512 void forward_head(float* q, float* k, float* v, index ld3, co
   for (index r0 = 0; r0 < len; r0 += score_rows) {
     causal_scores(q, ld3, kt, len, d, r0, s);
     const index end = scored_columns(r0);
-    for (index i = r0; i < r0 + score_rows; ++i) softmax_row(s + i * len, i + 1, end, scale);
+    for (index i = r0; i < r0 + score_rows; ++i) lse[i] = softmax_row(s + i * len, i + 1, end, scale);
     // The rows' weighted sums while their probabilities are in cache; row i needs values [0, i].
     for (index b0 = r0; b0 < r0 + score_rows; b0 += R)
       weighted_sum<R, ND>(s + b0 * len, len, 1, 0, b0 + R, v, ld3, 1.0f, y + b0 * ldy, ldy);
   }
 }
 
+/// One (sequence, head): its probabilities recomputed into the tile p from Q·Kᵀ and
+/// the forward pass's lse (cheaper than reading them back from memory), dS in the
+/// tile ds; kt and vt are scratch for Kᵀ and Vᵀ.
 template <int ND>
-ARCHIPELAGO_AVX512 void backward_head(const float* q, const float* k, const float* v, index ld3, const float* p,
-                                      const float* dy, index ldy, index len, float scale, float* ds, float* dq,
-                                      float* dk, float* dv, index c, float* dbias, float* vt) {
+ARCHIPELAGO_AVX512 void backward_head(const float* q, const float* k, const float* v, index ld3, const float* lse,
+                                      const float* dy, index ldy, index len, float scale, float* p, float* ds,
+                                      float* dq, float* dk, float* dv, index c, float* dbias, float* kt, float* vt) {
   constexpr index d = ND * lanes;
   constexpr int R = sum_rows<ND>;
+  transpose_into(k, ld3, len, d, kt);
   transpose_into(v, ld3, len, d, vt);
   for (index r0 = 0; r0 < len; r0 += score_rows) {
-    causal_scores(dy, ldy, vt, len, d, r0, ds);  // dP = dY·Vᵀ
+    causal_scores(q, ld3, kt, len, d, r0, p);
     const index end = scored_columns(r0);
+    for (index i = r0; i < r0 + score_rows; ++i) probabilities_row(p + i * len, i + 1, end, scale, lse[i]);
+    causal_scores(dy, ldy, vt, len, d, r0, ds);  // dP = dY·Vᵀ
     for (index i = r0; i < r0 + score_rows; ++i) softmax_backward_row(p + i * len, ds + i * len, i + 1, end);
     for (index b0 = r0; b0 < r0 + score_rows; b0 += R)  // dQ = scale·dS·K
       weighted_sum<R, ND>(ds + b0 * len, len, 1, 0, b0 + R, k, ld3, scale, dq + b0 * ld3, ld3);
@@ -228,32 +250,36 @@ void forward_all(int batch, int len, int heads, float scale, const float* bias, 
   const index c = index{heads} * ND * lanes, ld3 = 3 * c, t = len;
 #pragma omp parallel
   {
-    float* kt = scratch + omp_get_thread_num() * ND * lanes * t;
+    float* kt = scratch + omp_get_thread_num() * fused_attention_scratch(1, len, ND * lanes);
+    float* s = kt + 2 * ND * lanes * t;
 #pragma omp for schedule(static)
     for (index bh = 0; bh < index{batch} * heads; ++bh) {
       const index b = bh / heads, h = bh % heads;
       const index col = h * ND * lanes;
       float* q = qkv + b * t * ld3 + col;
-      forward_head<ND>(q, q + c, q + 2 * c, ld3, bias + col, c, t, scale, prob + bh * t * t, y + b * t * c + col, c,
-                       kt);
+      forward_head<ND>(q, q + c, q + 2 * c, ld3, bias + col, c, t, scale, s, prob + bh * t * t, y + b * t * c + col,
+                       c, kt);
     }
   }
 }
 
 template <int ND>
 void backward_all(int batch, int len, int heads, float scale, const float* qkv, const float* prob, const float* dy,
-                  float* dprob, float* dqkv, float* dbias_part, float* scratch) {
+                  float* dqkv, float* dbias_part, float* scratch) {
   const index c = index{heads} * ND * lanes, ld3 = 3 * c, t = len;
 #pragma omp parallel
   {
-    float* vt = scratch + omp_get_thread_num() * ND * lanes * t;
+    float* kt = scratch + omp_get_thread_num() * fused_attention_scratch(1, len, ND * lanes);
+    float* vt = kt + ND * lanes * t;
+    float* p = vt + ND * lanes * t;
+    float* ds = p + t * t;
 #pragma omp for schedule(static)
     for (index bh = 0; bh < index{batch} * heads; ++bh) {
       const index b = bh / heads, h = bh % heads, col = h * ND * lanes;
       const float* q = qkv + b * t * ld3 + col;
       float* dq = dqkv + b * t * ld3 + col;
-      backward_head<ND>(q, q + c, q + 2 * c, ld3, prob + bh * t * t, dy + b * t * c + col, c, t, scale,
-                        dprob + bh * t * t, dq, dq + c, dq + 2 * c, c, dbias_part + b * ld3 + col, vt);
+      backward_head<ND>(q, q + c, q + 2 * c, ld3, prob + bh * t * t, dy + b * t * c + col, c, t, scale, p, ds, dq,
+                        dq + c, dq + 2 * c, c, dbias_part + b * ld3 + col, kt, vt);
     }
   }
 }
@@ -282,14 +308,14 @@ void fused_attention_forward(int batch, int len, int heads, int head_dim, float 
 }
 
 void fused_attention_backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
-                              const float* prob, const float* dy, float* dprob, float* dqkv, float* dqkv_bias_part,
+                              const float* prob, const float* dy, float* dqkv, float* dqkv_bias_part,
                               float* scratch) {
   assert(fused_attention_fits(len, head_dim));
   switch (head_dim / lanes) {
-    case 1: return backward_all<1>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part, scratch);
-    case 2: return backward_all<2>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part, scratch);
-    case 3: return backward_all<3>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part, scratch);
-    default: return backward_all<4>(batch, len, heads, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part, scratch);
+    case 1: return backward_all<1>(batch, len, heads, scale, qkv, prob, dy, dqkv, dqkv_bias_part, scratch);
+    case 2: return backward_all<2>(batch, len, heads, scale, qkv, prob, dy, dqkv, dqkv_bias_part, scratch);
+    case 3: return backward_all<3>(batch, len, heads, scale, qkv, prob, dy, dqkv, dqkv_bias_part, scratch);
+    default: return backward_all<4>(batch, len, heads, scale, qkv, prob, dy, dqkv, dqkv_bias_part, scratch);
   }
 }
 

@@ -4,13 +4,16 @@
 // and only the causal half of every product is computed. oneDNN's batched
 // attention (dense_gemm.hpp) computes the full T×T at a time and goes through
 // memory between its steps; on micro that made attention a fifth of a step.
+// The probabilities never leave the cache: the forward pass keeps each row's
+// log-sum-exp, and the backward pass recomputes them from Q·Kᵀ, which costs less
+// than writing them out and reading them back.
 //
 // Behind target attributes, so the portable build (-march=x86-64-v3) carries it
 // and runs it only where the CPU has AVX-512F (fused_attention_fits). Layouts
-// are causal_attention's: qkv [B·T, 3C], y and dy [B·T, C], prob and dprob
-// [B·H, T, T], of which only each row's causal extent rounded up to 16 columns
-// is written (zeros past the diagonal) and read. Deterministic: each (sequence,
-// head) pair is one task with a fixed summation order, whatever the threads.
+// are causal_attention's: qkv [B·T, 3C], y and dy [B·T, C]; of prob [B·H, T, T]
+// only the first T floats of each head's slice are used: its rows' log-sum-exps.
+// Deterministic: each (sequence, head) pair is one task with a fixed summation
+// order, whatever the threads.
 
 namespace archipelago {
 
@@ -18,19 +21,22 @@ namespace archipelago {
 /// the head dimension a multiple of 16 up to 64.
 bool fused_attention_fits(int len, int head_dim);
 
-/// Floats of scratch the kernels need: a transposed head per OpenMP thread.
-inline long fused_attention_scratch(int threads, int len, int head_dim) { return long{threads} * len * head_dim; }
+/// Floats of scratch the kernels need, per OpenMP thread: Kᵀ and Vᵀ of a head, and
+/// two T×T tiles (probabilities and their gradient).
+inline long fused_attention_scratch(int threads, int len, int head_dim) {
+  return long{threads} * 2 * len * (head_dim + len);
+}
 
 /// qkv += qkv_bias [3C] on every row (in place, kept for the backward pass); then
-/// prob = softmax(mask(scale·Q·Kᵀ)), y = prob·V. scratch: 64-byte aligned,
+/// y = softmax(mask(scale·Q·Kᵀ))·V, and the softmax rows' log-sum-exps in the first T
+/// floats of each head's slice of prob. scratch: 64-byte aligned,
 /// fused_attention_scratch(omp_get_max_threads(), len, head_dim) floats.
 void fused_attention_forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias,
                              float* qkv, float* prob, float* y, float* scratch);
 
-/// dqkv (overwritten) = the gradient of qkv from dy; dqkv_bias_part [B × 3C]
-/// (overwritten) = dqkv's column sums per sequence. dprob is scratch [B·H, T, T].
+/// dqkv (overwritten) = the gradient of qkv from dy, with prob as the forward pass
+/// left it; dqkv_bias_part [B × 3C] (overwritten) = dqkv's column sums per sequence.
 void fused_attention_backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
-                              const float* prob, const float* dy, float* dprob, float* dqkv, float* dqkv_bias_part,
-                              float* scratch);
+                              const float* prob, const float* dy, float* dqkv, float* dqkv_bias_part, float* scratch);
 
 }  // namespace archipelago

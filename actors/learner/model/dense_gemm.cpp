@@ -302,7 +302,7 @@ void causal_attention::backward(int batch, int len, int heads, int head_dim, flo
                                 float* dqkv_bias_part) {
   impl& st = *impl_;
   if (st.fused(len, head_dim))
-    return fused_attention_backward(batch, len, heads, head_dim, scale, qkv, prob, dy, dprob, dqkv, dqkv_bias_part,
+    return fused_attention_backward(batch, len, heads, head_dim, scale, qkv, prob, dy, dqkv, dqkv_bias_part,
                                     st.scratch(len, head_dim));
   impl::shape& s = st.at(batch, len, heads, head_dim, scale);
   const std::int64_t c = std::int64_t{heads} * head_dim;

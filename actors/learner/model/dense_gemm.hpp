@@ -101,11 +101,13 @@ class causal_attention {
   causal_attention& operator=(const causal_attention&) = delete;
 
   /// qkv += qkv_bias [3C] on every row (in place: the backward pass reads it);
-  /// then prob = softmax(mask(scale·Q·Kᵀ)), y = prob·V.
+  /// then prob = softmax(mask(scale·Q·Kᵀ)), y = prob·V. prob is for the backward
+  /// pass only: the fused kernels keep just each row's log-sum-exp in it.
   void forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias, float* qkv,
                float* prob, float* y);
   /// dqkv (overwritten) = the gradient of qkv from dy, and dqkv_bias_part [B × 3C]
-  /// (overwritten) its column sums per sequence; dprob is scratch.
+  /// (overwritten) its column sums per sequence; prob as forward left it; dprob is
+  /// scratch [B·H, T, T] (unused by the fused kernels).
   void backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv, const float* prob,
                 const float* dy, float* dprob, float* dqkv, float* dqkv_bias_part);
 
