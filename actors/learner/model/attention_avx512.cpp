@@ -245,7 +245,7 @@ ARCHIPELAGO_AVX512 void backward_head(const float* q, const float* k, const floa
 }
 
 template <int ND>
-void forward_all(int batch, int len, int heads, float scale, const float* bias, float* qkv, float* prob, float* y,
+void forward_all(int batch, int len, int heads, float scale, const float* bias, float* qkv, float* lse, float* y,
                  float* scratch) {
   const index c = index{heads} * ND * lanes, ld3 = 3 * c, t = len;
 #pragma omp parallel
@@ -257,14 +257,14 @@ void forward_all(int batch, int len, int heads, float scale, const float* bias, 
       const index b = bh / heads, h = bh % heads;
       const index col = h * ND * lanes;
       float* q = qkv + b * t * ld3 + col;
-      forward_head<ND>(q, q + c, q + 2 * c, ld3, bias + col, c, t, scale, s, prob + bh * t * t, y + b * t * c + col,
+      forward_head<ND>(q, q + c, q + 2 * c, ld3, bias + col, c, t, scale, s, lse + bh * t, y + b * t * c + col,
                        c, kt);
     }
   }
 }
 
 template <int ND>
-void backward_all(int batch, int len, int heads, float scale, const float* qkv, const float* prob, const float* dy,
+void backward_all(int batch, int len, int heads, float scale, const float* qkv, const float* lse, const float* dy,
                   float* dqkv, float* dbias_part, float* scratch) {
   const index c = index{heads} * ND * lanes, ld3 = 3 * c, t = len;
 #pragma omp parallel
@@ -278,7 +278,7 @@ void backward_all(int batch, int len, int heads, float scale, const float* qkv, 
       const index b = bh / heads, h = bh % heads, col = h * ND * lanes;
       const float* q = qkv + b * t * ld3 + col;
       float* dq = dqkv + b * t * ld3 + col;
-      backward_head<ND>(q, q + c, q + 2 * c, ld3, prob + bh * t * t, dy + b * t * c + col, c, t, scale, p, ds, dq,
+      backward_head<ND>(q, q + c, q + 2 * c, ld3, lse + bh * t, dy + b * t * c + col, c, t, scale, p, ds, dq,
                         dq + c, dq + 2 * c, c, dbias_part + b * ld3 + col, kt, vt);
     }
   }
@@ -297,25 +297,25 @@ bool fused_attention_fits(int len, int head_dim) {
 }
 
 void fused_attention_forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias,
-                             float* qkv, float* prob, float* y, float* scratch) {
+                             float* qkv, float* lse, float* y, float* scratch) {
   assert(fused_attention_fits(len, head_dim));
   switch (head_dim / lanes) {
-    case 1: return forward_all<1>(batch, len, heads, scale, qkv_bias, qkv, prob, y, scratch);
-    case 2: return forward_all<2>(batch, len, heads, scale, qkv_bias, qkv, prob, y, scratch);
-    case 3: return forward_all<3>(batch, len, heads, scale, qkv_bias, qkv, prob, y, scratch);
-    default: return forward_all<4>(batch, len, heads, scale, qkv_bias, qkv, prob, y, scratch);
+    case 1: return forward_all<1>(batch, len, heads, scale, qkv_bias, qkv, lse, y, scratch);
+    case 2: return forward_all<2>(batch, len, heads, scale, qkv_bias, qkv, lse, y, scratch);
+    case 3: return forward_all<3>(batch, len, heads, scale, qkv_bias, qkv, lse, y, scratch);
+    default: return forward_all<4>(batch, len, heads, scale, qkv_bias, qkv, lse, y, scratch);
   }
 }
 
 void fused_attention_backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
-                              const float* prob, const float* dy, float* dqkv, float* dqkv_bias_part,
+                              const float* lse, const float* dy, float* dqkv, float* dqkv_bias_part,
                               float* scratch) {
   assert(fused_attention_fits(len, head_dim));
   switch (head_dim / lanes) {
-    case 1: return backward_all<1>(batch, len, heads, scale, qkv, prob, dy, dqkv, dqkv_bias_part, scratch);
-    case 2: return backward_all<2>(batch, len, heads, scale, qkv, prob, dy, dqkv, dqkv_bias_part, scratch);
-    case 3: return backward_all<3>(batch, len, heads, scale, qkv, prob, dy, dqkv, dqkv_bias_part, scratch);
-    default: return backward_all<4>(batch, len, heads, scale, qkv, prob, dy, dqkv, dqkv_bias_part, scratch);
+    case 1: return backward_all<1>(batch, len, heads, scale, qkv, lse, dy, dqkv, dqkv_bias_part, scratch);
+    case 2: return backward_all<2>(batch, len, heads, scale, qkv, lse, dy, dqkv, dqkv_bias_part, scratch);
+    case 3: return backward_all<3>(batch, len, heads, scale, qkv, lse, dy, dqkv, dqkv_bias_part, scratch);
+    default: return backward_all<4>(batch, len, heads, scale, qkv, lse, dy, dqkv, dqkv_bias_part, scratch);
   }
 }
 

@@ -10,8 +10,8 @@
 //
 // Behind target attributes, so the portable build (-march=x86-64-v3) carries it
 // and runs it only where the CPU has AVX-512F (fused_attention_fits). Layouts
-// are causal_attention's: qkv [B·T, 3C], y and dy [B·T, C]; of prob [B·H, T, T]
-// only the first T floats of each head's slice are used: its rows' log-sum-exps.
+// are causal_attention's: qkv [B·T, 3C], y and dy [B·T, C]; in place of the
+// probabilities, lse [B·H, T]: each softmax row's log-sum-exp.
 // Deterministic: each (sequence, head) pair is one task with a fixed summation
 // order, whatever the threads.
 
@@ -28,15 +28,15 @@ inline long fused_attention_scratch(int threads, int len, int head_dim) {
 }
 
 /// qkv += qkv_bias [3C] on every row (in place, kept for the backward pass); then
-/// y = softmax(mask(scale·Q·Kᵀ))·V, and the softmax rows' log-sum-exps in the first T
-/// floats of each head's slice of prob. scratch: 64-byte aligned,
+/// y = softmax(mask(scale·Q·Kᵀ))·V, and the softmax rows' log-sum-exps in lse
+/// [B·H, T]. scratch: 64-byte aligned,
 /// fused_attention_scratch(omp_get_max_threads(), len, head_dim) floats.
 void fused_attention_forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias,
-                             float* qkv, float* prob, float* y, float* scratch);
+                             float* qkv, float* lse, float* y, float* scratch);
 
-/// dqkv (overwritten) = the gradient of qkv from dy, with prob as the forward pass
+/// dqkv (overwritten) = the gradient of qkv from dy, with lse as the forward pass
 /// left it; dqkv_bias_part [B × 3C] (overwritten) = dqkv's column sums per sequence.
 void fused_attention_backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
-                              const float* prob, const float* dy, float* dqkv, float* dqkv_bias_part, float* scratch);
+                              const float* lse, const float* dy, float* dqkv, float* dqkv_bias_part, float* scratch);
 
 }  // namespace archipelago

@@ -271,6 +271,14 @@ const char* causal_attention::kernel(int len, int head_dim) const {
   return impl_->fused(len, head_dim) ? "fused avx512" : "onednn batched";
 }
 
+long causal_attention::prob_floats(int len, int head_dim) const {
+  return impl_->fused(len, head_dim) ? long{len} : long{len} * len;
+}
+
+long causal_attention::dprob_floats(int len, int head_dim) const {
+  return impl_->fused(len, head_dim) ? 0 : long{len} * len;
+}
+
 void causal_attention::forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias,
                                float* qkv, float* prob, float* y) {
   impl& st = *impl_;

@@ -89,7 +89,7 @@ class dense_gemm {
 /// AVX2 in the portable build): the scores over the full T×T, the upper triangle
 /// masked to −inf (exactly 0 after the softmax), twice the causal work at the wide
 /// vectors' speed. Row-major layouts: qkv [B·T, 3C] (Q, K, V side by side, the heads
-/// contiguous within each), y and dy [B·T, C], prob and dprob [B·H, T, T].
+/// contiguous within each), y and dy [B·T, C], prob and dprob [B·H, T, T] (oneDNN's).
 /// Deterministic as dense_gemm is.
 class causal_attention {
  public:
@@ -100,14 +100,21 @@ class causal_attention {
   causal_attention(const causal_attention&) = delete;
   causal_attention& operator=(const causal_attention&) = delete;
 
+  /// Floats of `prob` that forward keeps per (sequence, head) for backward: each
+  /// row's log-sum-exp for the fused kernels (T), the probabilities for oneDNN's (T·T).
+  long prob_floats(int len, int head_dim) const;
+  /// Floats of `dprob` scratch that backward needs per (sequence, head): none for
+  /// the fused kernels, T·T for oneDNN's.
+  long dprob_floats(int len, int head_dim) const;
+
   /// qkv += qkv_bias [3C] on every row (in place: the backward pass reads it);
-  /// then prob = softmax(mask(scale·Q·Kᵀ)), y = prob·V. prob is for the backward
-  /// pass only: the fused kernels keep just each row's log-sum-exp in it.
+  /// then prob = softmax(mask(scale·Q·Kᵀ)), y = prob·V. prob [B·H, prob_floats] is
+  /// for the backward pass only: the fused kernels keep just each row's log-sum-exp.
   void forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias, float* qkv,
                float* prob, float* y);
   /// dqkv (overwritten) = the gradient of qkv from dy, and dqkv_bias_part [B × 3C]
   /// (overwritten) its column sums per sequence; prob as forward left it; dprob is
-  /// scratch [B·H, T, T] (unused by the fused kernels).
+  /// scratch [B·H, dprob_floats].
   void backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv, const float* prob,
                 const float* dy, float* dprob, float* dqkv, float* dqkv_bias_part);
 

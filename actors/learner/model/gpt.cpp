@@ -286,7 +286,8 @@ struct gpt<S>::workspace {
   aligned_buffer<S> ln1, ln2, atty, xm;  // L·N·C
   aligned_buffer<S> qkv;                 // L·N·3C
   aligned_buffer<S> hgrad, hact;         // L·N·4C: gelu'(pre-activation), gelu(pre-activation)
-  aligned_buffer<S> att;                 // L·B·H·T·T softmax probabilities
+  aligned_buffer<S> att;                 // L·B·H·att_pair: what the backward pass's attention reads
+  Index att_pair = 0;                    // T·T probabilities, or T log-sum-exps (fused kernels)
   aligned_buffer<S> ln1_stats, ln2_stats;  // L·N·2 (mean, rstd)
   aligned_buffer<S> lnf, lnf_stats;
   aligned_buffer<S> logits;              // N·V; holds dlogits after backward starts
@@ -295,12 +296,14 @@ struct gpt<S>::workspace {
 
   // Backward scratch.
   aligned_buffer<S> dx, dln, dqkv, dh, datty;
-  aligned_buffer<S> dprob;               // B·H·T·T (oneDNN's attention), ≥ threads·T·T (Eigen's)
+  aligned_buffer<S> dprob;               // B·H·T·T (oneDNN's attention), ≥ threads·T·T (Eigen's tiles)
   aligned_buffer<S> dqkv_bias_part;      // B·3C: the QKV bias gradient, per sequence
   aligned_buffer<S> reduce;              // reduce_chunks · max(4C, V) ≥ LayerNorm's 3C
   aligned_buffer<S> wgrad;               // threads · max(4C·C, V·C): split weight gradients
 
-  void ensure(const model_shape& s, int want_batch) {
+  /// prob_pair, dprob_pair: the floats the attention kernels keep and use as scratch
+  /// per (sequence, head) at full length (causal_attention), T·T each for Eigen's.
+  void ensure(const model_shape& s, int want_batch, Index prob_pair, Index dprob_pair) {
     const Index tokens_needed = static_cast<Index>(want_batch) * s.context;
     const int t = omp_get_max_threads();
     if (tokens_needed <= cap_tokens && want_batch <= cap_batch && t <= threads) return;
@@ -316,7 +319,8 @@ struct gpt<S>::workspace {
     qkv.resize(l * n * 3 * c);
     hgrad.resize(l * n * 4 * c);
     hact.resize(l * n * 4 * c);
-    att.resize(l * cap_batch * s.n_head * tt * tt);
+    att_pair = prob_pair;
+    att.resize(l * cap_batch * s.n_head * att_pair);
     ln1_stats.resize(l * n * 2);
     ln2_stats.resize(l * n * 2);
     lnf.resize(n * c);
@@ -329,7 +333,7 @@ struct gpt<S>::workspace {
     datty.resize(n * c);
     dqkv.resize(n * 3 * c);
     dh.resize(n * 4 * c);
-    dprob.resize(std::max<Index>(threads, cap_batch * s.n_head) * tt * tt);
+    dprob.resize(std::max<Index>(threads * tt * tt, cap_batch * s.n_head * dprob_pair));
     dqkv_bias_part.resize(cap_batch * 3 * c);
     reduce.resize(reduce_chunks * std::max<Index>(4 * c, s.vocab));
     wgrad.resize(static_cast<Index>(threads) * std::max<Index>(4 * c, s.vocab) * c);
@@ -420,7 +424,9 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
   const model_shape& s = layout_.shape;
   assert(len >= 1 && len <= s.context && batch >= 1);
   workspace& w = *ws_;
-  w.ensure(s, batch);
+  const Index pair = Index{s.context} * s.context;  // Eigen's T×T per (sequence, head)
+  w.ensure(s, batch, attention_ ? attention_->prob_floats(s.context, s.head_dim()) : pair,
+           attention_ ? attention_->dprob_floats(s.context, s.head_dim()) : pair);
   w.batch = batch;
   w.len = len;
   const Index n = static_cast<Index>(batch) * len, c = s.d_model, v = s.vocab, h = s.n_head,
@@ -449,7 +455,7 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
     S* xl = w.x.data() + l * n * c;
     S* ln1 = w.ln1.data() + l * n * c;
     S* qkv = w.qkv.data() + l * n * 3 * c;
-    S* att = w.att.data() + l * w.cap_batch * h * s.context * s.context;
+    S* att = w.att.data() + l * w.cap_batch * h * w.att_pair;
     S* atty = w.atty.data() + l * n * c;
     S* xm = w.xm.data() + l * n * c;
     S* ln2 = w.ln2.data() + l * n * c;
@@ -485,7 +491,10 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
         q.rowwise() += const_row_view<S>(p + o.bqkv + hh * hd, hd);
         k.rowwise() += const_row_view<S>(p + o.bqkv + c + hh * hd, hd);
         vv.rowwise() += const_row_view<S>(p + o.bqkv + 2 * c + hh * hd, hd);
-        auto prob = view(att + bh * len * len, len, len);
+        // With the kernels, only full-length batches reach the backward pass, so a
+        // shorter one (evaluation, sampling) keeps its probabilities in a thread's tile.
+        S* prob_at = attention_ ? w.dprob.data() + omp_get_thread_num() * len * len : att + bh * len * len;
+        auto prob = view(prob_at, len, len);
         auto y = view(atty + b * len * c + hh * hd, len, hd, c);
         // Causal: row block [r0, r1) only needs keys and values [0, r1).
         for (Index r0 = 0; r0 < len; r0 += attention_row_block) {
@@ -586,7 +595,7 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
     const S* xl = w.x.data() + l * n * c;
     const S* ln1 = w.ln1.data() + l * n * c;
     const S* qkv = w.qkv.data() + l * n * 3 * c;
-    const S* att = w.att.data() + l * w.cap_batch * h * s.context * s.context;
+    const S* att = w.att.data() + l * w.cap_batch * h * w.att_pair;
     const S* atty = w.atty.data() + l * n * c;
     const S* xm = w.xm.data() + l * n * c;
     const S* ln2 = w.ln2.data() + l * n * c;
