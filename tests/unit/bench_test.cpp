@@ -462,6 +462,13 @@ TEST_CASE("bench compute: bad options and a stop before the first sample are err
   r = run_compute_bench(o, {});
   REQUIRE_FALSE(r);
   CHECK(r.err().code == errc::not_found);
+  // Without OpenBLAS, PyTorch would run the reference BLAS: no "tuned" ratio against that.
+  o.torch_script = ARCHIPELAGO_SOURCE_DIR "/tools/bench/torch_reference.py";
+  o.tuned_blas_dir = "/nonexistent/openblas-openmp";
+  r = run_compute_bench(o, {});
+  REQUIRE_FALSE(r);
+  CHECK(r.err().code == errc::not_found);
+  CHECK(r.err().message.find("libopenblas0-openmp") != std::string::npos);
 
   o = compute_options{};
   o.batch = 1;

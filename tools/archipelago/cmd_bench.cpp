@@ -195,6 +195,7 @@ runner add_bench_command(CLI::App& app) {
   compute->add_flag("--profile", o.profile, "Show where a step's time goes, phase by phase");
   compute->add_option("--python", o.python, "Python interpreter with torch (default /usr/bin/python3)");
   compute->add_option("--torch-script", o.torch_script, "Path of torch_reference.py");
+  compute->add_option("--tuned-blas-dir", o.tuned_blas_dir, "The OpenMP OpenBLAS the tuned PyTorch runs on");
   compute->add_flag("--json", f->json, "Print a one-line JSON summary last");
   return [f, compute, bench](logger& log) {
     if (compute->parsed()) return run_compute(*f, log);

@@ -137,6 +137,11 @@ status check_options(const compute_options& o) {
   if (o.batch < 1) return make_error(errc::invalid_input, "--batch must be at least 1");
   if (o.against_torch && !std::filesystem::exists(o.torch_script))
     return make_error(errc::not_found, "PyTorch reference '" + o.torch_script + "' not found (--torch-script)");
+  if (o.against_torch && !std::filesystem::is_directory(o.tuned_blas_dir))
+    return make_error(errc::not_found,
+                      "the tuned PyTorch reference runs on the OpenMP OpenBLAS, and '" + o.tuned_blas_dir +
+                          "' is not there: install libopenblas0-openmp (WITH_TORCH=1 tools/setup.sh). Without "
+                          "it PyTorch runs the reference BLAS and every ratio would overstate the engine");
   return {};
 }
 
@@ -212,22 +217,19 @@ int default_compute_steps(const std::string& model) {
   return 40;
 }
 
-std::vector<torch_run> torch_configurations() {
-  // "as installed" is what `apt-get install python3-torch` gives (the pthread
-  // OpenBLAS, core type auto-detected); "tuned" follows MACHINE.md §6 (the
+std::vector<torch_run> torch_configurations(const compute_options& o) {
+  // "as installed": the pthread OpenBLAS where present, core type auto-detected
+  // (what Debian links when it is installed beside python3-torch); "tuned" follows MACHINE.md §6 (the
   // OpenMP OpenBLAS with its AVX-512 kernels forced) and keeps freed buffers
   // in the heap (--mallopt), the best tuning found here.
-  const std::string blas_dir = "/usr/lib/x86_64-linux-gnu/openblas-";
+  const std::string pthread_dir = "/usr/lib/x86_64-linux-gnu/openblas-pthread";
   const std::string clean_env = "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE -u OPENBLAS_NUM_THREADS";
   std::vector<torch_run> runs(3);
   runs[0].label = "tuned";
-  runs[0].env = std::filesystem::exists(blas_dir + "openmp")
-                    ? clean_env + " LD_LIBRARY_PATH=" + blas_dir + "openmp OPENBLAS_CORETYPE=SkylakeX"
-                    : clean_env + " OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1";
+  runs[0].env = clean_env + " LD_LIBRARY_PATH=" + o.tuned_blas_dir + " OPENBLAS_CORETYPE=SkylakeX";
   runs[0].args = " --mallopt";  // heap-served buffers, as archipelago's own main does
   runs[1].label = "as_installed";
-  runs[1].env = std::filesystem::exists(blas_dir + "pthread") ? clean_env + " LD_LIBRARY_PATH=" + blas_dir + "pthread"
-                                                              : clean_env;
+  runs[1].env = std::filesystem::exists(pthread_dir) ? clean_env + " LD_LIBRARY_PATH=" + pthread_dir : clean_env;
   // The tuned setup with bf16 autocast: PyTorch 1.13 sends bf16 matmuls to
   // oneDNN (mkldnn) where the CPU has AVX-512 BF16, and keeps softmax, LayerNorm
   // and the loss in fp32.
@@ -260,7 +262,7 @@ expected<compute_result> run_compute_bench(const compute_options& o, const bench
   }
   r.optimizer_s = 0;
   if (o.profile) engine.set_profile(&r.profile);
-  if (o.against_torch) r.torch = torch_configurations();
+  if (o.against_torch) r.torch = torch_configurations(o);
   // Rounds of (ours, then each PyTorch configuration); a ratio is taken within
   // each round and the median ratio reported, so a drift in the load of this
   // shared machine affects both sides of a ratio alike.

@@ -35,6 +35,9 @@ struct compute_options {
   double peak_s = 0.2;   // seconds per peak loop per round; 0 skips the peaks
   std::string python = "/usr/bin/python3";
   std::string torch_script;  // torch_reference.py; needed with against_torch
+  // The OpenMP OpenBLAS the tuned PyTorch runs on; needed with against_torch:
+  // without OpenBLAS, Debian's PyTorch runs the reference BLAS, tens of times slower.
+  std::string tuned_blas_dir = "/usr/lib/x86_64-linux-gnu/openblas-openmp";
 };
 
 /// Timed steps when compute_options::steps is 0: about as many seconds for every size.
@@ -54,7 +57,7 @@ struct torch_run {
 
 /// The PyTorch configurations: "tuned" (MACHINE.md §6), "as_installed" and
 /// "bf16_autocast" (tuned, with torch.autocast("cpu", bfloat16)).
-std::vector<torch_run> torch_configurations();
+std::vector<torch_run> torch_configurations(const compute_options& o);
 
 /// The engine timed with one dense backend.
 struct backend_run {
