@@ -17,6 +17,7 @@
 #include "bench/bench_mesh.hpp"
 #include "bench/bench_stats.hpp"
 #include "bench/compute_bench.hpp"
+#include "bench/ddp_bench.hpp"
 #include "bench/parity_bench.hpp"
 #include "bench/reference_script.hpp"
 #include "bench/snapshot_bench.hpp"
@@ -469,6 +470,14 @@ TEST_CASE("bench compute: bad options and a stop before the first sample are err
   REQUIRE_FALSE(r);
   CHECK(r.err().code == errc::not_found);
   CHECK(r.err().message.find("libopenblas0-openmp") != std::string::npos);
+  // The DDP reference loads Debian's libblas.so.3: it must resolve to an OpenBLAS too.
+  ddp_options d;
+  d.script = ARCHIPELAGO_SOURCE_DIR "/tools/bench/ddp_reference.py";
+  d.blas_library = "/nonexistent/libblas.so.3";
+  auto ddp = run_ddp_bench(d, {});
+  REQUIRE_FALSE(ddp);
+  CHECK(ddp.err().code == errc::not_found);
+  CHECK(ddp.err().message.find("libopenblas0-openmp") != std::string::npos);
 
   o = compute_options{};
   o.batch = 1;

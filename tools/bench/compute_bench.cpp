@@ -137,11 +137,7 @@ status check_options(const compute_options& o) {
   if (o.batch < 1) return make_error(errc::invalid_input, "--batch must be at least 1");
   if (o.against_torch && !std::filesystem::exists(o.torch_script))
     return make_error(errc::not_found, "PyTorch reference '" + o.torch_script + "' not found (--torch-script)");
-  if (o.against_torch && !std::filesystem::is_directory(o.tuned_blas_dir))
-    return make_error(errc::not_found,
-                      "the tuned PyTorch reference runs on the OpenMP OpenBLAS, and '" + o.tuned_blas_dir +
-                          "' is not there: install libopenblas0-openmp (WITH_TORCH=1 tools/setup.sh). Without "
-                          "it PyTorch runs the reference BLAS and every ratio would overstate the engine");
+  if (o.against_torch) return require_openblas(o.tuned_blas_dir, "the tuned PyTorch reference");
   return {};
 }
 

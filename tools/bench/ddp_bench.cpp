@@ -81,6 +81,7 @@ expected<ddp_result> run_ddp_bench(const ddp_options& o, const bench_hooks& hook
                       "--ranks, --batch and --rounds must be at least 1, --steps at least 10, --warmup at least 1");
   if (!std::filesystem::exists(o.script))
     return make_error(errc::not_found, "DDP reference '" + o.script + "' not found (--script)");
+  if (auto ok = require_openblas(o.blas_library, "the DDP reference"); !ok) return ok.err();
   const config cfg = ddp_mesh_config(o);
   if (auto ok = validate_mesh(cfg); !ok) return ok.err();
   ddp_result r;

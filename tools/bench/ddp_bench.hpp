@@ -21,6 +21,8 @@ struct ddp_options {
   int rounds = 3;
   std::string python = "/usr/bin/python3";
   std::string script;  // ddp_reference.py
+  // The BLAS the DDP reference loads (no LD_LIBRARY_PATH: Debian's alternative); must be OpenBLAS.
+  std::string blas_library = "/usr/lib/x86_64-linux-gnu/libblas.so.3";
 };
 
 struct ddp_result {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 namespace archipelago {
 
@@ -47,6 +48,16 @@ std::string json_string(const std::string& line, const std::string& key) {
   if (at == std::string::npos) return "";
   const auto end = line.find('"', at + skip);
   return line.substr(at + skip, end - at - skip);
+}
+
+status require_openblas(const std::string& blas, const std::string& who) {
+  std::error_code ec;
+  const std::string resolved = std::filesystem::canonical(blas, ec).string();
+  if (!ec && resolved.find("openblas") != std::string::npos) return {};
+  return make_error(errc::not_found, who + " runs on OpenBLAS, and '" + blas + "' is " +
+                                         (ec ? "not there" : "not OpenBLAS (it resolves to '" + resolved + "')") +
+                                         ": install libopenblas0-openmp (WITH_TORCH=1 tools/setup.sh). Without it "
+                                         "PyTorch runs the reference BLAS and every ratio would overstate the engine");
 }
 
 }  // namespace archipelago

@@ -25,4 +25,10 @@ double json_number(const std::string& line, const std::string& key);
 /// when the key is missing. No escapes: the references print plain names.
 std::string json_string(const std::string& line, const std::string& key);
 
+/// Ok when `blas` (a directory, or a library through its symlinks) is an OpenBLAS
+/// build; else errc::not_found naming the package to install. Without OpenBLAS,
+/// Debian's PyTorch runs the reference BLAS, tens of times slower, and a ratio
+/// against it would overstate the engine. `who`: the reference, for the message.
+status require_openblas(const std::string& blas, const std::string& who);
+
 }  // namespace archipelago
