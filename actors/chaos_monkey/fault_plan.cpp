@@ -84,8 +84,8 @@ struct reader {
       out.index = index;
       const int bound = what == "learner" ? learners : shards;
       if (static_cast<int>(index) >= bound)
-        return at(node, "unknown target '" + t + "': the mesh has " + std::to_string(bound) + " " + what +
-                            (what == "learner" ? "s" : " shards"));
+        return at(node, "unknown target '" + t + "': the mesh has " + std::to_string(bound) +
+                            (what == "learner" ? " learner" : " shard") + (bound == 1 ? "" : "s"));
     }
     // The kind decides which targets make sense.
     const bool learner_kind = kind == fault_kind::crash || kind == fault_kind::pause || kind == fault_kind::slow ||

@@ -14,7 +14,12 @@
   drill_test.py --bad-plans plans with an unknown fault, an unknown target, a negative
                             duration or a malformed time, a lost broker host without a
                             standby, a standby the plan lacks, exit 2 naming the line,
-                            and nothing is started (no report written).
+                            and nothing is started (no report written); so is an
+                            unknown --reference-mode, or one without the reference.
+  drill_test.py --dp-reference
+                            the crash storm under decoupled against a fault-free dp
+                            reference (--reference-mode dp): the reference is dp, it
+                            ran to the drill's tokens, and the gap is reported against it.
 """
 
 import json
@@ -170,6 +175,48 @@ def bad_plans():
         if p.returncode != 2 or "missing.toml" not in p.stderr:
             fail("a missing plan file is not refused by name", p.stderr)
         print(f"ok: missing plan: {p.stderr.strip()}")
+        plan = os.path.join(REPO, "deploy", "drills", "crash_storm.toml")
+        for args, quoted in ((["--reference-mode", "bogus"], "bogus"),
+                             (["--reference-mode", "dp", "--no-reference"], "--no-reference")):
+            report = os.path.join(d, "report-reference")
+            p = subprocess.run([ARCHIPELAGO, "drill", "--plan", plan, "--report", report] + args, capture_output=True,
+                               text=True, timeout=60)
+            if p.returncode != 2 or quoted not in p.stderr or os.path.exists(report):
+                fail(f"{' '.join(args)}: exit {p.returncode}, expected 2 naming {quoted!r} before anything starts",
+                     p.stdout + p.stderr)
+            print(f"ok: {' '.join(args)}: {p.stderr.strip()}")
+
+
+def dp_reference():
+    plan = os.path.join(REPO, "deploy", "drills", "crash_storm.toml")
+    with tempfile.TemporaryDirectory(prefix="archipelago-drill-dp-reference-") as out:
+        # Only the comparison is checked here, not its size: --max-eval-gap lets any gap pass.
+        cmd = [ARCHIPELAGO, "drill", "--plan", plan, "--time-scale", "0.1", "--reference-mode", "dp",
+               "--max-eval-gap", "100", "--step-time-ms", os.environ.get("DRILL_STEP_MS", "250"), "--report", out, "--json"]
+        print("$", " ".join(cmd), flush=True)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        log = p.stdout + p.stderr
+        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+        if p.returncode != 0 or not lines:
+            fail(f"drill exited {p.returncode}", log)
+        s = json.loads(lines[-1])
+        html = open(os.path.join(out, "crash_storm.html")).read()
+    if s["mode"] != "decoupled" or s["reference_mode"] != "dp":
+        fail(f"mode {s['mode']}, reference {s['reference_mode']}: expected decoupled against dp", log)
+    tokens, reference_tokens = s["tokens"], s["reference_tokens"]
+    # dp is slower per token than the drill's decoupled mesh at the same pace: the reference
+    # must still reach the drill's tokens (its time bound is longer), overshooting by little.
+    if not tokens <= reference_tokens <= 1.25 * tokens:
+        fail(f"the dp reference processed {reference_tokens} tokens against the drill's {tokens}", log)
+    ref_loss = s["reference_eval_loss"]
+    if not (ref_loss is not None and 0 < ref_loss < 10):
+        fail(f"no eval loss for the dp reference: {ref_loss}", log)
+    if abs(s["eval_gap"] - (s["eval_loss"] - ref_loss) / ref_loss) > 1e-9:
+        fail(f"eval_gap {s['eval_gap']} is not the drill's loss against the dp reference's", log)
+    if "fault-free reference (dp)" not in html or "fault-free dp reference" not in p.stdout:
+        fail("the report does not name the dp reference", log)
+    print(f"ok: decoupled under the crash storm {s['eval_loss']:.4f} against dp without faults {ref_loss:.4f} "
+          f"({100 * s['eval_gap']:+.2f} %), tokens {tokens} and {reference_tokens}")
 
 
 if __name__ == "__main__":
@@ -177,5 +224,7 @@ if __name__ == "__main__":
         sys.exit(__doc__)
     if sys.argv[1] == "--bad-plans":
         bad_plans()
+    elif sys.argv[1] == "--dp-reference":
+        dp_reference()
     else:
         run_plan(sys.argv[1])

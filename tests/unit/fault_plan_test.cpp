@@ -137,6 +137,13 @@ TEST_CASE("fault plan: an unknown fault, target, negative duration or malformed 
         "storage_errors, broker_host_lost, impersonate, lie_tokens, attack_scaled, attack_sign_flip, attack_random, attack_stale)");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"learner/9\"\nfor = \"1s\"\n") ==
         "plan.toml:5: unknown target 'learner/9': the mesh has 4 learners");
+  CHECK(error_of(head + "at = \"1s\"\nkind = \"shard_crash\"\ntarget = \"shard/2\"\nfor = \"1s\"\n") ==
+        "plan.toml:5: unknown target 'shard/2': the mesh has 2 shards");
+  // dp and the synchronous modes run one shard: a plan written for two names the count right.
+  const auto one_shard = parse_fault_plan(head + "at = \"1s\"\nkind = \"shard_crash\"\ntarget = \"shard/1\"\nfor = \"1s\"\n",
+                                          "plan.toml", 4, 1);
+  REQUIRE_FALSE(one_shard);
+  CHECK(one_shard.err().message == "plan.toml:5: unknown target 'shard/1': the mesh has 1 shard");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"robot/1\"\nfor = \"1s\"\n") ==
         "plan.toml:5: unknown target 'robot/1' (learner/N, shard/N, storage/N, broker, broker/N or learners)");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"shard/0\"\nfor = \"1s\"\n") ==

@@ -22,6 +22,7 @@ struct drill_flags {
   config_flags flags;
   std::string plan;
   std::vector<std::string> modes;
+  std::string reference_mode;  // empty: each drill's own mode
   bool json = false, no_reference = false;
   bool processes = false;  // the mesh as separate `archipelago node` processes
   std::string binary;      // --processes: the archipelago executable the nodes run (default: this one)
@@ -83,7 +84,7 @@ void print_report(const drill_report& r) {
     for (auto n : r.samples.back().learner_steps) std::printf(" %llu", static_cast<unsigned long long>(n));
   std::printf("\n");
   std::printf("goodput %.1f %%", 100 * r.goodput);
-  if (r.reference) std::printf(" (fault-free reference %.1f %%)", 100 * r.reference_goodput);
+  if (r.reference) std::printf(" (fault-free %s reference %.1f %%)", r.reference_mode.c_str(), 100 * r.reference_goodput);
   std::printf("; committed rounds lost: %llu\n", static_cast<unsigned long long>(r.committed_rounds_lost));
   std::printf("token ledger (token-shares per fragment): merged %llu, late %llu, overwritten %llu, lost %llu, rejected "
               "%llu = %llu processed; + %llu never reported by killed learners = %llu the learners processed (%s)\n",
@@ -98,7 +99,9 @@ void print_report(const drill_report& r) {
   std::printf("refused or cut, by reason (every node): %s\n", describe_refusals(s.refused).c_str());
   std::printf("eval loss %.4f nats/byte", s.eval_loss);
   if (r.reference)
-    std::printf(" vs fault-free reference %.4f (%+.2f %%)", r.reference->eval_loss, 100 * eval_gap(r));
+    std::printf(" vs fault-free %s reference %.4f (%+.2f %%); tokens %.2f M and %.2f M", r.reference_mode.c_str(),
+                r.reference->eval_loss, 100 * eval_gap(r), static_cast<double>(s.tokens) * 1e-6,
+                static_cast<double>(r.reference->tokens) * 1e-6);
   std::printf("\n");
 }
 
@@ -126,7 +129,7 @@ std::vector<std::string> failed_checks(const drill_report& r, double max_eval_ga
     out.push_back("participation " + std::to_string(100 * r.run.broker.participation) + " % below the plan's " +
                   std::to_string(100 * r.min_participation) + " %");
   if (const double gap = eval_gap(r); std::isfinite(gap) && gap > max_eval_gap)
-    out.push_back("eval loss " + std::to_string(100 * gap) + " % above the reference");
+    out.push_back("eval loss " + std::to_string(100 * gap) + " % above the " + r.reference_mode + " reference");
   return out;
 }
 
@@ -142,6 +145,9 @@ int run_drills(const drill_flags& o, logger& log) {
   opts.plan_origin = std::filesystem::path(o.plan).filename().string();
   opts.plan_text = text.str();
   opts.reference = !o.no_reference;
+  opts.reference_mode = o.reference_mode;
+  if (!o.reference_mode.empty() && o.no_reference)
+    return report_input(make_error(errc::invalid_input, "--reference-mode needs the reference run (drop --no-reference)"));
   opts.work_dir = o.work_dir;
   opts.time_scale = o.time_scale;
   std::vector<std::string> modes = o.modes.empty() ? std::vector<std::string>{base->mesh.mode} : o.modes;
@@ -152,6 +158,7 @@ int run_drills(const drill_flags& o, logger& log) {
     if (auto ok = set_knob(cfg, "mesh.mode", mode); !ok) return report(ok.err());
     if (auto ok = validate_mesh(cfg); !ok) return report(ok.err());
     if (auto plan = load_drill_plan(cfg, opts); !plan) return report_input(plan.err());
+    if (auto reference = with_reference_mode(cfg, o.reference_mode); !reference) return report_input(reference.err());
     configs.push_back(cfg);
   }
   std::error_code ec;
@@ -241,6 +248,9 @@ runner add_drill_command(CLI::App& app) {
                   "Multiply every time of the plan by this (0.2: a short form of the same drill)")
       ->capture_default_str();
   cmd->add_flag("--no-reference", o->no_reference, "Skip the fault-free reference run");
+  cmd->add_option("--reference-mode", o->reference_mode,
+                  "Run the fault-free reference in this mesh.mode (default: the drill's own), e.g. dp: the mode "
+                  "under faults against synchronous training without them, at equal tokens");
   cmd->add_flag("--processes", o->processes,
                 "Run the mesh as separate `archipelago node` processes on loopback tcp:// (crash = SIGKILL, "
                 "pause = SIGSTOP/SIGCONT; the wire without CURVE, on loopback)");

@@ -38,6 +38,9 @@ struct drill_options {
   std::string plan_origin;   // the plan's file name, for errors and the report
   std::string plan_text;     // its TOML
   bool reference = true;     // also run the mesh fault-free for the same time
+  /// The reference's mesh.mode; empty: the drill's own. "dp" compares a mode under
+  /// faults with fault-free synchronous training at equal tokens.
+  std::string reference_mode;
   std::string work_dir;      // snapshot stores go below it; empty: a temporary directory, removed after
   /// Every time of the plan (phases, fault times and lengths, MTBF, repair
   /// times) multiplied by this: a short form of the same drill (CI uses 0.2).
@@ -116,6 +119,7 @@ struct drill_report {
   bool processes = false;  // the mesh ran as separate `archipelago node` processes
   std::vector<drill_process_event> process_events;
   std::string plan, mode;
+  std::string reference_mode;  // the fault-free reference's mesh.mode
   int standbys = 0;  // standby brokers beside the primary (the plan's `standbys`)
   std::uint64_t seed = 0;
   int learners = 0, shards = 0, quorum = 1;
@@ -225,6 +229,8 @@ struct prepared_drill {
   fault_plan_spec plan;
   sync_policy policy;
   config cfg;
+  sync_policy reference_policy;  // the reference's mode (drill_options::reference_mode)
+  config reference_cfg;
   mesh_setup layout;
   std::unique_ptr<drill_work_area> area;
   drill_report report;
@@ -232,7 +238,11 @@ struct prepared_drill {
 expected<prepared_drill> prepare_drill(const config& base, const drill_options& o);
 
 /// `progress` with every line prefixed by the phase's name.
-mesh_progress phase_progress(const mesh_progress& progress, const char* name);
+mesh_progress phase_progress(const mesh_progress& progress, std::string name);
+/// `base` with mesh.mode = `mode` (drill_options::reference_mode; empty: unchanged), checked.
+expected<config> with_reference_mode(const config& base, const std::string& mode);
+/// The reference run's phase name; it names the reference's mode when it is not the drill's.
+std::string reference_phase(const drill_report& r);
 
 /// The figures of a drill once its run (r.run, r.samples) is in: the timeline's
 /// rows and rejoin times, tokens killed learners never reported, the brokers'

@@ -101,12 +101,22 @@ expected<prepared_drill> prepare_drill(const config& base, const drill_options& 
   const double step_ms = base.mesh.step_time_ms > 0 ? base.mesh.step_time_ms : calibrate_step_time_ms(base);
   config cfg = drill_config(base, *plan, step_ms);
   if (auto ok = validate_mesh(cfg); !ok) return ok.err();
+  auto reference_base = with_reference_mode(base, o.reference_mode);
+  if (!reference_base) return reference_base.err();
+  auto reference_policy = resolve_policy(*reference_base);
+  if (!reference_policy) return make_error(reference_policy.err().code, "the reference mode: " + reference_policy.err().message);
+  config reference_cfg = drill_config(*reference_base, *plan, step_ms);
+  // The reference stops at the drill's tokens; three times the drill's time lets a
+  // mode slower per token (dp waits for every learner at every step) get there too.
+  reference_cfg.train.time_limit_s *= 3;
   auto area = drill_work_area::open(o.work_dir);
   if (!area) return area.err();
-  prepared_drill d{std::move(*plan), *policy, cfg, make_mesh_setup(cfg, *policy), std::move(*area), {}};
+  prepared_drill d{std::move(*plan), *policy, cfg, *reference_policy, reference_cfg, make_mesh_setup(cfg, *policy),
+                   std::move(*area), {}};
   drill_report& r = d.report;
   r.plan = o.plan_origin;
   r.mode = cfg.mesh.mode;
+  r.reference_mode = reference_cfg.mesh.mode;
   r.seed = d.plan.seed;
   r.standbys = d.plan.standbys;
   r.min_participation = d.plan.min_participation;
@@ -120,10 +130,23 @@ expected<prepared_drill> prepare_drill(const config& base, const drill_options& 
   return d;
 }
 
-mesh_progress phase_progress(const mesh_progress& progress, const char* name) {
-  return [&progress, name](const std::string& line) {
-    if (progress) progress(std::string(name) + ": " + line);
+mesh_progress phase_progress(const mesh_progress& progress, std::string name) {
+  return [&progress, name = std::move(name)](const std::string& line) {
+    if (progress) progress(name + ": " + line);
   };
+}
+
+expected<config> with_reference_mode(const config& base, const std::string& mode) {
+  config out = base;
+  if (mode.empty()) return out;
+  if (auto ok = set_knob(out, "mesh.mode", mode); !ok)
+    return make_error(ok.err().code, "the reference mode: " + ok.err().message);
+  if (auto ok = validate_mesh(out); !ok) return make_error(ok.err().code, "the reference mode " + mode + ": " + ok.err().message);
+  return out;
+}
+
+std::string reference_phase(const drill_report& r) {
+  return r.reference_mode == r.mode ? "reference (no faults)" : "reference (" + r.reference_mode + ", no faults)";
 }
 
 }  // namespace archipelago

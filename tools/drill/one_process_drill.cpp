@@ -57,7 +57,7 @@ expected<drill_report> run_drill(const config& base, logger& log, const drill_op
     ref_snaps.db = ref_db->string();
     mesh_eval equal_tokens;
     equal_tokens.stop_tokens = r.run.tokens;
-    auto ref = run_local_mesh(cfg, log, phase_progress(progress, "reference (no faults)"), stop_requested, ref_snaps,
+    auto ref = run_local_mesh(prepared->reference_cfg, log, phase_progress(progress, reference_phase(r)), stop_requested, ref_snaps,
                               nullptr, {}, equal_tokens);
     if (!ref) return make_error(ref.err().code, "the fault-free reference run: " + ref.err().message);
     r.reference = std::move(*ref);

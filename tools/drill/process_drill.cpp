@@ -513,15 +513,15 @@ expected<drill_report> run_process_drill(const config& base, logger& log, const 
   const sync_policy& policy = prepared->policy;
   drill_work_area& area = *prepared->area;
   drill_report& r = prepared->report;
-  auto one_run = [&](const char* name, mesh_drill& drill, const char* phase, int standbys,
-                     std::uint64_t stop_tokens) -> expected<process_run> {
+  auto one_run = [&](const char* name, const config& run_cfg, const sync_policy& run_policy, mesh_drill& drill,
+                     const std::string& phase, int standbys, std::uint64_t stop_tokens) -> expected<process_run> {
     auto d = area.fresh(name);
     if (!d) return d.err();
-    auto run = process_run_of(cfg, log, drill, phase_progress(progress, phase), stop_requested)
-                   .run(policy, standbys, *d, o, stop_tokens);
+    auto run = process_run_of(run_cfg, log, drill, phase_progress(progress, phase), stop_requested)
+                   .run(run_policy, standbys, *d, o, stop_tokens);
     if (!run) {
       area.keep = true;
-      return make_error(run.err().code, std::string(phase) + ": " + run.err().message + " (logs kept in " +
+      return make_error(run.err().code, phase + ": " + run.err().message + " (logs kept in " +
                                             (*d / "logs").string() + ")");
     }
     return run;
@@ -529,7 +529,7 @@ expected<drill_report> run_process_drill(const config& base, logger& log, const 
   mesh_drill drill;
   drill.timeline = expand_fault_plan(prepared->plan, cfg.mesh.learners);
   drill.safety_ns = prepared->plan.duration_ns;
-  auto run = one_run("drill", drill, "drill", prepared->plan.standbys, 0);
+  auto run = one_run("drill", cfg, policy, drill, "drill", prepared->plan.standbys, 0);
   if (!run) return run.err();
   r.run = std::move(run->summary);
   r.samples = std::move(run->samples);
@@ -542,7 +542,8 @@ expected<drill_report> run_process_drill(const config& base, logger& log, const 
   if (o.reference) {
     mesh_drill none;
     none.safety_ns = prepared->plan.duration_ns;
-    auto ref = one_run("reference", none, "reference (no faults)", 0, r.run.tokens);
+    auto ref = one_run("reference", prepared->reference_cfg, prepared->reference_policy, none, reference_phase(r), 0,
+                       r.run.tokens);
     if (!ref) return ref.err();
     r.reference = std::move(ref->summary);
     if (stop_requested()) return make_error(errc::timeout, "stopped by a signal during the reference run");

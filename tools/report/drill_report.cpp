@@ -101,6 +101,7 @@ std::string drill_summary_json(const drill_report& r) {
   json_line j;
   j.add("plan", r.plan)
       .add("mode", r.mode)
+      .add("reference_mode", r.reference_mode)
       .add("processes", r.processes)
       .add("seed", r.seed)
       .add("learners", r.learners)
@@ -230,7 +231,8 @@ std::string drill_report_html(const std::vector<drill_report>& drills) {
            " ms (mesh.step_time_ms), so a lost learner does not give its CPU to the others; " +
            std::to_string(r.budget_overruns) + " steps overran it.</p>";
     const double gap = eval_gap(r);
-    out += "<table><tr><th>figure</th><th>drill</th><th>fault-free reference</th></tr>";
+    out += "<table><tr><th>figure</th><th>drill</th><th>fault-free reference (" + html_escape(r.reference_mode) +
+           ")</th></tr>";
     auto row = [&](const std::string& name, const std::string& a, const std::string& b, bool bad = false) {
       out += "<tr><td>" + name + "</td><td class=\"n" + std::string(bad ? " bad" : "") + "\">" + a + "</td><td class=\"n\">" + b +
              "</td></tr>";
@@ -292,7 +294,7 @@ std::string drill_report_html(const std::vector<drill_report>& drills) {
     std::vector<series> eval{{"drill", "#d62728", {}}};
     for (const auto& [tokens, loss] : r.run.eval_curve) eval[0].points.emplace_back(static_cast<double>(tokens), loss);
     if (ref) {
-      eval.push_back({"fault-free reference", "#1f77b4", {}});
+      eval.push_back({"fault-free reference (" + r.reference_mode + ")", "#1f77b4", {}});
       for (const auto& [tokens, loss] : ref->eval_curve) eval[1].points.emplace_back(static_cast<double>(tokens), loss);
     }
     out += "<h3>Eval loss of the global model</h3>" + chart("Eval loss against tokens processed", "tokens", "nats/byte", eval, {});
