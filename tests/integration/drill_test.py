@@ -40,20 +40,26 @@ def fail(message, log=""):
     sys.exit(1)
 
 
-def run_plan(name):
+def run_drill(name, out, args, timeout):
+    """`archipelago drill` on deploy/drills/NAME.toml with `args`, its report into `out`:
+    the process, its JSON summary and its output."""
     plan = os.path.join(REPO, "deploy", "drills", name + ".toml")
+    # A fixed, generous compute budget: a short drill must not depend on a calibration
+    # taken while other tests load the machine.
+    cmd = [ARCHIPELAGO, "drill", "--plan", plan, "--step-time-ms", os.environ.get("DRILL_STEP_MS", "250"),
+           "--report", out, "--json"] + args
+    print("$", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    log = p.stdout + p.stderr
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    if not lines:
+        fail(f"no JSON line (exit {p.returncode})", log)
+    return p, json.loads(lines[-1]), log
+
+
+def run_plan(name):
     with tempfile.TemporaryDirectory(prefix="archipelago-drill-test-") as out:
-        # A fixed, generous compute budget: the short form must not depend on a calibration
-        # taken while other tests load the machine.
-        cmd = [ARCHIPELAGO, "drill", "--plan", plan, "--time-scale", SCALE, "--no-reference",
-               "--step-time-ms", os.environ.get("DRILL_STEP_MS", "250"), "--report", out, "--json"]
-        print("$", " ".join(cmd), flush=True)
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        log = p.stdout + p.stderr
-        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
-        if not lines:
-            fail(f"no JSON line (exit {p.returncode})", log)
-        s = json.loads(lines[-1])
+        p, s, log = run_drill(name, out, ["--time-scale", SCALE, "--no-reference"], 900)
         print(p.stdout[-3000:])
         with open(os.path.join(out, f"{name}-{s['mode']}.json")) as f:
             report = json.load(f)
@@ -188,18 +194,12 @@ def bad_plans():
 
 
 def dp_reference():
-    plan = os.path.join(REPO, "deploy", "drills", "crash_storm.toml")
     with tempfile.TemporaryDirectory(prefix="archipelago-drill-dp-reference-") as out:
         # Only the comparison is checked here, not its size: --max-eval-gap lets any gap pass.
-        cmd = [ARCHIPELAGO, "drill", "--plan", plan, "--time-scale", "0.1", "--reference-mode", "dp",
-               "--max-eval-gap", "100", "--step-time-ms", os.environ.get("DRILL_STEP_MS", "250"), "--report", out, "--json"]
-        print("$", " ".join(cmd), flush=True)
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        log = p.stdout + p.stderr
-        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
-        if p.returncode != 0 or not lines:
+        p, s, log = run_drill("crash_storm", out, ["--time-scale", "0.1", "--reference-mode", "dp", "--max-eval-gap", "100"],
+                              600)
+        if p.returncode != 0:
             fail(f"drill exited {p.returncode}", log)
-        s = json.loads(lines[-1])
         html = open(os.path.join(out, "crash_storm.html")).read()
     if s["mode"] != "decoupled" or s["reference_mode"] != "dp":
         fail(f"mode {s['mode']}, reference {s['reference_mode']}: expected decoupled against dp", log)

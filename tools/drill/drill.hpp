@@ -37,7 +37,7 @@ namespace archipelago {
 struct drill_options {
   std::string plan_origin;   // the plan's file name, for errors and the report
   std::string plan_text;     // its TOML
-  bool reference = true;     // also run the mesh fault-free for the same time
+  bool reference = true;     // also run the mesh fault-free, to the drill's tokens
   /// The reference's mesh.mode; empty: the drill's own. "dp" compares a mode under
   /// faults with fault-free synchronous training at equal tokens.
   std::string reference_mode;
