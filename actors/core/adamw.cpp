@@ -4,8 +4,6 @@
 #include <cmath>
 #include <numbers>
 
-#include <Eigen/Core>
-
 namespace archipelago {
 
 double warmed_up_lr(double lr, std::int64_t step, std::int64_t warmup) {
@@ -28,8 +26,11 @@ double global_norm(const float* data, std::size_t count) {
 #pragma omp parallel for schedule(static)
   for (int c = 0; c < chunks; ++c) {
     const std::size_t begin = count * c / chunks, end = count * (c + 1) / chunks;
-    Eigen::Map<const Eigen::ArrayXf> part(data + begin, static_cast<Eigen::Index>(end - begin));
-    partial[c] = part.cast<double>().square().sum();
+    // In double, vectorised (Eigen's cast-then-sum ran scalar: 8x slower).
+    double sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (std::size_t i = begin; i < end; ++i) sum += static_cast<double>(data[i]) * data[i];
+    partial[c] = sum;
   }
   double total = 0;
   for (double p : partial) total += p;

@@ -177,6 +177,7 @@ void check_attention_against_eigen(const model_shape& shape, int batch, std::uin
   gpt<float> fast(layout, dense_backend::fp32), eigen(layout, dense_backend::eigen);
   REQUIRE(fast.backend() == dense_backend::fp32);
   CHECK(std::string(eigen.attention_kernel()) == "eigen per head");
+  CHECK(std::string(eigen.gelu_kernel()) == "eigen");
   MESSAGE("attention kernels: " << std::string(fast.attention_kernel()) << " (T " << shape.context << ", head dim "
                                 << shape.head_dim() << ")");
   fast.init(seed);
@@ -226,6 +227,14 @@ void check_attention_against_eigen(const model_shape& shape, int batch, std::uin
 TEST_CASE("oneDNN's batched attention and Eigen's per-head attention give the same gradients") {
   // Head dimension 8: not a multiple of 16, so oneDNN's batched attention on every CPU.
   check_attention_against_eigen(tiny, 3, 11);
+}
+
+TEST_CASE("the AVX-512 GELU and Eigen's give the same gradients, a partial vector of columns too") {
+  // d_model 42: the MLP's 168 columns are ten whole vectors and a tail of 8 lanes.
+  const model_shape shape{256, 16, 42, 1, 6, true};
+  CHECK(std::string(gpt<float>(make_layout(shape), dense_backend::fp32).gelu_kernel()) ==
+        (detect_gemm_cpu().isa.starts_with("avx512") ? "avx512" : "eigen"));
+  check_attention_against_eigen(shape, 3, 13);
 }
 
 TEST_CASE("the fused AVX-512 attention and Eigen's per-head attention give the same gradients") {

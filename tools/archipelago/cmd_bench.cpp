@@ -83,6 +83,7 @@ void print_json(const compute_flags& f, const compute_result& r) {
       .add("simd", r.simd)
       .add("onednn_isa", r.onednn_isa)
       .add("attention_kernel", r.attention_kernel)
+      .add("gelu_kernel", r.gelu_kernel)
       .add("rounds", r.rounds)
       .add("steps", static_cast<std::int64_t>(r.step_s.size()))
       .add("step_ms_median", r.step_median_s() * 1e3)
@@ -124,9 +125,9 @@ int run_compute(const compute_flags& f, logger& log) {
   for (const auto& run : r->torch)
     if (!run.error.empty()) log.warn("bench.torch", "archipelago: %s", run.error.c_str());
   std::printf("bench compute: model %s (%zu parameters), batch %d x %d tokens, %d threads, %d rounds, -march=%s "
-              "(Eigen: %s; oneDNN: %s; attention: %s)\n",
+              "(Eigen: %s; oneDNN: %s; attention: %s; GELU: %s)\n",
               o.model.c_str(), r->params, o.batch, r->context, o.threads, r->rounds, ARCHIPELAGO_BUILD_MARCH,
-              r->simd.c_str(), r->onednn_isa.c_str(), r->attention_kernel.c_str());
+              r->simd.c_str(), r->onednn_isa.c_str(), r->attention_kernel.c_str(), r->gelu_kernel.c_str());
   std::printf("  engine   oneDNN fp32: step %.2f ms median (best %.2f) over %zu steps: %.0f tokens/s, %.1f GFLOP/s\n",
               r->step_median_s() * 1e3, r->step_best_s() * 1e3, r->step_s.size(), r->tokens_per_s(), r->gflops());
   for (const auto& run : r->others) {

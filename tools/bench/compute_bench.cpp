@@ -86,6 +86,7 @@ class compute_engine {
     r.params = layout_.param_count;
     r.flops_per_step = models_[0]->model.flops_per_step(batch_);
     r.attention_kernel = models_[0]->model.attention_kernel();
+    r.gelu_kernel = models_[0]->model.gelu_kernel();
     r.gemm_n = static_cast<long>(a_.rows());
     r.gemm_k = static_cast<long>(a_.cols());
     r.gemm_m = static_cast<long>(b_.cols());

@@ -76,6 +76,7 @@ struct compute_result {
   std::string simd;  // Eigen's instruction sets
   std::string onednn_isa;  // what oneDNN dispatches to here
   std::string attention_kernel;  // the engine's (gpt::attention_kernel)
+  std::string gelu_kernel;       // the engine's (gpt::gelu_kernel)
   std::vector<double> step_s, gemm_s;  // the engine (oneDNN fp32) and the Eigen GEMM, per timed sample
   std::vector<double> sgemm_s, bf16_gemm_s;  // the same GEMM through oneDNN fp32 / bf16 (empty: not native)
   std::vector<double> round_tps;  // the engine's tokens/s per round

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/prng.hpp"
+#include "learner/model/gelu_avx512.hpp"
 
 namespace archipelago {
 namespace {
@@ -197,11 +198,17 @@ constexpr S gelu_k1 = static_cast<S>(0.044715);
 /// With x = pre + bias (every row): y = gelu(x), and pre ← gelu'(x) in place.
 /// The backward pass needs only the derivative, so it is computed here, where
 /// tanh(·) already is, and the backward becomes one multiply per element.
+/// avx512: gelu_avx512.hpp's row kernel (float only).
 template <class S>
-void gelu_forward(S* pre, const S* bias, S* y, Index rows, Index cols) {
+void gelu_forward(S* pre, const S* bias, S* y, Index rows, Index cols, bool avx512) {
   const_array_view<S> b(bias, cols);
 #pragma omp parallel for schedule(static)
   for (Index r = 0; r < rows; ++r) {
+    if constexpr (std::is_same_v<S, float>)
+      if (avx512) {
+        gelu_forward_avx512(pre + r * cols, bias, y + r * cols, cols);
+        continue;
+      }
     array_view<S> io(pre + r * cols, cols), out(y + r * cols, cols);
     io += b;
     out = (gelu_k0<S> * (io + gelu_k1<S> * io.cube())).tanh();  // t, until the loop below
@@ -370,8 +377,10 @@ gpt<S>::gpt(const param_layout& layout, dense_backend backend)
         backend_ = dense_backend::fp32;
       }
     }
-    if (kernels_)
+    if (kernels_) {
       if (auto a = causal_attention::make()) attention_ = std::move(*a);
+      gelu_avx512_ = detect_gemm_cpu().isa.starts_with("avx512");  // as the fused attention: ONEDNN_MAX_CPU_ISA caps it
+    }
   }
   auto at = [&](const std::string& name) {
     const tensor_spec* t = layout_.find(name);
@@ -522,7 +531,7 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
     timer.next(phase::dense);
     dense(kern, false, false, n, 4 * c, c, static_cast<const S*>(ln2), c, p + o.w1, 4 * c, hgrad, 4 * c);
     timer.next(phase::gelu);
-    gelu_forward(hgrad, p + o.b1, hact, n, 4 * c);
+    gelu_forward(hgrad, p + o.b1, hact, n, 4 * c, gelu_avx512_);
     timer.next(phase::dense);
     dense(kern, false, false, n, c, 4 * c, static_cast<const S*>(hact), 4 * c, p + o.w2, c, xnext, c);
   }

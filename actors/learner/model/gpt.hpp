@@ -59,6 +59,8 @@ class gpt {
   dense_backend backend() const { return backend_; }
   /// The attention kernels of a full-length batch: "fused avx512", "onednn batched" or "eigen per head".
   const char* attention_kernel() const;
+  /// The GELU's kernel: "avx512" (gelu_avx512.hpp) or "eigen".
+  const char* gelu_kernel() const { return gelu_avx512_ ? "avx512" : "eigen"; }
 
   S* params() { return params_.data(); }
   const S* params() const { return params_.data(); }
@@ -100,6 +102,7 @@ class gpt {
   std::unique_ptr<workspace> ws_;
   std::unique_ptr<dense_gemm> kernels_;  // null: Eigen
   std::unique_ptr<causal_attention> attention_;  // with kernels_; full-length sequences only
+  bool gelu_avx512_ = false;                     // with kernels_, where oneDNN dispatches to AVX-512
   dense_backend backend_ = dense_backend::eigen;
   step_profile* profile_ = nullptr;
 };
