@@ -47,6 +47,7 @@ void learner_core::reanchor(fragment_index p, std::uint64_t version, std::span<c
   s.version = version;
   s.contributed_steps = 0;
   s.contributed_theta.clear();  // contributed to the dead incarnation: not merged
+  s.awaited_round.reset();      // ...and its rounds were aborted: the work goes again
 }
 
 void learner_core::on_step(std::uint64_t tokens) {
@@ -74,6 +75,7 @@ std::optional<contribution_plan> learner_core::next_contribution(const float* pa
     fragment_state& s = state_[it->fragment.value];
     if (!s.installed || s.steps < enough || s.steps <= s.contributed_steps) continue;
     s.contributed_steps = s.steps;
+    s.awaited_round = std::max(s.awaited_round.value_or(it->round), it->round);
     contribution_plan c;
     c.round = it->round;
     c.fragment = it->fragment;
@@ -110,6 +112,7 @@ std::size_t learner_core::on_broker_restarted() {
   for (auto& s : state_) {
     s.contributed_steps = 0;
     s.contributed_theta.clear();
+    s.awaited_round.reset();  // the new broker numbers its rounds afresh; the work goes again
   }
   return dropped;
 }
@@ -124,7 +127,7 @@ bool learner_core::must_wait() const {
 
 std::size_t learner_core::fragments_with_unmerged_work() const {
   return static_cast<std::size_t>(std::count_if(state_.begin(), state_.end(), [](const fragment_state& s) {
-    return s.installed && s.steps > 0;
+    return s.installed && (s.steps > 0 || s.awaited_round);
   }));
 }
 
@@ -159,6 +162,7 @@ bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, s
   s.tokens = kept_tokens;
   s.contributed_steps = 0;
   s.contributed_theta.clear();
+  if (s.awaited_round && from_round >= *s.awaited_round) s.awaited_round.reset();
   s.installed = true;
   std::erase_if(pending_, [&](const pending_round& r) { return r.fragment == p && r.round <= from_round; });
   return true;

@@ -92,7 +92,10 @@ class learner_core {
   bool on_fragment_update(fragment_index p, std::uint64_t version, std::span<const float> global,
                           float* params, round_number from_round = round_number{0});
   /// Fragments holding steps no contribution has carried into a received
-  /// version yet (a learner that finished flushes them before it leaves).
+  /// version yet, or a contribution to a round whose version has not arrived
+  /// (a learner that finished flushes them before it leaves: leaving earlier, its
+  /// Leave may overtake that contribution, and the broker then closes the round
+  /// without it).
   std::size_t fragments_with_unmerged_work() const;
   /// No step follows (a flush): a round is answered with whatever work its
   /// fragment holds, fewer steps than contribute_after included (diloco's H).
@@ -129,6 +132,9 @@ class learner_core {
     std::uint64_t steps = 0;
     std::uint64_t tokens = 0;
     std::uint64_t contributed_steps = 0;  // c_steps when last contributed since the anchor
+    // The latest round contributed to whose version has not arrived: a version of an
+    // earlier round (rounds in flight) does not carry that contribution's work.
+    std::optional<round_number> awaited_round;
     bool installed = false;
     // rebase: θ_p and the counters at the last contribution since the anchor
     // (empty: none yet).

@@ -264,6 +264,18 @@ TEST_CASE("learner core: work not yet in a received version, per fragment (what 
     f.core.on_step(64);
     REQUIRE(f.core.on_fragment_update({2}, 2, f.global({2}, 3.0f), f.params.data(), round_number{6}));
     CHECK(f.core.fragments_with_unmerged_work() == f.core.fragments() - (rebase ? 0 : 1));
+    // Two rounds of fragment 3 in flight: its contribution to round 8 carries steps the
+    // version of round 7 does not hold, so that version alone does not end the wait.
+    f.core.on_round_open(round_number{7}, {3});
+    REQUIRE(f.core.next_contribution(f.params.data()));
+    f.core.on_step(64);
+    f.core.on_round_open(round_number{8}, {3});
+    REQUIRE(f.core.next_contribution(f.params.data()));
+    const std::size_t before = f.core.fragments_with_unmerged_work();
+    REQUIRE(f.core.on_fragment_update({3}, 2, f.global({3}, 3.0f), f.params.data(), round_number{7}));
+    CHECK(f.core.fragments_with_unmerged_work() == before);
+    REQUIRE(f.core.on_fragment_update({3}, 3, f.global({3}, 4.0f), f.params.data(), round_number{8}));
+    CHECK(f.core.fragments_with_unmerged_work() == before - 1);
   }
   // diloco's H: fewer steps than contribute_after wait for more, unless no step follows.
   const param_layout layout = make_layout({256, 4, 8, 1, 2, true});

@@ -40,7 +40,7 @@ ARCHIPELAGO_AVX512 void gelu_forward_avx512(float* pre, const float* bias, float
     u2 = _mm512_min_ps(_mm512_max_ps(u2, _mm512_set1_ps(-30.0f)), _mm512_set1_ps(30.0f));
     const __m512 den = _mm512_add_ps(exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), u2)), one);
     __m512 s = _mm512_rcp14_ps(den);
-    s = _mm512_mul_ps(s, _mm512_fnmadd_ps(den, s, _mm512_set1_ps(2.0f)));  // one Newton step: ~2^-28
+    s = _mm512_mul_ps(s, _mm512_fnmadd_ps(den, s, _mm512_set1_ps(2.0f)));  // one Newton step: to float precision
     const __m512 out = _mm512_mul_ps(x, s);
     _mm512_mask_storeu_ps(y + j, m, out);
     const __m512 du2 = _mm512_fmadd_ps(x2, _mm512_set1_ps(6 * gelu_k0 * gelu_k1), _mm512_set1_ps(2 * gelu_k0));
