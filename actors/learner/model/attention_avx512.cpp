@@ -27,7 +27,7 @@ ARCHIPELAGO_AVX512_INLINE __mmask16 valid_lanes(index count, index chunk) {
 }
 
 /// r[0..16) ← its transpose, in registers: four rounds of lane shuffles, half the
-/// distance each time (gathering a column at a time took a fifth of the backward pass on AMD).
+/// distance each time (gathering a column at a time took over a quarter of the backward pass on AMD).
 ARCHIPELAGO_AVX512_INLINE void transpose_16x16(__m512 r[16]) {
   __m512 t[16];
   for (int i = 0; i < 16; i += 2) {  // 2×2 blocks of single floats
