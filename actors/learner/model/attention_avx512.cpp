@@ -13,8 +13,6 @@
 namespace archipelago {
 namespace {
 
-#define ARCHIPELAGO_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
-#define ARCHIPELAGO_AVX512_INLINE ARCHIPELAGO_AVX512 __attribute__((always_inline)) inline
 
 using index = std::int64_t;
 constexpr int lanes = 16;

@@ -1,8 +1,9 @@
 #pragma once
 // AVX-512 helpers for the kernels behind target attributes (cpu_peak.cpp,
-// attention_avx512.cpp, gelu_avx512.cpp): horizontal reductions of one vector, a
-// tree of halvings in a fixed order (so results are deterministic), in registers
-// (GCC 12's _mm512_reduce_* warn, -Wuninitialized, in their own header); and e^x.
+// attention_avx512.cpp, gelu_avx512.cpp): the target attribute the model's kernels
+// share; horizontal reductions of one vector, a tree of halvings in a fixed order
+// (so results are deterministic), in registers (GCC 12's _mm512_reduce_* warn,
+// -Wuninitialized, in their own header); and e^x.
 // Only the AVX-512 kernels' translation units include it.
 
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as their merge source and then
@@ -11,6 +12,11 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
+
+/// The ISA of the model's AVX-512 kernels, so the portable build carries them; the
+/// inline form for their helpers (a lambda takes ARCHIPELAGO_AVX512 with always_inline).
+#define ARCHIPELAGO_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
+#define ARCHIPELAGO_AVX512_INLINE ARCHIPELAGO_AVX512 __attribute__((always_inline)) inline
 
 namespace archipelago {
 

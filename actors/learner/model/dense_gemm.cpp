@@ -204,7 +204,7 @@ struct causal_attention::impl {
   std::map<key, shape> shapes;
   // The fused AVX-512 kernels where oneDNN itself dispatches to AVX-512, so that
   // ONEDNN_MAX_CPU_ISA=AVX2 shows the whole AVX2-only path.
-  bool avx512 = detect_gemm_cpu().isa.starts_with("avx512");
+  bool avx512 = detect_gemm_cpu().avx512();
 
   aligned_buffer<float> fused_scratch;  // the fused kernels' transposed heads
 

@@ -45,6 +45,8 @@ struct gemm_cpu {
   /// AMX tiles (oneDNN's avx512_core_amx): oneDNN's bf16 matmuls run on them, far
   /// above the AVX-512 dot products' peak, whatever that peak is.
   bool amx = false;
+  /// oneDNN dispatches to AVX-512 here: the model's own AVX-512 kernels run too.
+  bool avx512() const { return isa.starts_with("avx512"); }
 };
 gemm_cpu detect_gemm_cpu();
 

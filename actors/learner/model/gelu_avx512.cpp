@@ -7,16 +7,13 @@
 namespace archipelago {
 namespace {
 
-#define ARCHIPELAGO_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
-#define ARCHIPELAGO_AVX512_INLINE ARCHIPELAGO_AVX512 __attribute__((always_inline))
-
 constexpr long lanes = 16;
 
 /// body(j, mask) for every chunk of 16 columns of [0, cols): the whole chunks with a
 /// constant full mask, which the compiler turns into plain loads and stores (masked
 /// stores are slower), then the tail, masked.
 template <class Body>
-ARCHIPELAGO_AVX512_INLINE inline void over_chunks(long cols, Body body) {
+ARCHIPELAGO_AVX512_INLINE void over_chunks(long cols, Body body) {
   long j = 0;
   for (; j + lanes <= cols; j += lanes) body(j, __mmask16(0xFFFF));
   if (j < cols) body(j, __mmask16((1u << (cols - j)) - 1));
@@ -24,14 +21,14 @@ ARCHIPELAGO_AVX512_INLINE inline void over_chunks(long cols, Body body) {
 
 // GELU's tanh approximation, as gpt.cpp's Eigen version: gelu(x) = x·σ(2u) with
 // u = k0·(x + k1·x³), since 0.5·(1 + tanh(u)) = σ(2u); gelu'(x) = σ + x·σ·(1 − σ)·2u'.
-constexpr float gelu_k0 = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float gelu_k1 = 0.044715f;
+constexpr auto gelu_k0 = static_cast<float>(gelu_tanh_k0);
+constexpr auto gelu_k1 = static_cast<float>(gelu_tanh_k1);
 
 }  // namespace
 
 ARCHIPELAGO_AVX512 void gelu_forward_avx512(float* pre, const float* bias, float* y, long cols) {
   const __m512 one = _mm512_set1_ps(1.0f);
-  over_chunks(cols, [&](long j, __mmask16 m) ARCHIPELAGO_AVX512_INLINE {
+  over_chunks(cols, [&](long j, __mmask16 m) ARCHIPELAGO_AVX512 __attribute__((always_inline)) {
     const __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, pre + j), _mm512_maskz_loadu_ps(m, bias + j));
     const __m512 x2 = _mm512_mul_ps(x, x);
     // 2u, clamped where σ is 0 or 1 in floats, so e^(−2u) stays finite.

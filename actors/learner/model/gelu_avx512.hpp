@@ -10,6 +10,10 @@
 
 namespace archipelago {
 
+/// GELU's tanh approximation (as GPT-2): 0.5·x·(1 + tanh(k0·(x + k1·x³))).
+constexpr double gelu_tanh_k0 = 0.7978845608028654;  // sqrt(2/pi)
+constexpr double gelu_tanh_k1 = 0.044715;
+
 /// With x = pre + bias: y = gelu(x) (tanh approximation) and pre ← gelu'(x), in place.
 void gelu_forward_avx512(float* pre, const float* bias, float* y, long cols);
 

@@ -189,11 +189,11 @@ void layernorm_backward(const S* dy, const S* x, const S* stats, const S* gain, 
   if (dsum) add_partials(part_s, chunks, cols, dsum);
 }
 
-// GELU, tanh approximation (as GPT-2).
+// GELU's constants (gelu_avx512.hpp) in S.
 template <class S>
-constexpr S gelu_k0 = static_cast<S>(0.7978845608028654);  // sqrt(2/pi)
+constexpr S gelu_k0 = static_cast<S>(gelu_tanh_k0);
 template <class S>
-constexpr S gelu_k1 = static_cast<S>(0.044715);
+constexpr S gelu_k1 = static_cast<S>(gelu_tanh_k1);
 
 /// With x = pre + bias (every row): y = gelu(x), and pre ← gelu'(x) in place.
 /// The backward pass needs only the derivative, so it is computed here, where
@@ -379,7 +379,7 @@ gpt<S>::gpt(const param_layout& layout, dense_backend backend)
     }
     if (kernels_) {
       if (auto a = causal_attention::make()) attention_ = std::move(*a);
-      gelu_avx512_ = detect_gemm_cpu().isa.starts_with("avx512");  // as the fused attention: ONEDNN_MAX_CPU_ISA caps it
+      gelu_avx512_ = detect_gemm_cpu().avx512();  // as the fused attention: ONEDNN_MAX_CPU_ISA caps it
     }
   }
   auto at = [&](const std::string& name) {
