@@ -240,6 +240,16 @@ std::vector<knob> make_knobs() {
                   "Minimum quorum (K) of a decoupled round. Default: 1."),
       number_knob("mesh.rounds_in_flight", h, &mesh_config::rounds_in_flight, 1, 64,
                   "Rounds open at once (tau). Default: 2."),
+      text_knob("mesh.fragment_order", h, &mesh_config::fragment_order, "round_robin | stalest | shuffled",
+                "Which fragment each round's turn goes to: round_robin (turn r: fragment r mod P; a paused "
+                "fragment's turns pass unused), stalest (the fragment whose last round opened longest ago "
+                "among those that can open: a paused fragment's turns go to the others, and it goes first "
+                "once it can open again) or shuffled (every cycle of P turns in a new order, seeded by "
+                "train.seed). Default: round_robin.",
+                [](std::string_view v) -> std::string {
+                  if (parse_fragment_order(v)) return "";
+                  return "unknown fragment order '" + std::string(v) + "' (round_robin, stalest or shuffled)";
+                }),
       number_knob("mesh.grace_factor", h, &mesh_config::grace_factor, 0.0, 10.0,
                   "Grace safety factor (gamma). Default: 0.8."),
       bool_knob("mesh.grace", h, &mesh_config::grace,

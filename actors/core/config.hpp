@@ -63,6 +63,7 @@ struct mesh_config {
   int fragments = 24;              // P (decoupled, streaming); dp and diloco use 1
   int quorum = 1;                  // K (decoupled); the synchronous modes wait for all
   int rounds_in_flight = 2;        // τ
+  std::string fragment_order = "round_robin";  // which fragment a round's turn goes to: round_robin | stalest | shuffled
   double grace_factor = 0.8;       // γ
   bool grace = true;               // adaptive grace window (decoupled)
   double ema_alpha = 0.5;          // smoothing of the timing estimates

@@ -325,4 +325,19 @@ std::vector<std::uint32_t> round_robin_shards(int fragments, std::uint32_t shard
   return out;
 }
 
+const char* to_string(fragment_order order) {
+  switch (order) {
+    case fragment_order::round_robin: return "round_robin";
+    case fragment_order::stalest: return "stalest";
+    case fragment_order::shuffled: return "shuffled";
+  }
+  return "unknown";
+}
+
+std::optional<fragment_order> parse_fragment_order(std::string_view text) {
+  for (fragment_order o : {fragment_order::round_robin, fragment_order::stalest, fragment_order::shuffled})
+    if (text == to_string(o)) return o;
+  return std::nullopt;
+}
+
 }  // namespace archipelago

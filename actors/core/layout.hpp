@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.hpp"
@@ -116,6 +118,16 @@ expected<fragment_plan> make_fragment_plan(const param_layout& layout, int fragm
 
 /// Maps P fragments round-robin onto `shards` parameter shards: fragment p → p mod shards.
 std::vector<std::uint32_t> round_robin_shards(int fragments, std::uint32_t shards);
+
+/// Which fragment a round's turn goes to (mesh.fragment_order; the broker decides).
+enum class fragment_order : std::uint8_t {
+  round_robin,  // turn r: fragment r mod P; a paused fragment's turn passes unused
+  stalest,      // the fragment whose last round opened longest ago among those that can open now
+  shuffled,     // each cycle of P turns visits every fragment once, in a seeded random order
+};
+const char* to_string(fragment_order order);
+/// "round_robin", "stalest" or "shuffled"; nullopt for anything else.
+std::optional<fragment_order> parse_fragment_order(std::string_view text);
 
 /// Checks a shape's invariants and bounds; the error names the offending field.
 status validate(const model_shape& shape);

@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include "core/prng.hpp"
+
 namespace archipelago {
 
 namespace {
@@ -59,6 +61,11 @@ const char* to_string(close_reason reason) {
 
 broker_core::broker_core(broker_config cfg) : cfg_(std::move(cfg)), next_round_(cfg_.first_round) {
   assert(validate(cfg_).has_value());
+  // As if the cycle before first_round had been round-robin: fragment first_round mod P is the stalest.
+  const auto p_count = static_cast<std::int64_t>(cfg_.fragments);
+  const auto first = static_cast<std::int64_t>(cfg_.first_round);
+  last_turn_.resize(cfg_.fragments);
+  for (std::int64_t p = 0; p < p_count; ++p) last_turn_[p] = first - p_count + ((p - first) % p_count + p_count) % p_count;
   std::uint32_t shards = 0;
   for (std::uint32_t s : cfg_.shard_of_fragment) shards = std::max(shards, s + 1);
   shard_live_.assign(shards, true);
@@ -396,7 +403,15 @@ void broker_core::open_due_rounds(nanos now) {
     if (!step) return;
     if (any_opened_ && now < last_open_ns_ + std::llround(static_cast<double>(*step) * cfg_.steps_per_round)) return;
 
-    const auto fragment = static_cast<std::uint32_t>(next_round_ % static_cast<std::uint64_t>(cfg_.fragments));
+    if (cfg_.order == fragment_order::stalest) {
+      // Every turn goes to a fragment that can take it: a paused fragment's turns go to
+      // the others meanwhile, and once it can open again it is the stalest, so it goes first.
+      const std::optional<std::uint32_t> fragment = stalest_open_fragment(now);
+      if (!fragment) return;
+      open_round_for(*fragment, std::move(eligible), now);
+      continue;
+    }
+    const std::uint32_t fragment = fragment_of_turn(next_round_);
     const std::uint32_t shard = cfg_.shard_of_fragment[fragment];
     if (const turn t = turn_of(fragment, shard, now); t != turn::open) {
       // A paused fragment (its shard silent, or its last merge not durable yet)
@@ -411,21 +426,53 @@ void broker_core::open_due_rounds(nanos now) {
       ++skipped;
       continue;
     }
-    round_state rs;
-    rs.round = next_round_++;
-    rs.fragment = fragment;
-    rs.shard = shard;
-    rs.opened_ns = now;
-    rs.eligible = eligible;
-    rs.quorum = cfg_.quorum;
-    rs.grace_factor = cfg_.grace_factor;
-    last_open_ns_ = now;
-    any_opened_ = true;
-    ++counters_.rounds_opened;
-    effects_.push_back(open_round{round_number{rs.round}, fragment_index{rs.fragment}, rs.shard,
-                                  std::move(eligible)});
-    open_.emplace(rs.round, std::move(rs));
+    open_round_for(fragment, std::move(eligible), now);
   }
+}
+
+std::uint32_t broker_core::fragment_of_turn(std::uint64_t round) {
+  const auto p_count = static_cast<std::uint64_t>(cfg_.fragments);
+  if (cfg_.order != fragment_order::shuffled) return static_cast<std::uint32_t>(round % p_count);
+  // A function of the round alone, so a restarted broker keeps its predecessor's order.
+  if (const std::uint64_t cycle = round / p_count; cycle != shuffled_cycle_) {
+    shuffled_order_.resize(p_count);
+    for (std::uint32_t p = 0; p < p_count; ++p) shuffled_order_[p] = p;
+    prng rng(derive_seed(cfg_.order_seed, cycle));
+    for (std::uint64_t i = p_count; i > 1; --i) std::swap(shuffled_order_[i - 1], shuffled_order_[rng.below(i)]);
+    shuffled_cycle_ = cycle;
+  }
+  return shuffled_order_[round % p_count];
+}
+
+std::optional<std::uint32_t> broker_core::stalest_open_fragment(nanos now) const {
+  const bool one_shard = shard_live_.size() <= 1;
+  std::vector<std::uint32_t> by_age(static_cast<std::size_t>(cfg_.fragments));
+  for (std::uint32_t p = 0; p < by_age.size(); ++p) by_age[p] = p;
+  std::sort(by_age.begin(), by_age.end(), [&](std::uint32_t a, std::uint32_t b) { return last_turn_[a] < last_turn_[b]; });
+  for (std::uint32_t p : by_age) {
+    const turn t = turn_of(p, cfg_.shard_of_fragment[p], now);
+    if (t == turn::open) return p;
+    // As in round-robin: one busy shard is waited for, and the synchronous modes wait for durability.
+    if ((t == turn::shard_busy && one_shard) || (t == turn::not_durable && cfg_.wait_for_all)) return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+void broker_core::open_round_for(std::uint32_t fragment, std::vector<learner_ref> eligible, nanos now) {
+  round_state rs;
+  rs.round = next_round_++;
+  rs.fragment = fragment;
+  rs.shard = cfg_.shard_of_fragment[fragment];
+  rs.opened_ns = now;
+  rs.eligible = eligible;
+  rs.quorum = cfg_.quorum;
+  rs.grace_factor = cfg_.grace_factor;
+  last_turn_[fragment] = static_cast<std::int64_t>(rs.round);
+  last_open_ns_ = now;
+  any_opened_ = true;
+  ++counters_.rounds_opened;
+  effects_.push_back(open_round{round_number{rs.round}, fragment_index{rs.fragment}, rs.shard, std::move(eligible)});
+  open_.emplace(rs.round, std::move(rs));
 }
 
 void broker_core::mark_dead(learner_index index, learner_state& st) {

@@ -32,6 +32,8 @@ struct broker_config {
   nanos liveness_timeout_ns = 3'000'000'000;
   nanos round_timeout_ns = 60'000'000'000;  // bound on any open round
   std::vector<std::uint32_t> shard_of_fragment;  // fragment → shard index, size P
+  fragment_order order = fragment_order::round_robin;  // core/layout.hpp
+  std::uint64_t order_seed = 0;  // shuffled: the cycles' orders derive from it
   /// A resumed mesh numbers its rounds on from its snapshot's; a restarted broker
   /// after every round its predecessor opened (its tape and round lease). Rounds
   /// below it belong to an earlier broker: a contribution for one is late.
@@ -284,6 +286,11 @@ class broker_core {
   /// Whether fragment p's turn can open a round now, and if not, why.
   enum class turn : std::uint8_t { open, shard_silent, not_durable, shard_busy };
   turn turn_of(std::uint32_t fragment, std::uint32_t shard, nanos now) const;
+  /// round_robin and shuffled: the fragment whose turn round `round` is.
+  std::uint32_t fragment_of_turn(std::uint64_t round);
+  /// stalest: the fragment to open now (nullopt: none can, or the stalest one is waited for).
+  std::optional<std::uint32_t> stalest_open_fragment(nanos now) const;
+  void open_round_for(std::uint32_t fragment, std::vector<learner_ref> eligible, nanos now);
   void abort_rounds_of(std::uint32_t shard, nanos now);
   std::vector<learner_ref> eligible_now() const;
   round_record* find_record_mut(std::uint64_t round);
@@ -301,6 +308,12 @@ class broker_core {
   std::vector<bool> shard_live_;  // per shard: not found silent
 
   std::uint64_t next_round_ = 0;
+  /// stalest: per fragment, the round it last opened at (before any: a value that
+  /// makes the first cycle round-robin from first_round).
+  std::vector<std::int64_t> last_turn_;
+  /// shuffled: the order of cycle `shuffled_cycle_` (turns cycle·P .. cycle·P + P − 1).
+  std::uint64_t shuffled_cycle_ = ~std::uint64_t{0};
+  std::vector<std::uint32_t> shuffled_order_;
   nanos last_open_ns_ = 0;
   bool any_opened_ = false;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/prng.hpp"
 #include "transport/settings_wire.hpp"
 
 namespace archipelago {
@@ -73,6 +74,8 @@ broker_config broker_settings(const mesh_setup& s) {
   b.liveness_timeout_ns = std::max<nanos>(s.cfg.wire.heartbeat_interval_ms * s.cfg.wire.liveness * 1'000'000,
                                           b.round_timeout_ns);
   b.shard_of_fragment = s.shard_of_fragment;
+  b.order = parse_fragment_order(m.fragment_order).value_or(fragment_order::round_robin);  // the knob is checked when parsed
+  b.order_seed = derive_seed(s.cfg.train.seed, 0x6f72646572);  // "order"
   // A learner's claims are bounded by its Progress and its batch × context.
   b.bound_claims = true;
   for (int l = 0; l < s.cfg.mesh.learners; ++l)

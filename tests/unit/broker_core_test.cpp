@@ -10,7 +10,10 @@
 
 #include "core/clock.hpp"
 #include "core/prng.hpp"
+#include "core/config.hpp"
+#include "core/mesh_setup.hpp"
 #include "sync_broker/broker_core.hpp"
+#include "sync_broker/broker_wire.hpp"
 
 using namespace archipelago;
 
@@ -875,4 +878,97 @@ TEST_CASE("members() shows each learner's newest incarnation, liveness and pace"
   CHECK(m[1].steps_done == 0);
   CHECK(m[1].last_heard_ns == 5 * ms);
   CHECK(m[1].step_ema_ns == 0);
+}
+
+TEST_CASE("fragment order: stalest is round-robin in steady state, and serves a paused shard's fragments first") {
+  // The same mesh under both orders: 4 fragments on 2 shards (fragments 0, 2 on
+  // shard 0; 1, 3 on shard 1), every round merged and published at once.
+  auto run = [](fragment_order order, nanos silent_from, nanos silent_to, nanos until) {
+    auto cfg = make_config(4, 2, 1);
+    cfg.adaptive_grace = false;
+    cfg.order = order;
+    harness h(cfg);
+    h.join(0);
+    h.step(0, 1, 10 * ms);
+    for (nanos t = 0; t <= until; t += 1 * ms) {
+      if (t == silent_from) h.core.on_shard_lost(1, t);
+      if (t == silent_to) h.core.on_shard_alive(1, t);
+      h.tick(t);
+      for (const open_round& o : h.all<open_round>())
+        if (h.closes_of(o.round.value).empty()) {
+          h.contribute(o.round.value, 0);
+          h.core.on_published(o.round, o.fragment, o.round.value + 1, h.now());
+        }
+    }
+    std::vector<std::uint32_t> fragments;
+    for (const open_round& o : h.all<open_round>()) fragments.push_back(o.fragment.value);
+    return std::pair{fragments, h.core.counters()};
+  };
+  // No fault: the same sequence, one round per 10 ms turn.
+  const auto [rr, rr_counters] = run(fragment_order::round_robin, -1, -1, 115 * ms);
+  const auto [st, st_counters] = run(fragment_order::stalest, -1, -1, 115 * ms);
+  CHECK(rr == std::vector<std::uint32_t>{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3});
+  CHECK(st == rr);
+  CHECK(st_counters.rounds_skipped == 0);
+
+  // Shard 1 silent from 25 to 85 ms. Round-robin passes its fragments' turns
+  // unused; stalest gives them to shard 0's fragments, then syncs 1 and 3 first.
+  const auto [rr_fault, rr_fault_counters] = run(fragment_order::round_robin, 25 * ms, 85 * ms, 115 * ms);
+  const auto [st_fault, st_fault_counters] = run(fragment_order::stalest, 25 * ms, 85 * ms, 115 * ms);
+  // Turns at 0, 10, ..., 110 ms. Round-robin: 3 at 30, 1 at 50, 3 at 70 pass.
+  CHECK(rr_fault == std::vector<std::uint32_t>{0, 1, 2, 0, 2, 0, 1, 2, 3});
+  CHECK(rr_fault_counters.rounds_skipped == 3);
+  // Stalest: every turn opens a round; back at 90 ms, 3 (never synced) then 1 go first.
+  CHECK(st_fault == std::vector<std::uint32_t>{0, 1, 2, 0, 2, 0, 2, 0, 2, 3, 1, 0});
+  CHECK(st_fault_counters.rounds_skipped == 0);
+  CHECK(st_fault_counters.rounds_opened == 12);
+}
+
+TEST_CASE("fragment order: shuffled visits every fragment once per cycle, in an order the seed and round decide") {
+  auto run = [](std::uint64_t seed, std::uint64_t first_round) {
+    auto cfg = make_config(6, 64, 1);
+    cfg.adaptive_grace = false;
+    cfg.order = fragment_order::shuffled;
+    cfg.order_seed = seed;
+    cfg.first_round = first_round;
+    harness h(cfg);
+    h.join(0);
+    h.step(0, 1, 10 * ms);
+    for (nanos t = 0; t < 180 * ms; t += 10 * ms) h.tick(t);  // 18 turns: three cycles
+    std::vector<std::uint32_t> fragments;
+    for (const open_round& o : h.all<open_round>()) fragments.push_back(o.fragment.value);
+    return fragments;
+  };
+  const auto a = run(7, 0);
+  REQUIRE(a.size() == 18);
+  for (std::size_t cycle = 0; cycle < 3; ++cycle) {
+    CAPTURE(cycle);
+    std::set<std::uint32_t> seen(a.begin() + 6 * cycle, a.begin() + 6 * cycle + 6);
+    CHECK(seen.size() == 6);
+  }
+  CHECK(run(7, 0) == a);  // deterministic
+  CHECK(run(8, 0) != a);  // another seed, another order
+  CHECK(!std::equal(a.begin(), a.begin() + 6, a.begin() + 6));  // a new order each cycle
+  // A broker that starts at round 6 (a restart) continues the same order.
+  const auto resumed = run(7, 6);
+  CHECK(std::equal(resumed.begin(), resumed.begin() + 12, a.begin() + 6));
+  CHECK(parse_fragment_order("stalest") == fragment_order::stalest);
+  CHECK_FALSE(parse_fragment_order("oldest").has_value());
+}
+
+TEST_CASE("fragment order: the mesh's broker takes mesh.fragment_order, seeded by train.seed") {
+  auto settings = [](const std::string& order, const std::string& seed) {
+    config cfg;
+    REQUIRE(set_knob(cfg, "model.size", "nano"));
+    if (!order.empty()) REQUIRE(set_knob(cfg, "mesh.fragment_order", order));
+    REQUIRE(set_knob(cfg, "train.seed", seed));
+    auto policy = resolve_policy(cfg);
+    REQUIRE(policy);
+    return broker_settings(make_mesh_setup(cfg, *policy));
+  };
+  CHECK(settings("", "1").order == fragment_order::round_robin);
+  CHECK(settings("stalest", "1").order == fragment_order::stalest);
+  CHECK(settings("shuffled", "1").order == fragment_order::shuffled);
+  CHECK(settings("shuffled", "1").order_seed == settings("shuffled", "1").order_seed);
+  CHECK(settings("shuffled", "1").order_seed != settings("shuffled", "2").order_seed);
 }

@@ -46,6 +46,10 @@ TEST_CASE("bad configuration is reported with the key and the bound") {
   CHECK_FALSE(set_knob(cfg, "train.threads", "two"));
   CHECK_FALSE(set_knob(cfg, "optimizer.lr", "nan"));
   CHECK_FALSE(set_knob(cfg, "model.size", "huge"));
+  auto order = set_knob(cfg, "mesh.fragment_order", "oldest");
+  REQUIRE_FALSE(order);
+  CHECK(order.err().message.find("unknown fragment order 'oldest' (round_robin, stalest or shuffled)") != std::string::npos);
+  CHECK(cfg.mesh.fragment_order == "round_robin");
   auto unknown = set_knob(cfg, "train.stepz", "1");
   REQUIRE_FALSE(unknown);
   CHECK(unknown.err().message.find("train.stepz") != std::string::npos);
