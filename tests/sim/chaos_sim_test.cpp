@@ -674,12 +674,8 @@ target = "shard/0"
   check_recovered(d);
 }
 
-// The broker cannot reach shard 1 for 10 s (the learners can): its transport
-// finds the shard silent, shard 1's fragments pause and shard 0's keep their
-// pace; once the link heals, shard 1's fragments merge again and every learner
-// holds the shards' versions.
-TEST_CASE("sim: a partition between the broker and one shard pauses only that shard's fragments") {
-  const inline_drill d = run_inline(R"(seed = 23
+// The broker cannot reach shard 1 for 10 s (the learners can).
+constexpr const char* shard1_cut_from_broker = R"(seed = 23
 duration = "20s"
 liveness = "6s"
 
@@ -688,7 +684,13 @@ at = "5s"
 kind = "partition"
 for = "10s"
 groups = [["broker"], ["shard/1"]]
-)");
+)";
+
+// Its transport finds the shard silent, shard 1's fragments pause and shard 0's
+// keep their pace; once the link heals, shard 1's fragments merge again and every
+// learner holds the shards' versions.
+TEST_CASE("sim: a partition between the broker and one shard pauses only that shard's fragments") {
+  const inline_drill d = run_inline(shard1_cut_from_broker);
   const sim_result& r = d.faulty;
   CAPTURE(d.config.seed);
   REQUIRE(r.faults_injected == 1);
@@ -704,16 +706,7 @@ groups = [["broker"], ["shard/1"]]
 // shard 0's fragments, which sync more often meanwhile, and once the broker hears
 // from shard 1 again its two fragments, the stalest, open the next two rounds.
 TEST_CASE("sim: with the stalest fragment order a paused shard's turns go to the others, and its fragments go first when it is back") {
-  const inline_drill d = run_inline(R"(seed = 23
-duration = "20s"
-liveness = "6s"
-
-[[fault]]
-at = "5s"
-kind = "partition"
-for = "10s"
-groups = [["broker"], ["shard/1"]]
-)", 0, fragment_order::stalest);
+  const inline_drill d = run_inline(shard1_cut_from_broker, 0, fragment_order::stalest);
   const sim_result& r = d.faulty;
   CAPTURE(d.config.seed);
   REQUIRE(r.faults_injected == 1);
