@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "core/clock.hpp"
-#include "core/prng.hpp"
 #include "core/config.hpp"
 #include "core/mesh_setup.hpp"
+#include "core/prng.hpp"
 #include "sync_broker/broker_core.hpp"
 #include "sync_broker/broker_wire.hpp"
 
