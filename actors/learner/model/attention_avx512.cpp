@@ -13,7 +13,6 @@
 namespace archipelago {
 namespace {
 
-
 using index = std::int64_t;
 constexpr int lanes = 16;
 constexpr int score_rows = 8;  // query rows per block of the score and softmax passes
