@@ -200,16 +200,35 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
   const round_number r{env.header().getRound()};
   const fragment_index p{close.getFragment()};
   std::vector<shard_core::decided_member> members;
-  // A fragment whose newest version is not durable yet merges nothing more: its
-  // next version would build on one a crash may take back (the broker pauses it).
-  const bool paused = pending_.count(p.value) != 0;
-  if (close.getQuorumNs() >= 0 && !paused)
+  const bool merge = close.getQuorumNs() >= 0;  // else aborted: its contributions are dropped unmerged
+  if (merge)
     for (auto mb : close.getMembers()) {
       // A broker of before the bound sends neither count (0, 0): the claim stands.
       const bool bounded = mb.getTokens() != 0 || mb.getSteps() != 0 || mb.getWeight() == 0;
       members.push_back({{{mb.getLearner()}, incarnation{mb.getIncarnation()}}, bounded, mb.getTokens(), mb.getSteps()});
     }
-  if (paused && close.getQuorumNs() >= 0) ++deferred_rounds_;
+  // A fragment whose newest version is not durable yet merges nothing more now: its
+  // next version would build on one a crash may take back. The round waits for it
+  // (decide_deferred), in order behind any other that waits.
+  if (std::deque<deferred_close>* queue = core_->owns(p) ? &deferred_[p.value] : nullptr;
+      merge && queue && (pending_.count(p.value) != 0 || !queue->empty())) {
+    if (queue->size() >= max_deferred_per_fragment) {  // the store has been failing for long: bounded
+      const round_number oldest = queue->front().round;
+      queue->pop_front();
+      ++deferred_dropped_;
+      log_.warn("shard.deferred_dropped", "archipelago shard %u: round %llu of fragment %u dropped unmerged: %zu "
+                "rounds already wait for its last version to become durable", index_,
+                static_cast<unsigned long long>(oldest.value), p.value, max_deferred_per_fragment);
+      (void)core_->on_round_decided(oldest, p, std::vector<shard_core::decided_member>{});
+    }
+    queue->push_back({r, std::move(members)});
+    ++deferred_rounds_;
+    return;
+  }
+  decide(r, p, members);
+}
+
+void shard_wire::decide(round_number r, fragment_index p, const std::vector<shard_core::decided_member>& members) {
   auto published = core_->on_round_decided(r, p, members);
   report_screened();
   if (!published) {
@@ -223,6 +242,15 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
   pending_commit& pc = pending_[p.value];
   pc.commit = {std::move(**published), core_->outer_state(p), core_->ledger()};
   store_->commit(pc.commit);
+}
+
+void shard_wire::decide_deferred(fragment_index p) {
+  auto it = deferred_.find(p.value);
+  while (it != deferred_.end() && !it->second.empty() && pending_.count(p.value) == 0) {
+    const deferred_close next = std::move(it->second.front());
+    it->second.pop_front();
+    decide(next.round, p, next.members);
+  }
 }
 
 /// The members the last close set apart, logged: claims above the broker's bound,
@@ -276,6 +304,7 @@ void shard_wire::on_committed(fragment_index p, std::uint64_t version, round_num
   std::vector<float> theta = std::move(it->second.commit.state.theta);
   pending_.erase(it);
   publish(p, version, round, std::move(theta), true);
+  decide_deferred(p);
 }
 
 void shard_wire::on_commit_failed(fragment_index p, std::uint64_t version) {
@@ -351,8 +380,11 @@ void shard_wire::add_metrics(prometheus_text& page) const {
   page.gauge("archipelago_shard_undurable_fragments", "Fragments whose newest version is not durable yet (paused).",
              static_cast<double>(pending_.size()), l);
   page.counter("archipelago_shard_deferred_rounds_total",
-               "Rounds closed while their fragment's newest version was not durable: nothing merged.",
+               "Rounds closed while their fragment's newest version was not durable: merged once it was.",
                static_cast<double>(deferred_rounds_), l);
+  page.counter("archipelago_shard_deferred_dropped_total",
+               "Deferred rounds dropped unmerged: more than the bound waited for one fragment's durability.",
+               static_cast<double>(deferred_dropped_), l);
   const shard_ledger& led = core_->ledger();
   const std::tuple<const char*, std::uint64_t, std::uint64_t> outcomes[] = {
       {"merged", led.merged, led.merged_tokens},

@@ -11,6 +11,7 @@
 // reads. The actor shell (shard_actor) and the simulation (tests/sim) both run it.
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -86,6 +87,10 @@ class shard_wire {
 
   /// Broker messages refused: their broker had been deposed (broker_follower).
   std::uint64_t broker_messages_fenced() const { return broker_.fenced(); }
+  /// Rounds closed while their fragment's last version was not durable (merged once it
+  /// was), and of them those dropped unmerged because more than the bound waited.
+  std::uint64_t deferred_rounds() const { return deferred_rounds_; }
+  std::uint64_t deferred_dropped() const { return deferred_dropped_; }
   const shard_core& core() const { return *core_; }
   /// The newest version of `p` the learners may see (durable, or no store kept).
   std::uint64_t visible_version(fragment_index p) const { return visible_.at(p.value).version; }
@@ -100,6 +105,11 @@ class shard_wire {
   bool follow_broker(const transport::decoded_envelope& env);
   void on_contribution(const transport::decoded_envelope& env);
   void on_round_close(const transport::decoded_envelope& env);
+  /// Merges round r of p with the members the broker decided, and hands the version to the store.
+  void decide(round_number r, fragment_index p, const std::vector<shard_core::decided_member>& members);
+  /// The rounds of p that closed while its last version was not durable, merged in
+  /// order now that it is (each new version pauses the fragment again: the rest wait).
+  void decide_deferred(fragment_index p);
   void report_screened();
   void on_fetch(const transport::decoded_envelope& env);
   void apply_settings(const std::vector<live_setting>& changed);
@@ -113,6 +123,7 @@ class shard_wire {
   shard_store* store_;
   std::vector<fragment_index> owned_;
   std::uint64_t deferred_rounds_ = 0;  // rounds closed while their fragment's last version was not durable
+  std::uint64_t deferred_dropped_ = 0;  // ...of them, dropped unmerged: more waited than the bound
   std::unique_ptr<shard_core> core_;
   chaos_receiver chaos_;
   node_counters counts_;
@@ -135,6 +146,15 @@ class shard_wire {
     bool failed = false;
   };
   std::map<std::uint32_t, pending_commit> pending_;
+  /// Per fragment, the rounds the broker closed while it was paused, oldest first:
+  /// merged once its last version is durable (the learners' work in them is not
+  /// thrown away, and the broker, which waits for their versions, gets them).
+  struct deferred_close {
+    round_number round;
+    std::vector<shard_core::decided_member> members;
+  };
+  static constexpr std::size_t max_deferred_per_fragment = 16;
+  std::map<std::uint32_t, std::deque<deferred_close>> deferred_;
 };
 
 }  // namespace archipelago

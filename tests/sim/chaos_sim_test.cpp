@@ -282,6 +282,40 @@ void check_rejoined(const sim_result& r, const sim_config& c) {
   }
 }
 
+/// Every round a broker closed with members is merged and published — a shard whose
+/// fragment's last version is not durable yet holds the close until it is, and drops
+/// none of the learners' work in it. Not checked around a fault that touches a shard
+/// or a broker (from in_flight_ns before it to settle_ns after its repair): a dead
+/// shard takes its open rounds with it, and a new broker holds no record of the old one's.
+void check_closed_rounds_published(const sim_result& r, const sim_config& c) {
+  std::map<std::size_t, nanos> injected_at;
+  std::vector<std::pair<nanos, nanos>> exempt;
+  for (const chaos_action& a : r.chaos_record) {
+    const planned_fault& f = c.timeline[a.fault];
+    bool touches = f.kind == fault_kind::shard_crash || f.kind == fault_kind::storage_errors ||
+                   f.kind == fault_kind::broker_crash || f.kind == fault_kind::broker_host_lost;
+    for (const fault_target& t : f.targets) touches |= t.kind != role::learner;
+    for (const auto& group : f.groups)
+      for (const fault_target& t : group) touches |= t.kind != role::learner;
+    if (!touches) continue;
+    if (a.action == chaos_action::what::inject) injected_at[a.fault] = a.at_ns;
+    if (a.action == chaos_action::what::repair) exempt.emplace_back(injected_at.at(a.fault) - in_flight_ns, a.at_ns + settle_ns);
+    if (a.action == chaos_action::what::inject && f.kind == fault_kind::broker_host_lost)
+      exempt.emplace_back(a.at_ns - in_flight_ns, c.duration_ns);
+  }
+  std::size_t checked = 0;
+  for (const round_record& rec : r.history) {
+    if (rec.quorum_ns < 0 || rec.members.empty() || rec.closed_ns > c.duration_ns - settle_ns) continue;
+    if (std::any_of(exempt.begin(), exempt.end(), [&](const auto& e) { return rec.closed_ns >= e.first && rec.closed_ns < e.second; }))
+      continue;
+    ++checked;
+    CHECK_MESSAGE(rec.published_ns >= 0, "round " << rec.round.value << " of fragment " << rec.fragment.value
+                                                  << " closed at " << static_cast<double>(rec.closed_ns) / 1e9 << " s with "
+                                                  << rec.members.size() << " members, never published");
+  }
+  CHECK(checked > 0);
+}
+
 void check_chaos(const sim_result& r, const std::vector<planned_fault>& timeline) {
   CHECK(r.faults_injected > 0);
   CHECK(r.chaos_healed);
@@ -543,6 +577,7 @@ void run_drill(const std::string& name) {
   check_versions(r);
   check_ledger(r, c);
   check_rejoined(r, c);
+  check_closed_rounds_published(r, c);
   CHECK(r.final_loss < 0.2 * r.initial_loss);
   CHECK(std::abs(r.final_loss - clean.final_loss) <= loss_tolerance * clean.final_loss);
 }

@@ -1161,6 +1161,8 @@ void mesh::collect(sim_result& r) const {
   for (const shard_process& proc : shards_) {
     r.shards.push_back(proc.wire->core().ledger());
     r.fenced_at_shards += proc.wire->broker_messages_fenced();
+    r.shard_deferred_rounds += proc.wire->deferred_rounds();
+    r.shard_deferred_dropped += proc.wire->deferred_dropped();
   }
   for (std::size_t i = 0; i < learners_.size(); ++i) {
     const learner& l = learners_[i];
