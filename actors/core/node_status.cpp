@@ -176,11 +176,24 @@ expected<node_status> node_status_from_json(std::string_view text) {
   }
 }
 
+namespace {
+
+/// A status of one incarnation taken before `than`: its counters only grow.
+bool taken_before(const node_counters& s, const node_counters& than) {
+  return s.steps < than.steps || s.tokens < than.tokens || s.published < than.published ||
+         s.rounds_closed < than.rounds_closed || s.committed < than.committed;
+}
+
+}  // namespace
+
 void status_board::update(const node_status& s) {
   std::lock_guard lock(mutex_);
   auto [it, fresh] = entries_.try_emplace(s.node);
   entry& e = it->second;
   if (!fresh && s.incarnation < e.now.incarnation) return;  // an older incarnation's late word
+  // The same incarnation's older word: a poll answered before another that landed first
+  // (a drill's periodic mirror and its mirror right before a kill race).
+  if (!fresh && s.incarnation == e.now.incarnation && taken_before(s.counts, e.now.counts)) return;
   if (!fresh && s.incarnation > e.now.incarnation) e.earlier += e.now.counts;
   e.now = s;
 }

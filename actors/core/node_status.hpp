@@ -120,7 +120,8 @@ expected<node_status> node_status_from_json(std::string_view text);
 /// or mirrors of other processes'. Thread-safe. A status of a newer incarnation
 /// replaces the node's current one and adds that one's counters to the node's
 /// earlier incarnations' (a restart keeps what the killed incarnation did); a
-/// status of an older incarnation is ignored.
+/// status of an older incarnation is ignored, and so is one of the same incarnation
+/// whose counters are behind the current one's (taken earlier, arrived later).
 class status_board {
  public:
   struct entry {

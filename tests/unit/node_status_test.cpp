@@ -136,6 +136,15 @@ TEST_CASE("status board: a restart keeps the earlier incarnation's counts, an ol
   learner.left = true;
   board.update(learner);
   CHECK(board.learners_left() == 1);
+  // A status of the same incarnation taken before the current one, arriving after it
+  // (two polls racing), changes nothing: the counts never go back.
+  node_status earlier_poll = learner;
+  earlier_poll.counts.steps = 7;
+  earlier_poll.left = false;
+  board.update(earlier_poll);
+  CHECK(board.find({role::learner, 0})->now.counts.steps == 8);
+  CHECK(board.learners_left() == 1);
+  CHECK(board.total(role::learner).steps == 8);
   CHECK(board.entries().size() == 2);
   CHECK(board.entries().front().now.node.kind == role::learner);  // ordered by address
 }
