@@ -207,8 +207,8 @@ struct sim_result {
   /// took all the same (must be 0: fencing), and the broker messages shards refused.
   std::uint64_t closes_merged_by_deposed = 0, fenced_at_shards = 0;
   std::vector<shard_ledger> shards;
-  /// Every shard incarnation's rounds closed while their fragment's last version was
-  /// not durable yet (held, merged once it was), and those dropped unmerged (the bound).
+  /// The shards' (their last incarnations') rounds closed while their fragment's last
+  /// version was not durable yet (held, merged once it was), and those dropped unmerged (the bound).
   std::uint64_t shard_deferred_rounds = 0, shard_deferred_dropped = 0;
   std::uint64_t published = 0;
   std::uint64_t messages_sent = 0, messages_lost = 0;
