@@ -210,20 +210,22 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
   // A fragment whose newest version is not durable yet merges nothing more now: its
   // next version would build on one a crash may take back. The round waits for it
   // (decide_deferred), in order behind any other that waits.
-  if (std::deque<deferred_close>* queue = core_->owns(p) ? &deferred_[p.value] : nullptr;
-      merge && queue && (pending_.count(p.value) != 0 || !queue->empty())) {
-    if (queue->size() >= max_deferred_per_fragment) {  // the store has been failing for long: bounded
-      const round_number oldest = queue->front().round;
-      queue->pop_front();
-      ++deferred_dropped_;
-      log_.warn("shard.deferred_dropped", "archipelago shard %u: round %llu of fragment %u dropped unmerged: %zu "
-                "rounds already wait for its last version to become durable", index_,
-                static_cast<unsigned long long>(oldest.value), p.value, max_deferred_per_fragment);
-      (void)core_->on_round_decided(oldest, p, std::vector<shard_core::decided_member>{});
+  if (merge && core_->owns(p)) {
+    std::deque<deferred_close>& queue = deferred_[p.value];
+    if (pending_.count(p.value) != 0 || !queue.empty()) {
+      if (queue.size() >= max_deferred_per_fragment) {  // the store has been failing for long: bounded
+        const round_number oldest = queue.front().round;
+        queue.pop_front();
+        ++deferred_dropped_;
+        log_.warn("shard.deferred_dropped", "archipelago shard %u: round %llu of fragment %u dropped unmerged: %zu "
+                  "rounds already wait for its last version to become durable", index_,
+                  static_cast<unsigned long long>(oldest.value), p.value, max_deferred_per_fragment);
+        (void)core_->on_round_decided(oldest, p, std::vector<shard_core::decided_member>{});
+      }
+      queue.push_back({r, std::move(members)});
+      ++deferred_rounds_;
+      return;
     }
-    queue->push_back({r, std::move(members)});
-    ++deferred_rounds_;
-    return;
   }
   decide(r, p, members);
 }

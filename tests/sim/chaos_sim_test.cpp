@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <set>
 #include <sstream>
@@ -135,21 +136,39 @@ std::vector<stall> stalls_longer_than(const sim_result& r, nanos end_ns, nanos b
   return out;
 }
 
+/// [from, to): a stretch of the run.
+using span = std::pair<nanos, nanos>;
+
+/// When the faults `matching` were in force, each widened by `before` and `after`:
+/// [inject − before, repair + after); one never repaired (a lost host) to the run's end.
+std::vector<span> in_force(const sim_result& r, const sim_config& c,
+                           const std::function<bool(const planned_fault&)>& matching, nanos before, nanos after) {
+  std::map<std::size_t, nanos> injected_at;
+  for (const chaos_action& a : r.chaos_record)
+    if (a.action == chaos_action::what::inject && matching(c.timeline[a.fault])) injected_at[a.fault] = a.at_ns;
+  std::vector<span> out;
+  for (const chaos_action& a : r.chaos_record)
+    if (a.action == chaos_action::what::repair && injected_at.count(a.fault) != 0) {
+      out.emplace_back(injected_at.at(a.fault) - before, a.at_ns + after);
+      injected_at.erase(a.fault);
+    }
+  for (const auto& [fault, at] : injected_at) out.emplace_back(at - before, c.duration_ns);
+  return out;
+}
+
+bool within(const std::vector<span>& spans, nanos t) {
+  return std::any_of(spans.begin(), spans.end(), [&](const span& s) { return t >= s.first && t < s.second; });
+}
+
 /// Checks the stalls (see above); returns the longest gap seen, for the report.
 nanos check_downtime(const sim_result& r, const sim_config& c) {
-  std::vector<std::pair<nanos, nanos>> lossy;  // when lossy link faults were in force
-  std::map<std::size_t, nanos> injected_at;
-  for (const chaos_action& a : r.chaos_record) {
-    const planned_fault& f = c.timeline[a.fault];
-    if (f.kind != fault_kind::link || (f.link.loss <= 0 && f.link.corrupt <= 0)) continue;
-    if (a.action == chaos_action::what::inject) injected_at[a.fault] = a.at_ns;
-    if (a.action == chaos_action::what::repair) lossy.emplace_back(injected_at.at(a.fault), a.at_ns + in_flight_ns);
-  }
+  const std::vector<span> lossy = in_force(
+      r, c, [](const planned_fault& f) { return f.kind == fault_kind::link && (f.link.loss > 0 || f.link.corrupt > 0); },
+      0, in_flight_ns);
   nanos longest = 0;
   for (const stall& s : stalls_longer_than(r, c.duration_ns, 0)) longest = std::max(longest, s.length_ns);
   for (const stall& s : stalls_longer_than(r, c.duration_ns, max_publication_gap_ns)) {
-    const bool in_lossy = std::any_of(lossy.begin(), lossy.end(),
-                                      [&](const auto& w) { return s.at_ns >= w.first && s.at_ns < w.second; });
+    const bool in_lossy = within(lossy, s.at_ns);
     INFO("no publication for " << static_cast<double>(s.length_ns) / 1e9 << " s from "
                                << static_cast<double>(s.at_ns) / 1e9 << " s with >= K learners healthy"
                                << (in_lossy ? " (lossy links)" : ""));
@@ -288,26 +307,21 @@ void check_rejoined(const sim_result& r, const sim_config& c) {
 /// or a broker (from in_flight_ns before it to settle_ns after its repair): a dead
 /// shard takes its open rounds with it, and a new broker holds no record of the old one's.
 void check_closed_rounds_published(const sim_result& r, const sim_config& c) {
-  std::map<std::size_t, nanos> injected_at;
-  std::vector<std::pair<nanos, nanos>> exempt;
-  for (const chaos_action& a : r.chaos_record) {
-    const planned_fault& f = c.timeline[a.fault];
-    bool touches = f.kind == fault_kind::shard_crash || f.kind == fault_kind::storage_errors ||
-                   f.kind == fault_kind::broker_crash || f.kind == fault_kind::broker_host_lost;
-    for (const fault_target& t : f.targets) touches |= t.kind != role::learner;
-    for (const auto& group : f.groups)
-      for (const fault_target& t : group) touches |= t.kind != role::learner;
-    if (!touches) continue;
-    if (a.action == chaos_action::what::inject) injected_at[a.fault] = a.at_ns;
-    if (a.action == chaos_action::what::repair) exempt.emplace_back(injected_at.at(a.fault) - in_flight_ns, a.at_ns + settle_ns);
-    if (a.action == chaos_action::what::inject && f.kind == fault_kind::broker_host_lost)
-      exempt.emplace_back(a.at_ns - in_flight_ns, c.duration_ns);
-  }
+  const std::vector<span> exempt = in_force(
+      r, c,
+      [](const planned_fault& f) {
+        bool touches = f.kind == fault_kind::shard_crash || f.kind == fault_kind::storage_errors ||
+                       f.kind == fault_kind::broker_crash || f.kind == fault_kind::broker_host_lost;
+        for (const fault_target& t : f.targets) touches |= t.kind != role::learner;
+        for (const auto& group : f.groups)
+          for (const fault_target& t : group) touches |= t.kind != role::learner;
+        return touches;
+      },
+      in_flight_ns, settle_ns);
   std::size_t checked = 0;
   for (const round_record& rec : r.history) {
     if (rec.quorum_ns < 0 || rec.members.empty() || rec.closed_ns > c.duration_ns - settle_ns) continue;
-    if (std::any_of(exempt.begin(), exempt.end(), [&](const auto& e) { return rec.closed_ns >= e.first && rec.closed_ns < e.second; }))
-      continue;
+    if (within(exempt, rec.closed_ns)) continue;
     ++checked;
     CHECK_MESSAGE(rec.published_ns >= 0, "round " << rec.round.value << " of fragment " << rec.fragment.value
                                                   << " closed at " << static_cast<double>(rec.closed_ns) / 1e9 << " s with "
