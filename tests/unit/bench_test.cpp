@@ -416,6 +416,9 @@ TEST_CASE("bench compute: the nano engine against its matched GEMM, two timed st
   CHECK(r->sgemm_s.size() == 2);
   CHECK(finite_positive(r->sgemm_gflops()));
   CHECK(r->best_sgemm_gflops() >= r->gemm_gflops());
+  // One round: its ratio to the best GEMM is the run's.
+  REQUIRE(r->round_vs_best_sgemm.size() == 1);
+  CHECK(r->round_vs_best_sgemm.front() == doctest::Approx(r->ratio_vs_best_sgemm()));
   REQUIRE(r->other(dense_backend::eigen) != nullptr);
   CHECK(r->other(dense_backend::eigen)->ratio.size() == 1);
   CHECK(finite_positive(r->backend_tokens_per_s(dense_backend::eigen)));

@@ -141,8 +141,8 @@ int run_compute(const compute_flags& f, logger& log) {
               r->gemm_gflops());
   if (!r->sgemm_s.empty()) std::printf(", oneDNN fp32 %.1f", r->sgemm_gflops());
   if (!r->bf16_gemm_s.empty()) std::printf(", oneDNN bf16 %.1f (inputs rounded on the way in)", r->bf16_gemm_gflops());
-  std::printf("\n  ratio    engine / Eigen GEMM = %.2f; engine / best fp32 GEMM = %.2f\n", r->ratio_vs_gemm(),
-              r->ratio_vs_best_sgemm());
+  std::printf("\n  ratio    engine / Eigen GEMM = %.2f; engine / best fp32 GEMM = %.2f (per round: %s)\n",
+              r->ratio_vs_gemm(), r->ratio_vs_best_sgemm(), per_round(r->round_vs_best_sgemm).c_str());
   if (!r->peaks.empty()) {
     const auto best = std::max_element(r->peaks.begin(), r->peaks.end(), [](const cpu_peak& a, const cpu_peak& b) {
       return a.fp32_gflops() < b.fp32_gflops();

@@ -166,6 +166,8 @@ void run_round(compute_engine& engine, compute_result& r, const compute_options&
   if (r.step_s.size() == first) return;
   const double ours = round_tokens_per_s(r, r.step_s, first);
   r.round_tps.push_back(ours);
+  r.round_vs_best_sgemm.push_back(ours / static_cast<double>(r.tokens_per_step) * r.flops_per_step * 1e-9 /
+                                  r.best_sgemm_gflops(first));
   double ours_bf16 = std::nan("");
   double unused = 0;
   for (std::size_t b = 1; b < engine.backends(); ++b) {
@@ -284,16 +286,18 @@ double compute_result::gemm_gflops() const {
 double compute_result::ratio_vs_gemm() const { return gflops() / gemm_gflops(); }
 
 namespace {
-double gemm_gflops_of(const compute_result& r, const std::vector<double>& samples) {
+/// GFLOP/s of the matched GEMM over its median sample from `first` on (NaN: none).
+double gemm_gflops_of(const compute_result& r, const std::vector<double>& samples, std::size_t first = 0) {
+  if (samples.size() <= first) return std::nan("");
   return 2.0 * static_cast<double>(r.gemm_n) * static_cast<double>(r.gemm_k) * static_cast<double>(r.gemm_m) /
-         median(samples) * 1e-9;
+         median(std::vector<double>(samples.begin() + static_cast<std::ptrdiff_t>(first), samples.end())) * 1e-9;
 }
 }  // namespace
 
 double compute_result::sgemm_gflops() const { return gemm_gflops_of(*this, sgemm_s); }
 double compute_result::bf16_gemm_gflops() const { return gemm_gflops_of(*this, bf16_gemm_s); }
-double compute_result::best_sgemm_gflops() const {
-  const double s = sgemm_gflops(), e = gemm_gflops();
+double compute_result::best_sgemm_gflops(std::size_t first) const {
+  const double s = gemm_gflops_of(*this, sgemm_s, first), e = gemm_gflops_of(*this, gemm_s, first);
   return std::isnan(s) ? e : std::max(s, e);
 }
 double compute_result::ratio_vs_best_sgemm() const { return gflops() / best_sgemm_gflops(); }

@@ -80,6 +80,7 @@ struct compute_result {
   std::vector<double> step_s, gemm_s;  // the engine (oneDNN fp32) and the Eigen GEMM, per timed sample
   std::vector<double> sgemm_s, bf16_gemm_s;  // the same GEMM through oneDNN fp32 / bf16 (empty: not native)
   std::vector<double> round_tps;  // the engine's tokens/s per round
+  std::vector<double> round_vs_best_sgemm;  // the engine's GFLOP/s over the best fp32 GEMM's, per round
   double flops_per_step = 0;
   long gemm_n = 0, gemm_k = 0, gemm_m = 0;  // the matched GEMM: [n x k] x [k x m]
   double optimizer_s = 0;  // AdamW's share of the timed steps
@@ -98,7 +99,8 @@ struct compute_result {
   double gemm_gflops() const;    // Eigen
   double sgemm_gflops() const;   // oneDNN fp32; NaN if not measured
   double bf16_gemm_gflops() const;  // oneDNN bf16; NaN if not measured
-  double best_sgemm_gflops() const;  // the faster fp32 GEMM
+  /// The faster fp32 GEMM, over the samples from `first` on (a round's: its first sample).
+  double best_sgemm_gflops(std::size_t first = 0) const;
   double ratio_vs_gemm() const;  // engine GFLOP/s over the Eigen GEMM's
   double ratio_vs_best_sgemm() const;
   const backend_run* other(dense_backend b) const;  // null if not timed
