@@ -42,11 +42,8 @@ void print_profile(const compute_result& r) {
   row("other", total - covered);
 }
 
-std::string per_round(const std::vector<double>& ratios) {
-  std::string out;
-  for (double x : ratios) out += (out.empty() ? "" : " ") + std::to_string(x).substr(0, 4);
-  return out;
-}
+/// The ratios to two decimals, rounded (0.899 is 0.90).
+std::string per_round(const std::vector<double>& ratios) { return listed(ratios, "%.2f"); }
 
 /// The PyTorch lines.
 void print_torch(const compute_result& r) {
@@ -94,6 +91,7 @@ void print_json(const compute_flags& f, const compute_result& r) {
       .add("bf16_gemm_gflops", r.bf16_gemm_gflops())
       .add("ratio_vs_gemm", r.ratio_vs_gemm())
       .add("ratio_vs_best_sgemm", r.ratio_vs_best_sgemm())
+      .add_raw("ratio_vs_best_sgemm_per_round", json_array(r.round_vs_best_sgemm))
       .add("eigen_tokens_per_s", r.backend_tokens_per_s(dense_backend::eigen))
       .add("ratio_vs_eigen_engine", eigen ? 1.0 / median(eigen->ratio) : std::nan(""))
       .add("bf16_tokens_per_s", r.backend_tokens_per_s(dense_backend::bf16))
