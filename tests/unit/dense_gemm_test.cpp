@@ -64,6 +64,10 @@ std::vector<gemm_case> cases() {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) out.push_back({ta, tb, 37, 29, 70});
   out.push_back({true, false, 24, 48, 512});  // a weight gradient: long K
+  // An input gradient (B transposed) on either side of n = k, where B goes in transposed
+  // or as stored; n over several of the transposing copy's 32-wide tiles, the last partial.
+  out.push_back({false, true, 45, 70, 100});
+  out.push_back({false, true, 40, 96, 24});
   return out;
 }
 
