@@ -167,9 +167,10 @@ void dense_gemm::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
   if (m == 0 || n == 0) return;
   impl& st = *impl_;
   if (precision_ == gemm_precision::fp32 || k == 0) {
-    // A B stored [n×k] with n ≤ k (an input gradient, dY·Wᵀ) goes in transposed: oneDNN's
-    // sgemm runs the NN layout up to a fifth faster there (mini's MLP input gradient on an
-    // AMD EPYC: 22.4 ms with the copy against 27.2), and the product is the same bit for bit.
+    // B stored [n×k] with n ≤ k (an input gradient dY·Wᵀ, W no taller than wide) goes in
+    // transposed: oneDNN's sgemm runs the NN layout up to a fifth faster there (mini's MLP
+    // input gradient on an AMD EPYC: 22.4 ms with the copy against 27.2), and the product is
+    // the same bit for bit.
     if (trans_b && n <= k) {
       impl::ensure(st.bt, n * k);
       transpose(b, n, k, ldb, st.bt.data());
