@@ -166,8 +166,7 @@ void run_round(compute_engine& engine, compute_result& r, const compute_options&
   if (r.step_s.size() == first) return;
   const double ours = round_tokens_per_s(r, r.step_s, first);
   r.round_tps.push_back(ours);
-  r.round_vs_best_sgemm.push_back(ours / static_cast<double>(r.tokens_per_step) * r.flops_per_step * 1e-9 /
-                                  r.best_sgemm_gflops(first));
+  r.round_vs_best_sgemm.push_back(r.gflops_at(ours) / r.best_sgemm_gflops(first));
   double ours_bf16 = std::nan("");
   double unused = 0;
   for (std::size_t b = 1; b < engine.backends(); ++b) {
@@ -276,14 +275,11 @@ double compute_result::step_median_s() const { return median(step_s); }
 double compute_result::step_best_s() const {
   return step_s.empty() ? std::nan("") : *std::min_element(step_s.begin(), step_s.end());
 }
-double compute_result::gemm_median_s() const { return median(gemm_s); }
 double compute_result::tokens_per_s() const { return static_cast<double>(tokens_per_step) / step_median_s(); }
 double compute_result::gflops() const { return flops_per_step / step_median_s() * 1e-9; }
-double compute_result::gemm_gflops() const {
-  return 2.0 * static_cast<double>(gemm_n) * static_cast<double>(gemm_k) * static_cast<double>(gemm_m) /
-         gemm_median_s() * 1e-9;
+double compute_result::gflops_at(double tokens_per_s) const {
+  return tokens_per_s / static_cast<double>(tokens_per_step) * flops_per_step * 1e-9;
 }
-double compute_result::ratio_vs_gemm() const { return gflops() / gemm_gflops(); }
 
 namespace {
 /// GFLOP/s of the matched GEMM over its median sample from `first` on (NaN: none).
@@ -293,6 +289,9 @@ double gemm_gflops_of(const compute_result& r, const std::vector<double>& sample
          median(std::vector<double>(samples.begin() + static_cast<std::ptrdiff_t>(first), samples.end())) * 1e-9;
 }
 }  // namespace
+
+double compute_result::gemm_gflops() const { return gemm_gflops_of(*this, gemm_s); }
+double compute_result::ratio_vs_gemm() const { return gflops() / gemm_gflops(); }
 
 double compute_result::sgemm_gflops() const { return gemm_gflops_of(*this, sgemm_s); }
 double compute_result::bf16_gemm_gflops() const { return gemm_gflops_of(*this, bf16_gemm_s); }
@@ -312,9 +311,7 @@ double compute_result::backend_tokens_per_s(dense_backend b) const {
   const backend_run* run = other(b);
   return run ? static_cast<double>(tokens_per_step) / median(run->step_s) : std::nan("");
 }
-double compute_result::backend_gflops(dense_backend b) const {
-  return backend_tokens_per_s(b) / static_cast<double>(tokens_per_step) * flops_per_step * 1e-9;
-}
+double compute_result::backend_gflops(dense_backend b) const { return gflops_at(backend_tokens_per_s(b)); }
 double compute_result::fp32_peak_gflops() const {
   double best = std::nan("");
   for (const auto& p : peaks)

@@ -93,9 +93,9 @@ struct compute_result {
 
   double step_median_s() const;
   double step_best_s() const;
-  double gemm_median_s() const;
   double tokens_per_s() const;  // over the median step
   double gflops() const;
+  double gflops_at(double tokens_per_s) const;  // the step's FLOPs at that rate
   double gemm_gflops() const;    // Eigen
   double sgemm_gflops() const;   // oneDNN fp32; NaN if not measured
   double bf16_gemm_gflops() const;  // oneDNN bf16; NaN if not measured
