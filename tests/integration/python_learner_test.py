@@ -30,6 +30,11 @@ PYTHONPATH=build/python. One case per argument:
            SIGKILLs and restarts it like the native ones, every restart of it is back at work
            (a merged contribution: its rejoin time in the report), the drill passes (no
            downtime, ledger exact).
+  moe      the mixture-of-experts example (tools/python/examples/moe_mesh.py): a switch MoE
+           and a dense model, each trained by two PyTorch learners in a mesh of its own;
+           every learner's held-out loss falls, each ledger is balanced and holds exactly
+           each learner's tokens, each expert is one fragment of its own in the store, and
+           the router sends tokens to every expert.
 """
 
 import json
@@ -290,6 +295,38 @@ def case_drill():
           f"{[round(f['rejoin_s'], 2) for f in back]} s; ledger {r['ledger']}")
 
 
+def case_moe():
+    steps = 120
+    cmd = [sys.executable, os.path.join(EXAMPLES, "moe_mesh.py"), "--binary", BINARY, "--steps", str(steps), "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        fail(f"{' '.join(cmd)} exited {out.returncode} without a summary", out.stdout + out.stderr)
+    r = json.loads(lines[-1])
+    for model in ("moe", "dense"):
+        run = r["runs"][model]
+        if not (run["ledger_balanced"] and run["ledger_matches_learners"]) or run["ledger"]["lost"] != 0:
+            fail(f"{model}: the ledger is balanced, holds exactly each learner's tokens, nothing lost (flush)",
+                 json.dumps(run))
+        for l in run["learners"]:
+            if not l["heldout_end"] < l["heldout_start"] - 0.5:
+                fail(f"{model} learner/{l['index']}'s held-out loss fell by more than 0.5 nats/byte", json.dumps(l))
+            if l["tokens"] != steps * 16 * 32 or l["contributions"] < 10:
+                fail(f"{model} learner/{l['index']} trained its steps and contributed", json.dumps(l))
+    moe = r["runs"]["moe"]
+    experts = [moe["fragment_of"][f"experts.{e}"] for e in range(r["experts"])]
+    shared = [n for n, f in moe["fragment_of"].items() if f in experts and not n.startswith("experts.")]
+    if len(set(experts)) != len(experts) or shared:
+        fail("every expert is one fragment of its own", json.dumps(moe["fragment_of"]))
+    for l in moe["learners"]:
+        if min(l["expert_share"]) < 0.02:
+            fail(f"learner/{l['index']}'s router sends tokens to every expert", json.dumps(l))
+    print(f"ok moe: held-out loss MoE {[round(l['heldout_end'], 3) for l in moe['learners']]}, dense "
+          f"{[round(l['heldout_end'], 3) for l in r['runs']['dense']['learners']]}; experts in fragments {experts}; "
+          f"ledgers {moe['ledger']} {r['runs']['dense']['ledger']}; {max(moe['wall_s'], r['runs']['dense']['wall_s']):.0f} s "
+          f"side by side")
+
+
 if __name__ == "__main__":
     {"train": case_train, "layout": case_layout, "nan": case_nan, "rejoin": case_rejoin,
-     "mixed": case_mixed, "port": case_port, "drill": case_drill}[sys.argv[1]]()
+     "mixed": case_mixed, "port": case_port, "drill": case_drill, "moe": case_moe}[sys.argv[1]]()
