@@ -82,5 +82,38 @@ assert s["constants"]["downscale_s"] < 60, s
 PY
 then pass; else fail "simulate --calibrate: $(cat "$work/cal.out" "$work/cal.err")"; fi
 
+# simulate wan: bad input refused by name; the 12B plan against its closed forms; bench
+# scale's JSON read by name.
+expect_error 2 "encoding: unknown tensor encoding 'int3'" -- "$A" simulate wan --encoding int3
+expect_error 2 "link bandwidths must be in" -- "$A" simulate wan --gbit 2,-5
+expect_error 2 "fragments must be in" -- "$A" simulate wan --fragments 0
+expect_error 2 "costs $work/absent.json: cannot be read" -- "$A" simulate wan --costs "$work/absent.json"
+printf '{"command":"bench scale","merge_s_per_gb":0.5,"commit_s_per_gb":2,"wire_ratio":1.1}\n' >"$work/partial.json"
+expect_error 2 "no numeric field \"after_step_s_per_gb\"" -- "$A" simulate wan --costs "$work/partial.json"
+printf 'bench scale ...\n{"command":"bench scale","merge_s_per_gb":0.5,"commit_s_per_gb":2,"after_step_s_per_gb":0.01,"wire_ratio":1.1}\n' \
+  >"$work/costs.json"
+if timeout 60 "$A" simulate wan --costs "$work/costs.json" --commit-s-per-gb 1 --step-s 1.5 --encoding bf16 --json \
+     >"$work/wan.out" 2>"$work/wan.err" && grep -q "paper (blog)" "$work/wan.out" &&
+   python3 - "$(tail -n 1 "$work/wan.out")" "$work/costs.json" <<'PY'
+import json, sys
+s = json.loads(sys.argv[1])
+assert s["command"] == "simulate wan" and s["params"] == 12e9 and s["fragments"] == 24, s
+c = s["costs"]
+assert (c["merge_s_per_gb"], c["after_step_s_per_gb"], c["wire_ratio"]) == (0.5, 0.01, 1.1), c
+assert c["merge_source"] == sys.argv[2] and c["commit_s_per_gb"] == 1 and c["commit_source"] == "flag", c
+n = 12e9 / 24
+assert abs(s["up_bytes"] - n * 2 * 1.1) < 1 and abs(s["down_bytes"] - n * 4 * 1.1) < 1, s
+assert [l["gbit"] for l in s["links"]] == [2, 5], s["links"]
+fixed = 0.5 * 4 * n * 4 / 1e9 + 1 * n * 8 / 1e9 + 0.04
+assert abs(s["fixed_path_s"] - fixed) < 1e-6, s
+for l in s["links"]:
+    assert abs(l["path_s"] - (l["up_s"] + l["down_s"] + fixed)) < 1e-6, l
+    assert l["hidden"] == (l["path_s"] <= l["budget_s"] and max(l["utilisation_up"], l["utilisation_down"]) <= 1), l
+assert s["floor_gbit"] is None or s["floor_gbit"] > 5, s  # 4 GB of merge and commit per round: not hidden in 2 steps
+assert abs(s["dp_floor_gbit"] - 1.5 * 12e9 * 2 * 8 / 1e9 / 1.5) < 1e-6, s
+assert s["paper_speedup"] == 20 and s["paper_dp_gbit"] == 198, s
+PY
+then pass; else fail "simulate wan: $(cat "$work/wan.out" "$work/wan.err")"; fi
+
 echo "simulate cli: $passes passed, $failures failed"
 [[ $failures -eq 0 ]]

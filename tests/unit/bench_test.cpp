@@ -1,8 +1,9 @@
 // The bench library (tools/bench): its statistics, the reference scripts' JSON,
 // the ablations' variants and their comparison by seed, the WAN race's
-// arithmetic; and three tiny real measurements — the nano engine against its
+// arithmetic; and four tiny real measurements — the nano engine against its
 // matched GEMM, the transport's round trip and throughput over inproc:// against
-// raw ZeroMQ, snapshot commits and a restore against plain RocksDB.
+// raw ZeroMQ, snapshot commits and a restore against plain RocksDB, a round's
+// kernels per GB (simulate wan --measure).
 
 #include <doctest/doctest.h>
 
@@ -18,6 +19,7 @@
 #include "bench/bench_stats.hpp"
 #include "bench/compute_bench.hpp"
 #include "bench/ddp_bench.hpp"
+#include "bench/kernel_costs.hpp"
 #include "bench/parity_bench.hpp"
 #include "bench/reference_script.hpp"
 #include "bench/snapshot_bench.hpp"
@@ -597,4 +599,30 @@ TEST_CASE("bench parity: a variant's own train.steps overrides --steps (a longer
   REQUIRE(longer);
   CHECK(longer->train.steps == 1050);
   CHECK(longer->mesh.mode == "decoupled");
+}
+
+TEST_CASE("bench kernels: a round's kernels per GB, each positive, the merge slower than a copy") {
+  testing::temp_dir dir("kernel-costs");
+  kernel_cost_options o;
+  o.fragment_mib = 1;
+  o.rounds = 3;
+  o.encoding = "bf16";
+  o.disk_dir = dir.path();
+  auto r = measure_kernel_costs(o);
+  REQUIRE(r);
+  CHECK(r->copy_gb_per_s > 0);
+  CHECK(r->encode_s_per_gb > 0);
+  CHECK(r->install_s_per_gb == doctest::Approx(1 / r->copy_gb_per_s));
+  CHECK(r->disk_s_per_gb > 0);
+  // Decoding, RDA's passes and the outer step read each byte more than once.
+  CHECK(r->merge_s_per_gb > r->install_s_per_gb);
+  CHECK(r->merge_vs_copy == doctest::Approx((1 / r->merge_s_per_gb) / r->copy_gb_per_s));
+  CHECK(std::filesystem::is_empty(dir.path()));  // the disk probe removed its file
+  o.encoding = "int3";
+  CHECK_FALSE(measure_kernel_costs(o));
+  o.encoding = "fp32";
+  o.disk_dir = dir.file("absent");
+  auto missing = measure_kernel_costs(o);
+  REQUIRE_FALSE(missing);
+  CHECK(missing.err().message.find("absent") != std::string::npos);
 }

@@ -1,8 +1,10 @@
 // archipelago simulate: goodput at scale by discrete-event simulation (paper
 // Table 1). One setup, the whole table beside the paper's values, or the
 // calibration of the model's free constants on the elastic_dp row. The model is
-// in goodput_sim.hpp; this file parses flags and prints.
+// in goodput_sim.hpp; this file parses flags and prints. `simulate wan` (the
+// paper's 12B over 2-5 Gbit/s on paper) is in cmd_simulate_wan.cpp.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -327,7 +329,8 @@ runner add_simulate_command(CLI::App& app) {
                 "Fit downscale-s, upscale-s, upscale-hold-s to the paper's elastic_dp row only");
   cmd->add_option("--plot", o->plot, "--table: also draw ours beside the paper's as an SVG file");
   cmd->add_flag("--json", o->json, "Print a one-line JSON summary last");
-  return [o](logger& log) { return run_simulate(*o, log); };
+  runner wan = add_simulate_wan(*cmd);
+  return [o, wan, cmd](logger& log) { return cmd->get_subcommand("wan")->parsed() ? wan(log) : run_simulate(*o, log); };
 }
 
 }  // namespace archipelago::cli

@@ -23,5 +23,7 @@ runner add_drill_command(CLI::App& app);
 runner add_status_command(CLI::App& app);
 runner add_set_command(CLI::App& app);
 runner add_simulate_command(CLI::App& app);
+/// `simulate wan` on the simulate command (cmd_simulate_wan.cpp).
+runner add_simulate_wan(CLI::App& simulate);
 
 }  // namespace archipelago::cli
