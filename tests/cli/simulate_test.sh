@@ -15,6 +15,8 @@ expect_error 2 "unknown repair law 'weibull'" -- "$A" simulate --repair-law weib
 expect_error 2 "unknown dp recovery" -- "$A" simulate --policy dp --dp-recovery pray
 expect_error 2 "replications must be in" -- "$A" simulate --replications 0
 expect_error 2 "exclude each other" -- "$A" simulate --table --calibrate
+expect_error 2 "reload-s must be in" -- "$A" simulate --policy dp --reload-s -1
+expect_error 2 "checkpoint-write-s must be in" -- "$A" simulate --policy dp --checkpoint-write-s nan
 expect_error 2 "" -- "$A" simulate --chips many
 expect_error 2 "" -- "$A" simulate --no-such-flag
 
@@ -40,8 +42,11 @@ assert a["goodput"] == b["goodput"], (a, b)  # seeded
 PY
 then pass; else fail "simulate one setup output: $(cat "$work/one1.out")"; fi
 
-# The whole table: 30 cells, each with ours, paper, difference; a summary line.
-if timeout 120 "$A" simulate --table --days 1 --replications 2 --plot "$work/table.svg" --json >"$work/table.out" 2>"$work/table.err" &&
+# The whole table: 30 cells, each with ours, paper, difference; a summary line. The cells
+# the documentation reports as reproduced are within 3 points, and exactly the others are
+# not (a change to the model that moves a cell across its bound fails here); the dp cells
+# carry the extra restart the paper's value implies.
+if timeout 120 "$A" simulate --table --days 2 --replications 2 --plot "$work/table.svg" --json >"$work/table.out" 2>"$work/table.err" &&
    grep -qE "^[0-9]+ of 30 cells within 3 points" "$work/table.out" &&
    python3 - "$(tail -n 1 "$work/table.out")" <<'PY'
 import json, sys
@@ -60,6 +65,15 @@ for c in cells:
     if (c["row"], c["chips"]) in paper:
         assert abs(c["paper"] - paper[(c["row"], c["chips"])]) < 1e-9, c
 assert s["within"] == sum(c["within"] for c in cells), s
+misses = {(c["row"], c["chips"]) for c in cells if not c["within"]}
+expected = {("dp", n) for n in (150000, 300000, 600000, 1200000)} | {("decoupled_4", 2400000)}
+assert misses == expected, sorted(misses ^ expected)
+for c in cells:
+    if c["row"] == "dp":  # ours is above the paper's or level: some extra restart reaches its band
+        assert c["implied_extra_lo_s"] <= c["implied_extra_s"] <= c["implied_extra_hi_s"], c
+        assert (c["implied_extra_lo_s"] > 0) == (c["diff_pts"] > 3), c
+    else:
+        assert "implied_extra_s" not in c, c
 PY
 then pass; else fail "simulate --table: $(tail -c 2000 "$work/table.out") $(cat "$work/table.err")"; fi
 # Its plot: a solid line per row (ours) and a dashed one (the paper's), five points each.

@@ -78,8 +78,8 @@ TEST_CASE("goodput sim: non-elastic dp waiting for exponential repairs is up wit
   p.k.repair = repair_law::exponential;
   p.k.repair_mean_s = 100;
   p.k.upscale_s = 0;  // no restart cost: the closed form has none
-  p.k.restart_extra_s = 0;
-  p.k.checkpoint_interval_s = 0;
+  p.k.reschedule_s = p.k.reload_s = p.k.restart_extra_s = 0;
+  p.k.checkpoint_interval_s = p.k.checkpoint_write_s = 0;
   p.mtbi_years = mtbi_years_for_slice_mtbf(1000, 256);
   p.days = 20;
   const double want = std::pow(1000.0 / 1100.0, 10);
@@ -104,24 +104,35 @@ TEST_CASE("goodput sim: elastic dp without pauses keeps the up share of its chip
 }
 
 TEST_CASE("goodput sim: non-elastic dp with spares loses one restart per failure, 1 over 1 plus lambda T") {
-  // Up time Exp(1/λ), then a restart of fixed T that folds in failures during
-  // it: an alternating renewal process with availability 1 / (1 + λT).
+  // Up time Exp(1/λ), then a restart of fixed T (detection and tear-down,
+  // rescheduling, bring-up, reload, the rest) that folds in failures during it:
+  // an alternating renewal process with availability 1 / (1 + λT).
   params p = small(setup::dp, 600000);
   p.k.dp_mode = dp_recovery::spare;
   p.k.downscale_s = 10;
+  p.k.reschedule_s = 5;
   p.k.upscale_s = 20;
-  p.k.restart_extra_s = 30;
-  p.k.checkpoint_interval_s = 0;
+  p.k.reload_s = 7;
+  p.k.restart_extra_s = 18;
+  p.k.checkpoint_interval_s = p.k.checkpoint_write_s = 0;
   p.days = 10;
   const double lambda = p.chips / (p.mtbi_years * seconds_per_year);
   const std::uint64_t seed = 3;
   const estimate e = simulate(p, 8, seed);
   check_close(e, 1 / (1 + lambda * 60), 0.002, seed);
+  // The inverse: the extra cost at which goodput is a given value, T = (1/g - 1)/λ less what is modelled.
+  p.k.restart_extra_s = 0;
+  const double want_extra = (1 / 0.4 - 1) / lambda - 42;
+  INFO("seed " << seed << ": closed form " << want_extra << " s");
+  CHECK(implied_restart_extra(p, 0.4, 8, seed) == doctest::Approx(want_extra).epsilon(0.03));
+  CHECK(implied_restart_extra(p, 0.999, 8, seed) == 0);  // the modelled costs alone are too high already
+  CHECK(std::isnan(implied_restart_extra(p, 1e-4, 8, seed)));  // not even an hour's restart goes that low
 }
 
 TEST_CASE("goodput sim: checkpoints lose the work since the last one") {
   params p = small(setup::dp, 150000);
   p.days = 5;
+  p.k.checkpoint_write_s = 0;
   const double lossless = simulate(p, 4, 1).goodput.mean;
   p.k.checkpoint_interval_s = 1;  // about nothing lost: failures are minutes apart
   const double often = simulate(p, 4, 1).goodput.mean;
@@ -129,6 +140,27 @@ TEST_CASE("goodput sim: checkpoints lose the work since the last one") {
   const double rarely = simulate(p, 4, 1).goodput.mean;
   CHECK(often == doctest::Approx(lossless).epsilon(0.01));
   CHECK(rarely < often - 0.1);
+}
+
+TEST_CASE("goodput sim: checkpoints that block cost their time, and Young-Daly's interval is the best one") {
+  // Lossless restarts aside, each failure loses the work since the last
+  // checkpoint and each checkpoint blocks delta: the waste per unit time is about
+  // delta / C + lambda C / 2, least at C = sqrt(2 delta / lambda), where it is
+  // sqrt(2 delta lambda) (Young, Daly).
+  params p = small(setup::dp, 150000);
+  p.k.downscale_s = p.k.upscale_s = p.k.reschedule_s = p.k.reload_s = p.k.restart_extra_s = 0;
+  p.k.checkpoint_write_s = 2;
+  p.days = 10;
+  const double lambda = p.chips / (p.mtbi_years * seconds_per_year);
+  const std::uint64_t seed = 21;
+  const estimate young_daly = simulate(p, 8, seed);
+  check_close(young_daly, 1 - std::sqrt(2 * 2 * lambda), 0.01, seed);
+  const double c = std::sqrt(2 * 2 / lambda);
+  for (double factor : {0.3, 3.0}) {
+    p.k.checkpoint_interval_s = factor * c;
+    INFO("interval " << p.k.checkpoint_interval_s << " s against Young-Daly's " << c << " s");
+    CHECK(simulate(p, 8, seed).goodput.mean < young_daly.goodput.mean - 0.01);
+  }
 }
 
 TEST_CASE("goodput sim: decoupled with one learner is elastic dp") {
@@ -223,6 +255,13 @@ TEST_CASE("goodput sim: the table has the paper's 30 cells and calibration impro
   for (const auto& c : cells) {
     CHECK(c.diff_pts == doctest::Approx(100 * c.ours.goodput.mean - c.paper_pct));
     CHECK(c.within == (std::abs(c.diff_pts) <= 3.0));
+    // dp cells carry what the paper's value implies, a range around it; the others do not.
+    CHECK(std::isnan(c.implied_extra_s) == (c.row != "dp"));
+    if (c.row == "dp") {  // ours is above the paper's dp row: the band is reached by some extra cost
+      REQUIRE_FALSE(std::isnan(c.implied_extra_lo_s));
+      CHECK(c.implied_extra_lo_s <= c.implied_extra_s);
+      CHECK(c.implied_extra_s <= c.implied_extra_hi_s);
+    }
   }
   constants start = calibrated_constants();
   start.downscale_s = 60;  // far off: the search must come back

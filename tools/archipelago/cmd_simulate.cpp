@@ -8,13 +8,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 
+#include "bench/bench_stats.hpp"
 #include "cli_common.hpp"
 #include "commands.hpp"
-#include "simulate/goodput_sim.hpp"
 #include "report/svg_chart.hpp"
+#include "simulate/goodput_sim.hpp"
 
 namespace archipelago::cli {
 namespace {
@@ -60,16 +62,23 @@ std::string constants_json(const constants& k) {
       .add("upscale_s", k.upscale_s)
       .add("upscale_hold_s", k.upscale_hold_s)
       .add("dp_recovery", to_string(k.dp_mode))
+      .add("reschedule_s", k.reschedule_s)
+      .add("reload_s", k.reload_s)
       .add("restart_extra_s", k.restart_extra_s)
-      .add("checkpoint_interval_s", k.checkpoint_interval_s);
+      .add("checkpoint_interval_s", k.checkpoint_interval_s)
+      .add("checkpoint_write_s", k.checkpoint_write_s);
   return j.str();
 }
 
 void print_constants(const constants& k) {
   std::printf("constants: slice %g chips; repair %s, mean %g s (sigma %g); downscale %g s, upscale %g s, "
-              "upscale hold %g s; dp: %s, restart extra %g s, checkpoint every %g s\n",
+              "upscale hold %g s; dp: %s, reschedule %g s, reload %g s, restart extra %g s, checkpoint ",
               k.slice_chips, to_string(k.repair), k.repair_mean_s, k.repair_sigma, k.downscale_s, k.upscale_s,
-              k.upscale_hold_s, to_string(k.dp_mode), k.restart_extra_s, k.checkpoint_interval_s);
+              k.upscale_hold_s, to_string(k.dp_mode), k.reschedule_s, k.reload_s, k.restart_extra_s);
+  if (k.checkpoint_interval_s > 0) std::printf("every %g s", k.checkpoint_interval_s);
+  else if (k.checkpoint_write_s > 0) std::printf("at Young-Daly's interval");
+  else std::printf("lossless");
+  std::printf(", blocking %g s\n", k.checkpoint_write_s);
 }
 
 std::string pct_ci(const interval& i) {
@@ -160,6 +169,46 @@ int run_table_cmd(const simulate_options& o, const params& base) {
     if (!c.within)
       std::printf("not reproduced: %s at %s chips: ours %.1f %%, paper %.0f %% (%+.1f points)\n", c.row.c_str(),
                   chips_label(c.chips).c_str(), 100 * c.ours.goodput.mean, c.paper_pct, c.diff_pts);
+  // What the paper's dp row implies beyond the restart modelled, and whether one
+  // value could serve every cell.
+  const constants& k = base.k;
+  std::printf("\ndp, not elastic: a restart costs detection and tear-down %.1f s + rescheduling %.1f s + bring-up "
+              "%.1f s + reload %.1f s + extra %.1f s = %.1f s, and the work since the last checkpoint (each blocks "
+              "%.2f s). The "
+              "paper's dp row implies a restart this much longer (--restart-extra-s; the range: within %g points):\n",
+              k.downscale_s, k.reschedule_s, k.upscale_s, k.reload_s, k.restart_extra_s, restart_s(k),
+              k.checkpoint_write_s, o.tolerance_pts);
+  std::printf("  %-5s %16s %10s %26s %16s\n", "chips", "checkpoint every", "implied", "range", "restart in all");
+  double lo = 0, hi = std::numeric_limits<double>::infinity();
+  bool reachable = true;
+  for (const auto& c : cells) {
+    if (c.row != "dp") continue;
+    params p = base;
+    p.kind = setup::dp;
+    p.chips = c.chips;
+    const double every = checkpoint_interval(p);
+    const std::string range = std::isnan(c.implied_extra_lo_s)
+                                  ? "none: below without any"
+                                  : fmt("%.1f to ", c.implied_extra_lo_s) + fmt("%.1f s", c.implied_extra_hi_s);
+    std::printf("  %-5s %16s %8.1f s %26s %14.1f s\n", chips_label(c.chips).c_str(),
+                every > 0 ? fmt("%.1f s", every).c_str() : "lossless", c.implied_extra_s, range.c_str(),
+                restart_s(k) - k.restart_extra_s + c.implied_extra_s);
+    if (std::isnan(c.implied_extra_lo_s)) {
+      reachable = false;
+      continue;
+    }
+    lo = std::max(lo, c.implied_extra_lo_s);
+    if (!std::isnan(c.implied_extra_hi_s)) hi = std::min(hi, c.implied_extra_hi_s);
+  }
+  if (reachable && lo <= hi)
+    std::printf("one extra cost from %.1f to %.1f s puts every dp cell within %g points\n", lo, hi, o.tolerance_pts);
+  else if (reachable)
+    std::printf("no one extra cost puts every dp cell within %g points (the cells need at least %.1f s and at "
+                "most %.1f s)\n",
+                o.tolerance_pts, lo, hi);
+  else
+    std::printf("no extra cost puts every dp cell within %g points: the modelled costs are already too high\n",
+                o.tolerance_pts);
   if (!o.plot.empty()) {
     if (auto ok = write_text_file("--plot", o.plot, table_plot(cells)); !ok) return report(ok.err());
     std::printf("plot: %s\n", o.plot.c_str());
@@ -177,6 +226,10 @@ int run_table_cmd(const simulate_options& o, const params& base) {
           .add("paper", c.paper_pct / 100)
           .add("diff_pts", c.diff_pts)
           .add("within", c.within);
+      if (c.row == "dp")
+        j.add("implied_extra_s", c.implied_extra_s)
+            .add("implied_extra_lo_s", c.implied_extra_lo_s)
+            .add("implied_extra_hi_s", c.implied_extra_hi_s);
       arr += (i ? "," : "") + j.str();
     }
     arr += "]";
@@ -316,11 +369,19 @@ runner add_simulate_command(CLI::App& app) {
   cmd->add_option("--dp-recovery", o->dp_recovery_name,
                   "Non-elastic dp: spare (swap a spare, restart) or repair (wait until every slice is back)")
       ->capture_default_str();
+  cmd->add_option("--reschedule-s", o->k.reschedule_s, "Non-elastic dp: rescheduling the job onto a spare slice")
+      ->capture_default_str();
+  cmd->add_option("--reload-s", o->k.reload_s, "Non-elastic dp: reading the last checkpoint back")
+      ->capture_default_str();
   cmd->add_option("--restart-extra-s", o->k.restart_extra_s,
-                  "Non-elastic dp: restart cost beyond re-forming the mesh (e.g. reading the checkpoint)")
+                  "Non-elastic dp: restart cost beyond detection, rescheduling, bring-up and reload")
       ->capture_default_str();
   cmd->add_option("--checkpoint-interval-s", o->k.checkpoint_interval_s,
-                  "Non-elastic dp: seconds of training between checkpoints; work since the last is lost (0: none)")
+                  "Non-elastic dp: seconds of training between checkpoints, the work since the last lost at a "
+                  "failure (0: Young-Daly's optimum from --checkpoint-write-s, or lossless)")
+      ->capture_default_str();
+  cmd->add_option("--checkpoint-write-s", o->k.checkpoint_write_s,
+                  "Non-elastic dp: training time one checkpoint blocks")
       ->capture_default_str();
   cmd->add_flag("--table", o->table, "Simulate all 30 cells of Table 1 and compare each with the paper");
   cmd->add_option("--tolerance", o->tolerance_pts, "--table: a cell within this many points is reproduced")

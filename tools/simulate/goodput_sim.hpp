@@ -15,6 +15,7 @@
 // described in README.md, "Goodput at scale (simulation)".
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -45,7 +46,8 @@ expected<dp_recovery> parse_dp_recovery(const std::string& name);
 /// The free constants of the model. Times are seconds of wall-clock. Three are
 /// calibrated on the paper's elastic_dp row (`archipelago simulate
 /// --calibrate`): downscale_s, upscale_s, upscale_hold_s. The others are set
-/// a priori: the elastic row cannot determine them (README.md).
+/// a priori: the elastic row cannot determine them, and the dp row is not used
+/// to set any (README.md).
 struct constants {
   /// Chips per slice: the unit that fails and is repaired as a whole (one
   /// interrupted chip takes its slice down). A priori: 256.
@@ -72,13 +74,32 @@ struct constants {
   double upscale_hold_s = 0;
   /// Non-elastic dp only: how a failed slice is replaced. A priori: spare.
   dp_recovery dp_mode = dp_recovery::spare;
-  /// Non-elastic dp only: what a restart costs beyond re-forming the mesh (tear
-  /// down, downscale_s, and bring up, upscale_s), e.g. reading the checkpoint.
-  /// A priori: 0 (the elastic row says nothing about it).
+  // Non-elastic dp only: a restart from the last checkpoint, from first
+  // principles. A failure stops the job; it pays detection, abandoning the step
+  // and tearing down (downscale_s, the same events as an elastic job's shrink),
+  // rescheduling onto the spare (reschedule_s), bringing every slice up and
+  // forming the mesh (upscale_s, as an elastic job's growth), reading the last
+  // checkpoint back (reload_s) and anything else (restart_extra_s); and it loses
+  // the work since its last checkpoint. Failures during the restart are folded
+  // into it. A priori values (README.md, "Goodput at scale (simulation)"): the
+  // dp row does not enter them.
+  /// Rescheduling the job onto a spare slice. A priori: 0 (hot spares: the spare
+  /// is up and idle, so placing the job on it is part of bringing it up).
+  double reschedule_s = 0;
+  /// Reading the last checkpoint back: a slice host's share of the model state
+  /// at the storage's read rate. A priori: see calibrated_constants().
+  double reload_s = 0;
+  /// What a restart costs beyond the above: nothing a priori. `--table` prints
+  /// the value each cell of the paper's dp row implies.
   double restart_extra_s = 0;
-  /// Non-elastic dp only: a checkpoint every this many seconds of training; the
-  /// work since the last one is lost at a failure. A priori: 0, lossless.
+  /// A checkpoint every this many seconds of training; 0: Young and Daly's
+  /// optimum sqrt(2 x checkpoint_write_s x the job's mean time between failures)
+  /// when checkpoint_write_s > 0, else none needed (lossless).
   double checkpoint_interval_s = 0;
+  /// The training time one checkpoint blocks (the state copied out of the
+  /// accelerators; the upload to storage overlaps training). A priori: see
+  /// calibrated_constants().
+  double checkpoint_write_s = 0;
 };
 
 /// The calibrated defaults (README.md, "Goodput at scale (simulation)").
@@ -110,6 +131,15 @@ struct run_result {
   std::uint64_t interruptions = 0;  // slice failures
   std::uint64_t events = 0;         // events processed by the loop
 };
+
+/// dp's seconds of training between checkpoints: checkpoint_interval_s, or
+/// Young and Daly's optimum for the job's failure rate, or 0 (lossless).
+double checkpoint_interval(const params& p);
+
+/// A non-elastic restart's fixed cost: downscale, reschedule, upscale, reload and extra.
+inline double restart_s(const constants& k) {
+  return k.downscale_s + k.reschedule_s + k.upscale_s + k.reload_s + k.restart_extra_s;
+}
 
 /// One seeded run. Requires validate(p).
 run_result simulate_once(const params& p, std::uint64_t seed);
@@ -154,12 +184,23 @@ struct table_cell {
   double paper_pct = 0;
   double diff_pts = 0;  // ours − paper, in percentage points
   bool within = false;  // |diff| <= tolerance
+  /// dp cells: the restart_extra_s at which ours equals the paper's value (0:
+  /// ours is at or below it already), and the range that puts ours within the
+  /// tolerance (NaN: no cost from 0 to an hour does; the high end NaN: above an hour).
+  double implied_extra_s = std::nan(""), implied_extra_lo_s = std::nan(""), implied_extra_hi_s = std::nan("");
 };
 
 /// Every cell of Table 1 simulated with `base` (its setup, chips and learners
-/// replaced per cell); `within` uses tolerance_pts.
+/// replaced per cell); `within` uses tolerance_pts. dp cells also get the extra
+/// restart cost the paper's value implies (by bisection over restart_extra_s,
+/// the same seeds for every candidate).
 std::vector<table_cell> run_table(const params& base, int replications, std::uint64_t seed,
                                   double tolerance_pts = 3.0);
+
+/// The restart_extra_s in [0, 3600] s at which dp's mean goodput is `goodput`
+/// (`p` is a dp setup; goodput falls as the cost grows): 0 when it is below
+/// `goodput` already without any, NaN when it is above it even at an hour.
+double implied_restart_extra(const params& p, double goodput, int replications, std::uint64_t seed);
 
 // ---- calibration -------------------------------------------------------------
 
