@@ -305,9 +305,8 @@ def case_moe():
     r = json.loads(lines[-1])
     for model in ("moe", "dense"):
         run = r["runs"][model]
-        if not (run["ledger_balanced"] and run["ledger_matches_learners"]) or run["ledger"]["lost"] != 0:
-            fail(f"{model}: the ledger is balanced, holds exactly each learner's tokens, nothing lost (flush)",
-                 json.dumps(run))
+        if not (run["ledger_balanced"] and run["ledger_matches_learners"]):
+            fail(f"{model}: the ledger is balanced and holds exactly each learner's tokens", json.dumps(run))
         for l in run["learners"]:
             if not l["heldout_end"] < l["heldout_start"] - 0.5:
                 fail(f"{model} learner/{l['index']}'s held-out loss fell by more than 0.5 nats/byte", json.dumps(l))

@@ -25,13 +25,19 @@ def free_ports(count):
 
 
 def last_json(path):
-    """The last JSON line a node printed (--json), or None."""
+    """The last JSON line a node printed (--json), or None. A line cut short (a node
+    killed while writing it) is passed over."""
     try:
         with open(path) as f:
             lines = [line for line in f if line.startswith("{")]
     except OSError:
         return None
-    return json.loads(lines[-1]) if lines else None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return None
 
 
 class LocalMesh:
@@ -93,6 +99,26 @@ class LocalMesh:
     def __exit__(self, *exc):
         self.stop()
         return False
+
+
+def learner_reports(procs, timeout_s, what="a learner", logs=None):
+    """The last JSON line each learner process (Popen with stdout=PIPE, text) printed, in
+    order; a process that fails or prints none raises RuntimeError. Any still running when
+    this returns or raises is killed."""
+    try:
+        reports = []
+        deadline = time.time() + timeout_s
+        for p in procs:
+            out, _ = p.communicate(timeout=max(1, deadline - time.time()))
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            if p.returncode != 0 or not lines:
+                raise RuntimeError(f"{what} exited with {p.returncode}" + (f"; logs in {logs}" if logs else ""))
+            reports.append(json.loads(lines[-1]))
+        return reports
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
 
 
 def ledger_check(broker_summary, learner_reports):

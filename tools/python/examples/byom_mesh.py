@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import archipelago
-from archipelago.mesh import LocalMesh, ledger_check
+from archipelago.mesh import LocalMesh, learner_reports, ledger_check
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
@@ -181,13 +181,7 @@ def main():
             cmd += ["--copy"] if a.copy else []
             cmd += ["--nan-at", str(a.nan_at)] if a.nan_at >= 0 and i == 0 else []
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
-        reports = []
-        for p in procs:
-            out, _ = p.communicate(timeout=600)
-            lines = [line for line in out.splitlines() if line.startswith("{")]
-            if p.returncode != 0 or not lines:
-                raise RuntimeError(f"a learner exited with {p.returncode}; logs in {folder}")
-            reports.append(json.loads(lines[-1]))
+        reports = learner_reports(procs, 600, logs=folder)
     finally:
         for p in procs:
             if p.poll() is None:

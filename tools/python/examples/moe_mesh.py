@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import archipelago
-from archipelago.mesh import LocalMesh, ledger_check
+from archipelago.mesh import LocalMesh, learner_reports, ledger_check
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 KINDS = {"trunk.embed.weight": "embedding"}
@@ -195,7 +195,9 @@ def start_mesh(a, model, folder):
     a = argparse.Namespace(**{**vars(a), "model": model})
     config = write_mesh_files(a, folder)
     db = tempfile.mkdtemp(prefix=f"db-{model}-", dir=folder)
-    mesh = LocalMesh(a.binary, config, shards=2, logs=folder, db=db).start()
+    logs = os.path.join(folder, model)  # each mesh's node logs apart: they share names
+    os.makedirs(logs)
+    mesh = LocalMesh(a.binary, config, shards=2, logs=logs, db=db).start()
     time.sleep(0.5)
     mesh.check_alive()
     procs = []
@@ -210,20 +212,12 @@ def start_mesh(a, model, folder):
 
 def finish_mesh(run, folder):
     """Waits for a started mesh's learners, stops it; returns its figures."""
-    a, mesh, procs = run["args"], run["mesh"], run["procs"]
+    a, mesh = run["args"], run["mesh"]
     try:
-        reports = []
-        for p in procs:
-            out, _ = p.communicate(timeout=a.timeout)
-            lines = [line for line in out.splitlines() if line.startswith("{")]
-            if p.returncode != 0 or not lines:
-                raise RuntimeError(f"a {a.model} learner exited with {p.returncode}; logs in {folder}")
-            reports.append(json.loads(lines[-1]))
+        reports = learner_reports(run["procs"], a.timeout, f"a {a.model} learner", folder)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
         nodes = mesh.stop()
+        run["stopped"] = True
     wall = time.time() - run["t0"]
     broker = nodes.get("broker-0") or {}
     balanced, matches, ledger = ledger_check(broker, reports)
@@ -267,12 +261,13 @@ def main():
             if not a.only or model == a.only:
                 started[model] = start_mesh(a, model, folder)
         runs = {model: finish_mesh(run, folder) for model, run in started.items()}
-    finally:
+    finally:  # a mesh not finished (an error) is stopped, its learners killed
         for run in started.values():
-            run["mesh"].stop()
-            for p in run["procs"]:
-                if p.poll() is None:
-                    p.kill()
+            if not run.get("stopped"):
+                run["mesh"].stop()
+                for p in run["procs"]:
+                    if p.poll() is None:
+                        p.kill()
     for model, r in runs.items():
         for l in r["learners"]:
             print(f"{model} learner/{l['index']}: {l['steps']} steps at {l['steps_per_s']:.1f}/s, held-out loss "
