@@ -24,8 +24,8 @@ struct kernel_cost_options {
 /// Each the median of its rounds; `simulate wan` derives its costs from them
 /// (wan::kernel_figures, the same fields).
 struct kernel_costs_result {
-  double copy_gb_per_s =
-      0;  // memory bandwidth: GB copied per second (each byte read once, written once)
+  // Memory bandwidth: GB copied per second (each byte read once, written once).
+  double copy_gb_per_s = 0;
   double merge_s_per_gb = 0;    // decode + merge + outer step, per GB of fp32 contributions
   double encode_s_per_gb = 0;   // the contribution's encoding, per GB of fp32 input
   double install_s_per_gb = 0;  // a received fragment copied into the model: the copy, per GB

@@ -54,8 +54,8 @@ struct costs {
 /// What `simulate wan --measure` measures (tools/bench/kernel_costs.hpp), one
 /// core each, and what the default costs are derived from.
 struct kernel_figures {
-  double copy_gb_per_s =
-      0;  // memory bandwidth: bytes copied per second (each read once, written once)
+  // Memory bandwidth: bytes copied per second (each read once, written once).
+  double copy_gb_per_s = 0;
   double merge_s_per_gb = 0;    // decode + merge + outer step, per GB of fp32 contributions
   double encode_s_per_gb = 0;   // the contribution's encoding, per GB of fp32 input
   double install_s_per_gb = 0;  // a received fragment copied into the model, per GB
@@ -124,8 +124,8 @@ struct link_result {
   double sync_every_steps = 0;
   double dp_comm_s = 0;  // dp's all-reduce per step at B
   double dp_step_s = 0;  // compute + dp_comm: dp waits for its exchange
-  double speedup =
-      0;  // dp_step / the decoupled learner's step (compute + after_step), at equal tokens
+  // dp_step over the decoupled learner's step (compute + after_step), at equal tokens.
+  double speedup = 0;
 };
 
 struct result {
@@ -137,9 +137,9 @@ struct result {
   double merged_gb = 0, committed_gb = 0;
   double after_step_s = 0;          // per step, on the learner
   double period_s = 0;              // a learner's step with after_step: the rounds' pace
-  double syncer_gbit_per_step = 0;  // what the synchronizer's site receives: M × up bytes per step
-  double floor_gbit =
-      0;  // the least B that hides every round (inf: none, the fixed part exceeds τ steps)
+  double syncer_gbit_per_step = 0;  // what the shards' site receives: M × up bytes per step
+  // The least B that hides every round (inf: none, the fixed part exceeds τ steps).
+  double floor_gbit = 0;
   double floor_throughput_gbit = 0, floor_path_gbit = 0;  // the two bounds it is the larger of
   double fixed_path_s = 0;   // merge + commit + 2L: what no bandwidth shortens
   double dp_floor_gbit = 0;  // the B at which dp's exchange takes one step's compute
