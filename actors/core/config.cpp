@@ -206,7 +206,7 @@ std::vector<knob> make_knobs() {
                   "Seed of the synthetic source (its words and transition tables). Default: 7."),
       // train
       number_knob("train.steps", t, &train_config::steps, I{1}, I{1} << 40,
-                  "Optimizer steps. Default: 3000."),
+                  "Optimizer steps (per learner in a mesh). Default: 3000; `run`: 1500."),
       number_knob("train.threads", t, &train_config::threads, 1, 256,
                   "Compute threads. Default: 2."),
       number_knob("train.seed", t, &train_config::seed, U{0}, ~U{0},
@@ -455,6 +455,12 @@ status set_knob_assignment(config& cfg, std::string_view assignment) {
   if (eq == std::string_view::npos || eq == 0)
     return invalid("expected key=value, got '" + std::string(assignment) + "'");
   return set_knob(cfg, assignment.substr(0, eq), assignment.substr(eq + 1));
+}
+
+config run_defaults() {
+  config cfg;
+  cfg.train.steps = 1500;
+  return cfg;
 }
 
 status apply_toml(config& cfg, std::string_view toml_text, const std::string& origin) {

@@ -183,6 +183,11 @@ status apply_toml_file(config& cfg, const std::string& path);
 /// The whole configuration as TOML (round-trips through apply_toml).
 std::string to_toml(const config& cfg);
 
+/// The defaults `archipelago run` starts from (the embedded default job): the knobs' own,
+/// but for a schedule of 1,500 steps per learner, so that four learners of the default model
+/// finish in about two minutes on 2 cores. `archipelago config --for run` shows them.
+config run_defaults();
+
 /// Cross-knob checks and the resolved model shape (preset + overrides).
 expected<model_shape> resolve_model(const model_config& m);
 /// The mesh's parameter layout: model.layout's file, or the GPT of resolve_model.

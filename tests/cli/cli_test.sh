@@ -44,6 +44,22 @@ for cmd in "" run train sample config bench "bench compute" "bench wire" "bench 
   else fail "archipelago $cmd --help"; fi
 done
 
+# config shows run's own defaults (--for run), marks them in the knob table, lists the presets.
+# (grep reads to the end, not -q: under pipefail the writer's SIGPIPE would fail the pipeline)
+if "$A" config --for run | grep -x 'steps = 1500' >/dev/null && "$A" config | grep -x 'steps = 3000' >/dev/null &&
+   "$A" config --knobs | grep '^train.steps .*default 3000 (run: 1500)' >/dev/null &&
+   "$A" config --knobs --json | tail -n 1 | python3 -c '
+import json, sys
+k = {e["key"]: e for e in json.loads(sys.stdin.read())["knobs"]}
+assert k["train.steps"]["default"] == "3000" and k["train.steps"]["run_default"] == "1500", k["train.steps"]
+assert "run_default" not in k["mesh.learners"] and k["mesh.learners"]["help"], k["mesh.learners"]' &&
+   "$A" config --presets --json | tail -n 1 | python3 -c '
+import json, sys
+p = {e["size"]: e for e in json.loads(sys.stdin.read())["presets"]}
+assert p["nano"]["parameters"] == 120576 and p["micro"]["parameters"] == 989600, p'; then pass
+else fail "config --for run, --knobs, --presets"; fi
+expect_error 2 "for" -- "$A" config --for train
+
 # A short real run on the synthetic corpus: the loss falls, JSON is last.
 if timeout 240 "$A" train --steps 500 --set train.eval_every=250 --json --out "$work/model.ckpt" \
     >"$work/train.out" 2>"$work/train.err"; then

@@ -12,17 +12,6 @@
 #include "report/run_report.hpp"
 
 namespace archipelago::cli {
-namespace {
-
-/// The embedded default: M = 4 learners of the nano model on the synthetic
-/// corpus, about two minutes on 2 cores.
-config run_defaults() {
-  config cfg;
-  cfg.train.steps = 1500;
-  return cfg;
-}
-
-}  // namespace
 
 int run_mesh_command(const run_options& o, logger& log) {
   config defaults = run_defaults();
