@@ -1,5 +1,5 @@
 #pragma once
-// Writes snapshots off the round's path: shards and the broker hand their
+// Writes snapshots on a thread of its own: shards and the broker hand their
 // records to a bounded queue and go on; one thread commits them. Jobs queued
 // together become one atomic batch and one manifest. A full queue refuses the
 // job (errc::overloaded) instead of blocking the caller.

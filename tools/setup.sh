@@ -4,7 +4,7 @@
 # Idempotent, and quick when everything is already there.
 #
 #   tools/setup.sh            install + build
-#   tools/setup.sh run [ARGS] install + build + `archipelago train ARGS` (built-in default job)
+#   tools/setup.sh run [ARGS] install + build + `archipelago run ARGS` (a mesh in one process: the default job)
 #   tools/setup.sh test       install + build + every test (ctest)
 #
 # Environment: BUILD_DIR (default build), ARCHIPELAGO_MARCH (x86-64-v3 | native),

@@ -21,7 +21,7 @@ storage::stored_ledger stored(const shard_ledger& l) {
   return {l.merged_tokens, l.late_tokens, l.rejected_tokens, l.unmerged_tokens, 0};
 }
 
-/// A shard's new versions, through the snapshot writer (off the round's path);
+/// A shard's new versions, through the snapshot writer (the actor never waits for it);
 /// once one is durable the actor hears of it (committed_atom), or of its failure.
 class writer_shard_store final : public shard_store {
  public:

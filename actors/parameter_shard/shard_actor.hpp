@@ -1,6 +1,6 @@
 #pragma once
 // The parameter shard's actor shell (event-based): its node transport, its
-// snapshots (restore at start, commits off the round's path), its disk faults
+// snapshots (restore at start, commits on the writer's thread), its disk faults
 // and its status; every message goes to shard_wire.
 
 #include <caf/fwd.hpp>

@@ -52,7 +52,7 @@ struct shard_commit {
 class shard_store {
  public:
   virtual ~shard_store() = default;
-  /// Makes the version durable off the round's path. Whoever implements this
+  /// Makes the version durable without blocking the shard (its publication waits for it). Whoever implements this
   /// then calls shard_wire::on_committed — the version becomes visible — or
   /// shard_wire::on_commit_failed, and the shell calls retry_commits later.
   virtual void commit(shard_commit c) = 0;

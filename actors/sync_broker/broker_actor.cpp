@@ -30,7 +30,7 @@ struct cpu_meter {
   ~cpu_meter() { total += thread_cpu_ns() - start; }
 };
 
-/// The broker's durable records, through the snapshot writer (off the round's path).
+/// The broker's durable records, through the snapshot writer (the actor never waits for it).
 class writer_broker_store final : public broker_store {
  public:
   explicit writer_broker_store(storage::snapshot_writer& writer) : writer_(writer) {}

@@ -27,7 +27,7 @@
 namespace archipelago::transport {
 
 io_context make_io_context() {
-  // One I/O thread: ZeroMQ suggests one per GB/s, and this machine class has 2 cores.
+  // One I/O thread: ZeroMQ suggests one per GB/s, and a node needs far less than that.
   auto context = std::make_shared<zmq::context_t>(1);
   // A one-process mesh of 32 learners holds more sockets (a few per peer and lane) than
   // ZeroMQ's default 1023: its transports then fail with "Too many open files".

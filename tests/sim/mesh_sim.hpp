@@ -155,7 +155,7 @@ struct sim_config {
   /// those crashes no `for`, and a process restart is never instant.
   nanos restart_ns = 500'000'000;
   /// A shard's merged version becomes durable this long after the merge (the
-  /// snapshot writer works off the round's path); only then do learners see it. Default: 0.
+  /// snapshot writer works on its own thread); only then do learners see it. Default: 0.
   nanos commit_delay_ns = 0;
   /// A joining learner fetches the fragments it still misses again after this
   /// (a fetch or its reply was lost, or its shard was down); a learner whose

@@ -100,7 +100,7 @@ void print_race_table(const wan_options& o, const wan_result& r) {
     if (m.mode != "dp")
       std::printf("%s %s  ", m.mode.c_str(), m.reached ? fmt("%.1fx", r.dp_full_duplex_s / m.time_s).c_str() : "-");
   std::printf("\n  paper (Decoupled DiLoCo): more than 20x over data-parallel training on 2-5 Gbit/s WAN links\n");
-  std::printf("  load average before the run: %.2f (this machine's 2 cores are shared)\n", r.load_before);
+  std::printf("  load average before the run: %.2f (the cores are shared with whatever else runs)\n", r.load_before);
 }
 
 void print_wan_json(const wan_options& o, const wan_result& r) {
@@ -232,7 +232,8 @@ void add_ddp(CLI::App& bench) {
   ddp_flags& f = ddp();
   ddp_options& d = f.bench;
   d.script = ARCHIPELAGO_SOURCE_DIR "/tools/bench/ddp_reference.py";
-  CLI::App* p = bench.add_subcommand("ddp", "Our dp against PyTorch DDP (gloo) on this machine: step time and bytes per step");
+  CLI::App* p = bench.add_subcommand("ddp", "Our dp against PyTorch DDP (gloo) on the local machine: step time "
+                                               "and bytes per step");
   f.command = p;
   p->add_option("--model", d.model, model_size_choices() + " (default nano)");
   p->add_option("--ranks", d.ranks, "Learners, and DDP ranks (default 2)")->check(CLI::Range(1, 16));

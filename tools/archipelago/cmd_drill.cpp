@@ -242,7 +242,8 @@ runner add_drill_command(CLI::App& app) {
   o->flags.add_shortcut(*cmd, "--learners", "mesh.learners", "M", "Learners (the plans are written for 4)");
   o->flags.add_shortcut(*cmd, "--model", "model.size", "SIZE", "Model size: " + model_size_choices());
   o->flags.add_shortcut(*cmd, "--step-time-ms", "mesh.step_time_ms", "MS",
-                        "Compute budget per inner step (default: calibrated on this machine)");
+                        "Compute budget per inner step (default: calibrated at start from a few steps "
+                        "on the cores at hand)");
   o->flags.add_to(*cmd);
   cmd->add_option("--time-scale", o->time_scale,
                   "Multiply every time of the plan by this (0.2: a short form of the same drill)")

@@ -115,11 +115,12 @@ runner add_set_command(CLI::App& app) {
       "set", "Change knobs of a running mesh over the wire (mesh.quorum, mesh.grace_factor, mesh.robust*): K=3 grace=1.5");
   cmd->add_option("settings", o->assignments, "KEY=VALUE: K (mesh.quorum), grace (mesh.grace_factor), mesh.robust*")
       ->required();
-  cmd->add_option("--broker", o->broker, "The leading broker's endpoint (its --endpoint), tcp://HOST:PORT")
+  cmd->add_option("--broker", o->broker, "The leading broker's endpoint (as in the nodes' --broker list, or run --admin's), tcp://HOST:PORT")
       ->capture_default_str();
   cmd->add_option("--key", o->key_file, "The admin's keypair (archipelago keygen --name admin); its public key must be "
                                         "on the broker's wire.allow as admin");
-  cmd->add_option("--reply", o->reply, "Where the broker answers (an endpoint of this host it can reach; port 0: any)")
+  cmd->add_option("--reply", o->reply, "Where the broker answers: an endpoint of the host set runs on that the broker can reach "
+                                    "(port 0: any)")
       ->capture_default_str();
   cmd->add_option("--timeout", o->timeout_s, "Seconds to wait for the broker's answer")->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));

@@ -1,6 +1,6 @@
 #pragma once
 // bench snapshot: what versioned snapshots (storage/) cost, each figure against
-// a baseline measured in the same run. This machine class is shared and noisy,
+// a baseline measured in the same run. A shared machine is noisy,
 // so every figure alternates with its baseline, the order changes from one
 // round to the next, and ratios are taken within a round:
 //   1. round latency of the one-process mesh (run_local_mesh) with snapshots on

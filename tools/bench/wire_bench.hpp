@@ -1,7 +1,7 @@
 #pragma once
 // bench wire: the node transport against raw ZeroMQ measured in the same run,
 // on the same context (one I/O thread), endpoint kind and high-water mark.
-// This machine class is shared and noisy, so the transport and its baseline
+// A shared machine is noisy, so the transport and its baseline
 // alternate within each round and the median per-round ratio is reported:
 //   1. throughput of 4 MiB fp32 fragments (pre-encoded, so the encoder is not
 //      measured) vs raw PUSH/PULL carrying the same zero-copy payload, and vs

@@ -177,7 +177,7 @@ struct drill_report {
 
 /// The compute budget a drill uses when mesh.step_time_ms is 0: measured here
 /// from a few steps of the model, scaled so every learner of the mesh fits on
-/// this machine's cores with headroom.
+/// the machine's cores with headroom.
 double calibrate_step_time_ms(const config& cfg);
 
 /// Runs the plan of `options` (and its fault-free reference, unless turned off).

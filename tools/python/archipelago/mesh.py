@@ -1,4 +1,4 @@
-"""A mesh's synchronizer on this machine, for examples and tests: a sync broker and
+"""A mesh's synchronizer on the local machine, for examples and tests: a sync broker and
 its parameter shards as `archipelago node` processes on tcp:// loopback (and,
 for a mixed mesh, native learners). Nothing here is needed to join a mesh
 started some other way (deploy/launch.py, Slurm, Kubernetes)."""
@@ -13,6 +13,7 @@ import time
 
 
 def free_ports(count):
+    """`count` TCP ports of 127.0.0.1 that were free a moment ago (bound, read, released)."""
     sockets, ports = [], []
     for _ in range(count):
         s = socket.socket()
@@ -58,6 +59,7 @@ class LocalMesh:
         self.processes = {}  # name -> (Popen, log)
 
     def start_node(self, role, index=0):
+        """Starts `archipelago node --role ROLE --index INDEX` of this mesh (its log in self.logs)."""
         name = f"{role}-{index}"
         log = os.path.join(self.logs, f"{name}.{len(self.processes)}.log")
         store = ["--db", os.path.join(self.db, "broker" if role == "broker" else name)] \
@@ -69,12 +71,14 @@ class LocalMesh:
         return proc
 
     def start(self):
+        """Starts the broker and every shard; returns the mesh."""
         self.start_node("broker")
         for s in range(len(self.shards)):
             self.start_node("shard", s)
         return self
 
     def check_alive(self):
+        """Raises RuntimeError naming the node and its log if a broker or shard has exited."""
         for name, (proc, log) in self.processes.items():
             if not name.startswith("learner") and proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; its log: {log}")
