@@ -1,4 +1,4 @@
-// The only file that sees RocksDB's headers (STACK.md §6 has the notes this follows).
+// The only file that sees RocksDB's headers (docs/design/stack.md §6 has the notes this follows).
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/iterator.h>

@@ -226,7 +226,7 @@ std::vector<knob> make_knobs() {
                 }),
       // mesh
       text_knob("mesh.mode", h, &mesh_config::mode, "dp | diloco | streaming | decoupled",
-                "Synchronisation policy (ALGORITHM.md §8). Default: decoupled.",
+                "Synchronisation policy (docs/design/algorithm.md §8). Default: decoupled.",
                 [](std::string_view v) -> std::string {
                   for (const char* name : {"dp", "diloco", "streaming", "decoupled"})
                     if (v == name) return "";

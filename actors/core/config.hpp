@@ -54,7 +54,7 @@ struct train_config {
   std::string precision = "fp32";       // dense GEMM inputs: fp32 | bf16 | auto (fp32 accumulation)
 };
 
-/// The mesh (ALGORITHM.md §2, §8). The mode picks the synchronisation policy;
+/// The mesh (docs/design/algorithm.md §2, §8). The mode picks the synchronisation policy;
 /// the knobs below refine it where the mode leaves a choice.
 struct mesh_config {
   std::string mode = "decoupled";  // dp | diloco | streaming | decoupled
@@ -68,12 +68,12 @@ struct mesh_config {
   bool grace = true;               // adaptive grace window (decoupled)
   double ema_alpha = 0.5;          // smoothing of the timing estimates
   // η_out and μ: DiLoCo's 0.7 and 0.9 suit syncs every ~500 steps; a fragment
-  // here syncs every ~P steps, where they overshoot (README, "The mesh").
+  // here syncs every ~P steps, where they overshoot (docs/design/algorithm.md §2).
   double outer_lr = 0.6;           // η_out
   double outer_momentum = 0.6;     // μ
   std::int64_t outer_warmup = 0;   // outer steps per fragment over which η_out ramps up; 0: none
   std::string merge = "rda";       // shards' merge of deltas: rda | mean (the weighted-mean ablation)
-  // The robust merge (shards only; README "Robust merge"): norm screening of each
+  // The robust merge (shards only; docs/guides/robust-merge.md): norm screening of each
   // member against the lower median of recent norms, then a trimmed merge.
   bool robust = false;
   double robust_norm_factor = 3;   // bound = lower median of recent norms × this
@@ -197,7 +197,7 @@ status validate(const config& cfg);
 /// per-learner lists of the right length).
 status validate_mesh(const config& cfg);
 
-/// What a mode means for the actors (ALGORITHM.md §8): the same learner, broker
+/// What a mode means for the actors (docs/design/algorithm.md §8): the same learner, broker
 /// and shard code runs every mode; only these values differ.
 struct sync_policy {
   std::string mode;

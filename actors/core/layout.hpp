@@ -98,7 +98,7 @@ std::string layout_json(const param_layout& layout);
 std::vector<float> initial_layout_params(const param_layout& layout, std::uint64_t seed);
 
 /// Which tensors make up each fragment, the unit of synchronisation, wire
-/// transfer, outer-optimizer state and snapshot (ALGORITHM.md §3).
+/// transfer, outer-optimizer state and snapshot (docs/design/algorithm.md §3).
 struct fragment_spec {
   std::vector<std::size_t> tensors;  // indices into param_layout::tensors, in layout order
   std::size_t floats = 0;            // parameters in the fragment (no padding)

@@ -1,5 +1,5 @@
 #pragma once
-// The token ledger's totals (ALGORITHM.md §9): every processed token ends in
+// The token ledger's totals (docs/concepts/accounting.md): every processed token ends in
 // exactly one bucket. The broker's ledger keeps them per learner incarnation;
 // reports, manifests and the commands read them.
 

@@ -44,7 +44,7 @@ struct broker_report {
   double xi_step_ms = 0, xi_quorum_ms = 0, last_grace_ms = 0;
   std::uint64_t closed_grace_expired = 0, closed_all_eligible = 0, closed_timeout = 0;
   /// Mean over the rounds this broker saw settle of members merged / |live at close ∪
-  /// members| (README "Participation"); 0 before any.
+  /// members| (docs/concepts/accounting.md); 0 before any.
   double participation = 0;
   std::uint64_t participation_rounds = 0;
   /// Per published round among the broker's last closed ones (broker_core::history_capacity),

@@ -96,7 +96,7 @@ std::optional<contribution_plan> learner_core::next_contribution(const float* pa
       s.contributed_tokens = s.tokens;
     }
     // The delta is taken against the learner's own anchor, so it is exact even
-    // if broadcasts were missed (ALGORITHM.md §4).
+    // if broadcasts were missed (docs/design/algorithm.md §4).
     for (std::size_t i = 0; i < c.delta.size(); ++i) c.delta[i] -= s.anchor[i];
     return c;
   }

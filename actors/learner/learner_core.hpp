@@ -1,5 +1,5 @@
 #pragma once
-// The learner's synchronisation state (ALGORITHM.md §4), a pure core: per
+// The learner's synchronisation state (docs/design/algorithm.md §4), a pure core: per
 // fragment the anchor (the last global value received), its version and the
 // work done since (steps, tokens). It never blocks: rounds the broker opened
 // are answered with anchor-relative deltas whenever the learner gets to them,

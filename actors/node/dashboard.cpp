@@ -32,7 +32,7 @@ th{background:#f0f0f0}td.l,th.l{text-align:left}
 <h2>Shards</h2><table id="shards"></table>
 <h2>Last rounds</h2><table id="rounds"></table>
 <h2>Recent events</h2><div id="events"></div>
-<p style="color:#666;font-size:12px">Every figure as GET /status reports it (definitions: the README, "Metrics");
+<p style="color:#666;font-size:12px">Every figure as GET /status reports it (definitions: docs/concepts/accounting.md);
 this page polls it every second. <span id="updates" data-count="0">0 updates</span></p>
 <script>
 "use strict";

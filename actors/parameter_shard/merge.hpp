@@ -1,6 +1,6 @@
 #pragma once
 // The parameter shard's merge and outer optimizer for one fragment
-// (ALGORITHM.md §6). Pure and deterministic: no clocks, threads or I/O, a fixed
+// (docs/design/algorithm.md §6). Pure and deterministic: no clocks, threads or I/O, a fixed
 // summation order (contributions in the order given), double accumulation, so
 // every replay of a round produces bit-identical fragments.
 
@@ -73,7 +73,7 @@ status merge_outer_gradient(std::span<const fragment_tensor> tensors,
                             std::span<const contribution_view> contributions,
                             std::size_t fragment_size, float* delta_out, const merge_options& options = {});
 
-/// Outer optimizer hyper-parameters (ALGORITHM.md §2 defaults: DiLoCo).
+/// Outer optimizer hyper-parameters (docs/design/algorithm.md §2; these are DiLoCo's, the mesh's knobs set its own).
 struct nesterov_config {
   double lr = 0.7;        // η_out: finite, ≥ 0
   double momentum = 0.9;  // μ: finite, in [0, 1)

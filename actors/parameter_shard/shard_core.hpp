@@ -40,7 +40,7 @@ struct shard_config {
   robust_config robust;
 };
 
-/// Which bucket a contribution's tokens end in (ALGORITHM.md §9).
+/// Which bucket a contribution's tokens end in (docs/concepts/accounting.md).
 enum class contribution_verdict : std::uint8_t {
   buffered,   // held for its round; merged or dropped when the round closes
   duplicate,  // same learner, incarnation and round again: ignored (not counted twice)

@@ -1,5 +1,5 @@
 #pragma once
-// The sync broker's state core (ALGORITHM.md §5, §7, §8). Pure and deterministic:
+// The sync broker's state core (docs/design/algorithm.md §5, §7, §8). Pure and deterministic:
 // no clocks, threads or I/O. Inputs carry their timestamp; every decision lands
 // in an effects queue the shell drains and executes. The broker never sees
 // tensors: parameter shards report arrivals, the broker decides who is in a
@@ -69,7 +69,7 @@ const char* to_string(close_reason reason);
 struct round_member {
   learner_index learner;
   incarnation inc;
-  double weight = 0;          // tokens² / steps (ALGORITHM.md §6), of the bounded counts; the shard normalises
+  double weight = 0;          // tokens² / steps (docs/design/algorithm.md §6), of the bounded counts; the shard normalises
   std::uint64_t tokens = 0;   // as claimed (the shard's arrival notice)
   std::uint64_t steps = 0;
   /// What the broker lets it count (bound_claim at close: the learner's Progress, its

@@ -73,7 +73,7 @@ void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
                "Learners live at each settled round's close (with its members), summed over those rounds.",
                static_cast<double>(part.live_total()), l);
   page.gauge("archipelago_participation",
-             "Mean over settled rounds of members merged / learners live at close (README \"Participation\").",
+             "Mean over settled rounds of members merged / learners live at close (docs/concepts/accounting.md).",
              part.mean(), l);
   page.gauge("archipelago_round_participation", "Members merged / learners live, of the newest settled round.",
              part.recent().empty() ? 0.0 : part.recent().back().share(), l);

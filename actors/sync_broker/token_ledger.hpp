@@ -1,5 +1,5 @@
 #pragma once
-// The token ledger and goodput accounting (ALGORITHM.md §9), per fragment: a
+// The token ledger and goodput accounting (docs/concepts/accounting.md), per fragment: a
 // pure core the broker's shell feeds. Every step a learner reports (Progress)
 // is one entry with its tokens and its step time; its tokens are split over the
 // P fragments it trained, in proportion to their parameters, and each share

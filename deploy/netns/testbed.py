@@ -8,8 +8,8 @@ pair to a hub namespace, BED-hub, which routes between them. Every access link
 has a rate (tbf on both ends of its veth: the host's upload and its download)
 and a one-way delay: the hub sends every packet between hosts through a TUN
 device served by archipelago_wan_relay, which holds it for the delay of its
-source's plus its destination's access link (netem is not in this kernel, see
-MACHINE.md section 5). Hosts A and B thus see an RTT of 2 * (delay_A + delay_B).
+source's plus its destination's access link (no netem: a kernel may lack it, see
+docs/operating/wan-testbed.md). Hosts A and B thus see an RTT of 2 * (delay_A + delay_B).
 
   testbed.py run  [--learners 3] [--steps 300] [--rate-mbit 1000] [--delay-ms 5] [--json]
       build the bed, measure a link (RTT, throughput), train a mesh across the
@@ -174,7 +174,7 @@ class Testbed:
         for ns, dev in ((h.ns, "lo"), (h.ns, HOST_IF), (self.hub, h.hub_if)):
             sh("ip", "-n", ns, "link", "set", dev, "up")
         sh("ip", "-n", h.ns, "route", "add", "default", "via", f"{self.subnet}.{h.index}.1")
-        # tbf: exact in this kernel (MACHINE.md section 5). The burst must hold the
+        # tbf: exact (docs/operating/wan-testbed.md). The burst must hold the
         # largest packet; about 5 ms at the rate beyond that keeps the rate exact over short spans.
         # burst_ms (the WAN race) bounds it by time instead of the 256 KiB floor, which on a
         # link of a few Mbit/s would let half a megabyte pass at line speed.

@@ -1,5 +1,5 @@
 // archipelago_wan_relay: the delay line of the network-namespace test bed
-// (deploy/netns/testbed.py). This kernel has no netem (MACHINE.md §5), so the
+// (deploy/netns/testbed.py). A kernel may lack netem (docs/operating/wan-testbed.md), so the
 // test bed's hub namespace routes every packet between hosts through a TUN
 // device; this process reads each packet, holds it for the one-way delay of its
 // source's and its destination's access links, and writes it back, where the

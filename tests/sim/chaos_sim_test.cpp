@@ -932,7 +932,7 @@ attack_losses run_attack(const std::string& kind) {
 // What the robust merge does here, measured (seed 19; the quadratic's learners have
 // non-IID targets, so leaving one learner out — its work rejected — itself moves the
 // optimum): it stops the scaled attacker (robust off: the loss explodes); it does not
-// stop a sign-flipped or random one of honest norm (README "Robust merge": known
+// stop a sign-flipped or random one of honest norm (docs/guides/robust-merge.md: known
 // limits). The defaults screen without trimming (rounds of 2 members, K = 2 here,
 // could not be trimmed anyway). The checks
 // pin what holds and bound the rest, so that a change that makes it worse fails.

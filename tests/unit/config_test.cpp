@@ -101,7 +101,7 @@ TEST_CASE("mesh configurations that cannot work are refused with the knobs named
   CHECK(list.err().message == "mesh.learner_batch: 'x' is not a number");
 }
 
-TEST_CASE("every mode resolves to the policy of ALGORITHM.md §8") {
+TEST_CASE("every mode resolves to the policy of docs/design/algorithm.md §8") {
   auto policy_of = [](std::vector<std::string> sets) {
     config cfg;
     for (const auto& s : sets) REQUIRE(set_knob_assignment(cfg, s));

@@ -56,7 +56,7 @@ std::vector<float> unit(std::size_t n, std::size_t k, float scale = 1.0f) {
   return e;
 }
 
-// Straightforward double-precision reference of ALGORITHM.md §6 for one tensor.
+// Straightforward double-precision reference of docs/design/algorithm.md §6 for one tensor.
 std::vector<double> reference_merge(const std::vector<std::vector<double>>& v,
                                     const std::vector<double>& w, bool embedding) {
   const std::size_t n = v[0].size();

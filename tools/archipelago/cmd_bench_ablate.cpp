@@ -86,7 +86,7 @@ void print_table(const ablate_flags& f, const config& base, const ablate_result&
   }
   for (const auto& c : r.claims)
     std::printf("  paper: %s — %s\n", c.text.c_str(), c.reproduced ? "reproduced" : "NOT reproduced");
-  if (o.which == "fragments") std::printf("  paper: no figure for P in ALGORITHM.md §9\n");
+  if (o.which == "fragments") std::printf("  paper: no figure for P in docs/design/algorithm.md §9\n");
   std::printf("  ledger exact in every run: %s; paced steps over budget: %.0f of %.0f (%.1f %%)\n",
               r.ledger_exact ? "yes" : "NO", r.budget_overruns, r.steps_total,
               r.steps_total > 0 ? 100 * r.budget_overruns / r.steps_total : 0.0);

@@ -1,5 +1,5 @@
 #pragma once
-// bench ablate WHICH: the paper's ablations (ALGORITHM.md §9) on the
+// bench ablate WHICH: the paper's ablations (docs/design/algorithm.md §9) on the
 // one-process mesh (run_local_mesh), every variant on the same seeds and the
 // same budget, against a reference variant run in the same invocation:
 //   merge      RDA vs the token-weighted mean (mesh.merge), at M = 8 and M = 16,

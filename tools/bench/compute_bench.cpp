@@ -217,7 +217,7 @@ int default_compute_steps(const std::string& model) {
 
 std::vector<torch_run> torch_configurations(const compute_options& o) {
   // "as installed": the pthread OpenBLAS where present, core type auto-detected
-  // (what Debian links when it is installed beside python3-torch); "tuned" follows MACHINE.md §6 (the
+  // (what Debian links when it is installed beside python3-torch); "tuned" follows docs/design/baselines.md §1 (the
   // OpenMP OpenBLAS with its AVX-512 kernels forced) and keeps freed buffers
   // in the heap (--mallopt), the best tuning found here.
   const std::string pthread_dir = "/usr/lib/x86_64-linux-gnu/openblas-pthread";

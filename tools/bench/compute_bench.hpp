@@ -55,7 +55,7 @@ struct torch_run {
   std::string error;  // set when a run failed; the configuration is not run again
 };
 
-/// The PyTorch configurations: "tuned" (MACHINE.md §6), "as_installed" and
+/// The PyTorch configurations: "tuned" (docs/design/baselines.md §1), "as_installed" and
 /// "bf16_autocast" (tuned, with torch.autocast("cpu", bfloat16)).
 std::vector<torch_run> torch_configurations(const compute_options& o);
 

@@ -13,7 +13,7 @@ namespace {
 
 /// Runs the DDP reference once; its last stdout line is JSON.
 expected<nlohmann::json> run_ddp_reference(const ddp_options& o) {
-  // MACHINE.md §6: one OpenBLAS thread per rank, its AVX-512 kernels forced.
+  // docs/design/baselines.md §1: one OpenBLAS thread per rank, its AVX-512 kernels forced.
   const std::string cmd = "env -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=SkylakeX " + o.python +
                           " " + o.script + " --model " + o.model + " --ranks " + std::to_string(o.ranks) +
                           " --threads 1 --batch " + std::to_string(o.batch) + " --steps " + std::to_string(o.steps) +

@@ -15,7 +15,7 @@ the gradient buffer (params x 4 bytes) and what a ring all-reduce sends per rank
 2 (n-1)/n x buffer.
 
 Run it with the system interpreter (Debian's python3-torch); BLAS tuning goes in the
-environment (MACHINE.md section 6):
+environment (docs/design/baselines.md §1):
 
     OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=SkylakeX \\
         /usr/bin/python3 tools/bench/ddp_reference.py --ranks 2 --threads 1 --json

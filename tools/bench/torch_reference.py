@@ -9,7 +9,7 @@ Run it with the system interpreter (Debian's python3-torch 1.13):
     /usr/bin/python3 tools/bench/torch_reference.py --model nano --threads 2 --json
 
 BLAS tuning must be set by the caller, in the environment, because OpenBLAS reads it when it
-is loaded (see /work/shared/design/MACHINE.md section 6). The best tuning found on the 2-vCPU
+is loaded (see docs/design/baselines.md §1). The best tuning found on the 2-vCPU
 machines is the OpenMP build of OpenBLAS (libopenblas0-openmp) with the core type forced, plus
 --mallopt (keeps freed activation memory in the process instead of page-faulting it back in
 every step):

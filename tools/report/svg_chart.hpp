@@ -35,7 +35,7 @@ std::string chart(const std::string& title, const std::string& x_label, const st
                   const std::vector<std::pair<double, std::string>>& x_ticks = {}, double x_min = 0,
                   double y_min = 0);
 
-/// Charts one above the other in one standalone SVG document (for BENCHMARKS.md).
+/// Charts one above the other in one standalone SVG document (the benchmarks' plots).
 std::string stack_charts(const std::vector<std::string>& charts);
 
 

@@ -1,7 +1,7 @@
 #pragma once
 // The goodput simulator: a discrete-event model of N accelerator chips grouped
 // in slices, with per-chip Poisson interruptions, run under one of three
-// training setups (paper Table 1, ALGORITHM.md §9.6):
+// training setups (paper Table 1, docs/design/algorithm.md §9.6):
 //
 //   dp          one synchronous job over all slices, not elastic: it stops while
 //               any slice is down, then restarts from its last checkpoint.
@@ -12,7 +12,7 @@
 //
 // Pure and deterministic: no clock, no globals; the seed and every constant are
 // arguments. The model, its constants and how they were calibrated are
-// described in README.md, "Goodput at scale (simulation)".
+// described in docs/design/goodput-simulator.md.
 
 #include <array>
 #include <cmath>
@@ -47,7 +47,7 @@ expected<dp_recovery> parse_dp_recovery(const std::string& name);
 /// calibrated on the paper's elastic_dp row (`archipelago simulate
 /// --calibrate`): downscale_s, upscale_s, upscale_hold_s. The others are set
 /// a priori: the elastic row cannot determine them, and the dp row is not used
-/// to set any (README.md).
+/// to set any (docs/design/goodput-simulator.md).
 struct constants {
   /// Chips per slice: the unit that fails and is repaired as a whole (one
   /// interrupted chip takes its slice down). A priori: 256.
@@ -81,7 +81,7 @@ struct constants {
   // forming the mesh (upscale_s, as an elastic job's growth), reading the last
   // checkpoint back (reload_s) and anything else (restart_extra_s); and it loses
   // the work since its last checkpoint. Failures during the restart are folded
-  // into it. A priori values (README.md, "Goodput at scale (simulation)"): the
+  // into it. A priori values (docs/design/goodput-simulator.md): the
   // dp row does not enter them.
   /// Rescheduling the job onto a spare slice. A priori: 0 (hot spares: the spare
   /// is up and idle, so placing the job on it is part of bringing it up).
@@ -102,7 +102,7 @@ struct constants {
   double checkpoint_write_s = 0;
 };
 
-/// The calibrated defaults (README.md, "Goodput at scale (simulation)").
+/// The calibrated defaults (docs/design/goodput-simulator.md).
 constants calibrated_constants();
 
 struct params {
@@ -174,7 +174,7 @@ struct table_row {
   std::array<double, 5> paper_pct;  // goodput in %
 };
 
-/// The paper's Table 1 (ALGORITHM.md §9.6), chip MTBI = 1 year.
+/// The paper's Table 1 (docs/design/algorithm.md §9.6), chip MTBI = 1 year.
 const std::array<table_row, 6>& paper_table();
 
 struct table_cell {
