@@ -275,7 +275,7 @@ runner add_simulate_wan(CLI::App& simulate) {
   cmd->add_option("--block-size", f->block_size, "Quantisation block (wire.block_size)")
       ->capture_default_str();
   cmd->add_option("--costs", f->costs_file,
-                  "bench scale --json output: merge_s_per_gb, commit_s_per_gb, "
+                  "A JSON file of per-GB costs: merge_s_per_gb, commit_s_per_gb, "
                   "after_step_s_per_gb, wire_ratio");
   cmd->add_option("--merge-s-per-gb", f->merge,
                   "Shard: decode + merge + outer step, s per GB of fp32 contributions");
@@ -284,7 +284,7 @@ runner add_simulate_wan(CLI::App& simulate) {
                   "Learner: after_step s per step per GB of the model");
   cmd->add_option("--wire-ratio", f->wire, "Bytes on the wire over the encoded payload");
   cmd->add_flag("--measure", f->measure,
-                "Measure the kernels' costs on this machine first and use them");
+                "Measure the kernels' costs on the machine at hand first and use them");
   cmd->add_option("--measure-dir", f->measure_dir, "--measure: where the disk write goes")
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "Print a one-line JSON summary last");
