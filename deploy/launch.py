@@ -141,16 +141,21 @@ class Mesh:
         return proc
 
     def stop_all(self, sig=signal.SIGTERM, wait_s=15):
-        for proc, _ in self.processes.values():
-            if proc.poll() is None:
-                proc.send_signal(sig)
-        deadline = time.time() + wait_s
-        for proc, _ in self.processes.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        # Learners, then shards, then brokers, each group once the one before it exited: a
+        # stopping shard announces its last durable versions to the broker, whose ledger
+        # books those steps lost if it reported first.
+        for group in ("learner", "shard", "broker"):
+            procs = [proc for name, (proc, _) in self.processes.items() if name.startswith(group)]
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(sig)
+            deadline = time.time() + wait_s
+            for proc in procs:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 def main():

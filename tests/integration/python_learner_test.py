@@ -25,6 +25,10 @@ PYTHONPATH=build/python. One case per argument:
   port     torch_gpt.py --check: the PyTorch GPT against the native one from the same
            parameters and batches: the same loss and gradients, and after 30 inner steps
            (AdamW, clipping, schedule) the same loss and parameters.
+  stop     LocalMesh.stop with stand-in nodes that record their SIGTERM and exit (a shard
+           taking 0.3 s to stop, as one does making its last versions durable): every
+           shard has exited before the broker is signalled, so the broker hears a shard's
+           last publish before it reports (signalled together, it booked that step lost).
   drill    `archipelago drill --processes` of deploy/drills/crash_storm.toml (short form,
            --time-scale 0.4) with learner 3 a PyTorch learner (--learner-command): the drill
            SIGKILLs and restarts it like the native ones, every restart of it is back at work
@@ -326,6 +330,47 @@ def case_moe():
           f"side by side")
 
 
+STAND_IN_NODE = """#!/usr/bin/python3
+import os, signal, sys, time
+name = sys.argv[sys.argv.index("--role") + 1] + "-" + sys.argv[sys.argv.index("--index") + 1]
+def note(what):
+    with open(os.environ["STOP_RECORD"], "a") as f:
+        f.write(name + " " + what + "\\n")
+def stop(*_):
+    note("signalled")
+    time.sleep(0.3 if name.startswith("shard") else 0)  # a shard drains its store
+    note("exited")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+note("started")
+while True:
+    time.sleep(1)
+"""
+
+
+def case_stop():
+    from archipelago.mesh import LocalMesh
+    folder = tempfile.mkdtemp(prefix="archipelago-pystop-")
+    node, record = os.path.join(folder, "node.py"), os.path.join(folder, "record")
+    with open(node, "w") as f:
+        f.write(STAND_IN_NODE)
+    os.chmod(node, 0o755)
+    os.environ["STOP_RECORD"] = record
+    mesh = LocalMesh(node, os.path.join(folder, "mesh.toml"), shards=2, logs=folder).start()
+    deadline = time.time() + 30
+    while time.time() < deadline and (not os.path.exists(record) or len(open(record).read().splitlines()) < 3):
+        time.sleep(0.05)
+    mesh.stop()
+    events = open(record).read().splitlines()
+    if len(events) != 9:
+        fail("every stand-in node started, was signalled and exited", "\n".join(events))
+    broker_signalled = events.index("broker-0 signalled")
+    if any(events.index(f"shard-{s} exited") > broker_signalled for s in range(2)):
+        fail("LocalMesh.stop signals the broker only once every shard has exited", "\n".join(events))
+    print("ok stop: " + ", ".join(events))
+
+
 if __name__ == "__main__":
     {"train": case_train, "layout": case_layout, "nan": case_nan, "rejoin": case_rejoin,
-     "mixed": case_mixed, "port": case_port, "drill": case_drill, "moe": case_moe}[sys.argv[1]]()
+     "mixed": case_mixed, "port": case_port, "drill": case_drill, "moe": case_moe,
+     "stop": case_stop}[sys.argv[1]]()

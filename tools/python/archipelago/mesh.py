@@ -84,17 +84,24 @@ class LocalMesh:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; its log: {log}")
 
     def stop(self, wait_s=20):
-        """SIGTERM to every node; returns {name: its last JSON line}."""
-        for proc, _ in self.processes.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.time() + wait_s
-        for proc, _ in self.processes.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        """SIGTERM to every node, in the order the one-process mesh stops its roles:
+        learners, then shards, then brokers, each group once the one before it has
+        exited (a shard's stop makes its last versions durable and announces them to the
+        broker, whose ledger credits those steps merged only on hearing it; signalled
+        together, a broker could report before it heard them and book them lost).
+        Each group is killed after `wait_s`. Returns {name: its last JSON line}."""
+        for group in ("learner", "shard", "broker"):
+            procs = [proc for name, (proc, _) in self.processes.items() if name.startswith(group)]
+            deadline = time.time() + wait_s
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         return {name: last_json(log) for name, (_, log) in self.processes.items()}
 
     def __enter__(self):
