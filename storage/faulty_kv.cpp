@@ -80,6 +80,7 @@ expected<std::optional<std::pair<std::string, std::string>>> faulty_kv::last(col
 }
 
 status faulty_kv::flush() { return inner_->flush(); }
+status faulty_kv::flush_memtables() { return inner_->flush_memtables(); }
 
 fault_counters faulty_kv::counters() const {
   std::lock_guard lock(impl_->mutex);

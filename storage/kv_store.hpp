@@ -61,6 +61,10 @@ class kv_store {
   virtual expected<std::optional<std::pair<std::string, std::string>>> last(column c) const = 0;
   /// Makes every completed write durable against power loss (fsync of the log).
   virtual status flush() = 0;
+  /// Writes every column's in-memory part to table files and waits (RocksDB's
+  /// Flush): what was written no longer depends on the log, and the background
+  /// work a sustained load causes is done. A no-op where nothing is in memory.
+  virtual status flush_memtables() = 0;
 };
 
 // ---- implementations ------------------------------------------------------------
@@ -103,6 +107,7 @@ class faulty_kv final : public kv_store {
               const std::function<bool(std::string_view, std::string_view)>& visit) const override;
   expected<std::optional<std::pair<std::string, std::string>>> last(column c) const override;
   status flush() override;
+  status flush_memtables() override;
   fault_counters counters() const;
   /// Changes the write error rate from now on (a disk that starts or stops failing).
   void set_write_error_rate(double rate);

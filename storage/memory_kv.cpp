@@ -66,6 +66,7 @@ class memory_kv final : public kv_store {
   }
 
   status flush() override { return status::ok(); }
+  status flush_memtables() override { return status::ok(); }
 
  private:
   static std::size_t index(column c) { return static_cast<std::size_t>(c); }

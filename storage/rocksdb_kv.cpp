@@ -190,6 +190,15 @@ class rocksdb_kv final : public kv_store {
     return status::ok();
   }
 
+  status flush_memtables() override {
+    if (options_.mode == open_mode::read_only) return status::ok();
+    rocksdb::FlushOptions fo;
+    fo.wait = true;
+    if (const rocksdb::Status s = db_->db->Flush(fo, db_->handles); !s.ok())
+      return from_status(s, path_, "flush of the memtables");
+    return status::ok();
+  }
+
  private:
   static rocksdb::ReadOptions read_options() {
     rocksdb::ReadOptions ro;

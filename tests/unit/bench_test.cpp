@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -546,6 +547,13 @@ TEST_CASE("bench snapshot: commits and a restore of the nano model against plain
   CHECK(finite_positive(w.plain_mbps[0]));
   CHECK(finite_positive(w.ratio[0]));
   CHECK(finite_positive(w.families_ratio[0]));
+  REQUIRE(w.disk_ratio.size() == 1);
+  CHECK(finite_positive(w.disk_mbps[0]));
+  CHECK(finite_positive(w.disk_ratio[0]));
+  // Every sample ends with its bytes on disk: at least the payload was written.
+  CHECK(w.store_amplification[0] >= 1);
+  CHECK(w.plain_amplification[0] >= 1);
+  CHECK(w.store_disk_mb[0] > 0);
   const restore_result& rs = *r->restore;
   CHECK(rs.params == nano_params());
   CHECK(rs.fragment_bytes >= rs.params * sizeof(float));
@@ -556,7 +564,28 @@ TEST_CASE("bench snapshot: commits and a restore of the nano model against plain
   }
   CHECK(std::filesystem::is_empty(dir.path()));  // every temporary store removed
 
+  // A layout file's model, in the fragments asked for.
+  const std::string layout = dir.file("layout.json");
+  std::ofstream(layout) << R"({"tensors": [{"name": "a", "shape": [64, 32]}, {"name": "b", "shape": [48, 32]},
+                                          {"name": "e", "shape": [16, 8], "kind": "embedding"}]})";
+  o.parts = {"write"};
+  o.write_model = layout;
+  o.fragments = 3;
+  auto from_file = run_snapshot_bench(o, {});
+  REQUIRE(from_file);
+  CHECK(from_file->write->fragments == 3);
+  // Theta and momentum of fragments 0, 1, 2 and 0 again (a, b, the embedding, a).
+  CHECK(from_file->write->payload_bytes == 2 * sizeof(float) * (64 * 32 + 48 * 32 + 16 * 8 + 64 * 32));
+  std::filesystem::remove(layout);
+  CHECK(std::filesystem::is_empty(dir.path()));
+
+  o.write_model = dir.file("none.json");
+  auto missing = run_snapshot_bench(o, {});
+  REQUIRE_FALSE(missing);
+  CHECK(missing.err().message.find("none.json") != std::string::npos);
+
   o.dir = dir.file("missing");
+  o.write_model = "nano";
   auto bad = run_snapshot_bench(o, {});
   REQUIRE_FALSE(bad);
   CHECK(bad.err().message.find("is not a directory") != std::string::npos);

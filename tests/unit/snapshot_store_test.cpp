@@ -286,6 +286,7 @@ class gated_kv final : public kv_store {
   }
   expected<std::optional<std::pair<std::string, std::string>>> last(column c) const override { return inner_->last(c); }
   status flush() override { return inner_->flush(); }
+  status flush_memtables() override { return inner_->flush_memtables(); }
   void wait_for_writer() {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return waiting_ > 0; });

@@ -1,5 +1,5 @@
 // archipelago bench snapshot: what versioned snapshots cost — round latency with
-// snapshots on vs off, commit throughput vs plain RocksDB, restore time vs a
+// snapshots on vs off, commit throughput vs plain RocksDB and the disk, restore time vs a
 // plain RocksDB read (tools/bench/snapshot_bench.hpp); each figure printed with
 // its per-round ratios, all of them in one --json line.
 
@@ -122,6 +122,13 @@ void report_write(json_line& j, const snapshot_options& o, const write_result& w
   std::printf("                  of the store's time %.0f %% went to RocksDB's write (the rest: encoding, checksums, "
               "bookkeeping); its commits also deleted %zu old records (retention)\n",
               100 * median(wr.kv_share), wr.deletes);
+  const double disk = median(wr.disk_mbps), disk_ratio = median(wr.disk_ratio);
+  std::printf("                  the disk: the same bytes appended to a file %.0f MB/s: store / disk = %.3f (per round: %s)\n",
+              disk, disk_ratio, listed(wr.disk_ratio, "%.3f").c_str());
+  std::printf("                  written to disk per payload byte: store %.2f, plain RocksDB %.2f; the store's peak RSS "
+              "+%.0f MB, its directory %.0f MB at the end (medians)\n",
+              median(wr.store_amplification), median(wr.plain_amplification), median(wr.store_peak_rss_mb),
+              median(wr.store_disk_mb));
   j.add("write_model", o.write_model)
       .add("write_commits", o.commits)
       .add("write_rounds", o.rounds)
@@ -136,7 +143,14 @@ void report_write(json_line& j, const snapshot_options& o, const write_result& w
       .add("write_ratio_vs_families", families_ratio)
       .add_raw("write_ratio_vs_families_per_round", json_array(wr.families_ratio))
       .add("write_store_rocksdb_share", median(wr.kv_share))
-      .add("write_deletes", static_cast<std::uint64_t>(wr.deletes));
+      .add("write_deletes", static_cast<std::uint64_t>(wr.deletes))
+      .add("write_disk_mbps", disk)
+      .add("write_ratio_vs_disk", disk_ratio)
+      .add_raw("write_ratio_vs_disk_per_round", json_array(wr.disk_ratio))
+      .add("write_store_amplification", median(wr.store_amplification))
+      .add("write_plain_amplification", median(wr.plain_amplification))
+      .add("write_store_peak_rss_mb", median(wr.store_peak_rss_mb))
+      .add("write_store_disk_mb", median(wr.store_disk_mb));
 }
 
 void report_restore_layout(json_line& j, const restore_layout& layout, bool flushed) {
@@ -229,12 +243,15 @@ void add_bench_snapshot(CLI::App& bench) {
       ->check(CLI::Range(std::int64_t{5}, std::int64_t{1000000}));
   cmd->add_option("--pairs", o.pairs, "Pairs of mesh runs, one with snapshots and one without (default 2)")
       ->check(CLI::Range(1, 20));
-  cmd->add_option("--write-model", o.write_model, "Model whose fragment states are committed (default mini)");
+  cmd->add_option("--write-model", o.write_model,
+                  "Model whose fragment states are committed: a preset or a layout file (*.json; default mini)");
   cmd->add_option("--commits", o.commits, "One-fragment commits per write sample (default 96)")
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--rounds", o.rounds, "Rounds of (store, plain RocksDB) for write and restore (default 3)")
       ->check(CLI::Range(1, 100));
-  cmd->add_option("--restore-model", o.restore_model, "Model restored (default mini)");
+  cmd->add_option("--restore-model", o.restore_model, "Model restored: a preset or a layout file (default mini)");
+  cmd->add_option("--fragments", o.fragments, "Fragments P of the write and restore models (default: mesh.fragments)")
+      ->check(CLI::Range(1, 4096));
   cmd->add_flag("--sync", o.sync, "fsync every write, the store's and the baseline's (storage.sync = true)");
   cmd->add_option("--dir", o.dir, "Where the temporary stores go (default: $TMPDIR or /tmp); removed at the end");
   cmd->add_flag("--json", f.json, "Print a one-line JSON summary last");

@@ -52,6 +52,7 @@ class recording_kv final : public storage::kv_store {
     return inner_->last(c);
   }
   status flush() override { return inner_->flush(); }
+  status flush_memtables() override { return inner_->flush_memtables(); }
 
   /// The batches recorded since the last call.
   std::vector<batch_shape> take();

@@ -1,5 +1,6 @@
 #include "bench/snapshot_bench.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,7 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "bench/bench_mesh.hpp"
 #include "bench/bench_stats.hpp"
@@ -48,6 +51,34 @@ class scratch_dir {
   explicit scratch_dir(std::string path) : path_(std::move(path)) {}
   std::string path_;
 };
+
+/// A field of /proc/self/io ("write_bytes": what this process, every thread,
+/// caused to be written to storage so far); 0 where the kernel has no such file.
+std::uint64_t process_io(const std::string& field) {
+  std::ifstream in("/proc/self/io");
+  std::string name;
+  std::uint64_t value = 0;
+  while (in >> name >> value)
+    if (name == field + ":") return value;
+  return 0;
+}
+
+/// A field of /proc/self/status in kB ("VmRSS", "VmHWM"); 0 where missing.
+std::uint64_t status_kb(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0) {
+      std::istringstream fields(line.substr(field.size() + 1));
+      std::uint64_t kb = 0;
+      fields >> kb;
+      return kb;
+    }
+  return 0;
+}
+
+/// Starts measuring the peak resident set afresh (Linux: clear_refs 5 resets VmHWM to VmRSS).
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 std::uint64_t bytes_on_disk(const std::string& dir) {
   std::uint64_t total = 0;
@@ -113,12 +144,18 @@ struct model_fixture {
   std::vector<float> params;
 };
 
-expected<model_fixture> make_fixture(const std::string& model) {
+/// A model option: a layout file (a path ending in .json) or a preset name.
+bool is_layout_file(const std::string& model) { return model.size() > 5 && model.ends_with(".json"); }
+
+expected<model_fixture> make_fixture(const std::string& model, int fragments) {
   model_fixture f;
-  f.cfg.model.size = model;
+  if (is_layout_file(model)) f.cfg.model.layout = model;
+  else f.cfg.model.size = model;
+  if (fragments > 0) f.cfg.mesh.fragments = fragments;
   f.cfg.mesh.mode = "decoupled";
   auto policy = resolve_policy(f.cfg);
   if (!policy) return policy.err();
+  if (auto ok = validate_mesh(f.cfg); !ok) return ok.err();
   f.setup = make_mesh_setup(f.cfg, *policy);
   f.params.resize(f.setup.layout.total_floats);
   prng rng(42);
@@ -128,10 +165,13 @@ expected<model_fixture> make_fixture(const std::string& model) {
 
 /// What one store sample wrote and how long it took.
 struct store_sample_out {
-  std::vector<batch_shape> setup_batches, timed_batches;  // the initial commit's; the timed commits'
+  std::vector<batch_shape> setup_batches, timed_batches;  // the initial commits'; the timed commits'
   std::uint64_t payload = 0;  // theta + momentum (+ Adam moments) floats committed, in bytes
-  double seconds = 0;         // in commit() plus the final flush
-  double kv_seconds = 0;      // of that, in RocksDB's write and flush
+  double seconds = 0;         // in commit() plus the final flushes (log, then memtables)
+  double kv_seconds = 0;      // of that, in RocksDB's write and flushes
+  std::uint64_t written = 0;  // bytes the process wrote to disk meanwhile
+  std::uint64_t peak_rss_kb = 0;  // the peak resident set above the sample's start
+  std::uint64_t disk_bytes = 0;   // the store's directory at the end
 };
 
 /// The `k`-th timed commit: one fragment state, built outside the timed part, as
@@ -157,10 +197,21 @@ expected<store_sample_out> store_sample(const model_fixture& f, const storage::c
   auto recorder = std::make_shared<recording_kv>(std::move(*kv));
   auto store = storage::snapshot_store::create(recorder, store_info_of(f.setup), retention_of(f.cfg));
   if (!store) return store.err();
-  if (auto v = (*store)->commit(initial); !v) return v.err();
+  // The initial states one fragment per commit (a model of real size in one batch
+  // is several copies of it in memory), settled on disk before the timed part.
+  for (const auto& state : initial.fragments) {
+    storage::commit_job one;
+    one.fragments.push_back(state);
+    one.time_ns = initial.time_ns;
+    if (auto v = (*store)->commit(one); !v) return v.err();
+  }
+  if (auto ok = recorder->flush_memtables(); !ok) return ok.err();
   store_sample_out out;
   out.setup_batches = recorder->take();
   (void)recorder->take_write_seconds();
+  const std::uint64_t rss_kb = status_kb("VmRSS");
+  reset_peak_rss();
+  const std::uint64_t written = process_io("write_bytes");
   for (int k = 0; k < commits; ++k) {
     if (hooks.stopped()) return interrupted();
     if (k % 8 == 0) hooks.update(label + ": commit " + std::to_string(k + 1) + "/" + std::to_string(commits));
@@ -174,34 +225,82 @@ expected<store_sample_out> store_sample(const model_fixture& f, const storage::c
   }
   const auto t0 = seconds_clock::now();
   if (auto ok = recorder->flush(); !ok) return ok.err();
+  if (auto ok = recorder->flush_memtables(); !ok) return ok.err();
   const double flush_s = since(t0);
   out.seconds += flush_s;
+  out.written = process_io("write_bytes") - written;
+  const std::uint64_t peak_kb = status_kb("VmHWM");
+  out.peak_rss_kb = peak_kb > rss_kb ? peak_kb - rss_kb : 0;
   out.timed_batches = recorder->take();
   out.kv_seconds = recorder->take_write_seconds() + flush_s;
+  out.disk_bytes = bytes_on_disk(path);
   return out;
 }
 
-/// One round of the write figure: the store and both baselines, the order rotating
-/// round by round; each in a fresh directory.
+/// The disk itself: every timed batch's bytes appended to a new file at `path` in
+/// 8 MiB writes, fdatasync'd at the end (with `sync`, after every batch's bytes,
+/// as a synced commit would be). Returns the seconds.
+expected<double> disk_write_sample(const std::vector<batch_shape>& timed, bool sync, const std::string& path,
+                                   const bench_hooks& hooks) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return make_error(errc::io_error, "cannot create " + path + ": " + std::strerror(errno));
+  struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } close_at_end{fd};
+  std::vector<char> chunk(std::size_t{8} << 20);
+  prng rng(11);
+  for (char& c : chunk) c = static_cast<char>(rng.next());
+  auto failed = [&](const char* what) {
+    return make_error(errc::io_error, std::string(what) + " of " + path + ": " + std::strerror(errno));
+  };
+  const auto t0 = seconds_clock::now();
+  for (const batch_shape& b : timed) {
+    if (hooks.stopped()) return interrupted();
+    for (std::uint64_t left = b.bytes(); left > 0;) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, chunk.size()));
+      const ssize_t w = ::write(fd, chunk.data(), n);
+      if (w <= 0) return failed("write");
+      left -= static_cast<std::uint64_t>(w);
+    }
+    if (sync && ::fdatasync(fd) != 0) return failed("fdatasync");
+  }
+  if (::fdatasync(fd) != 0) return failed("fdatasync");
+  return since(t0);
+}
+
+/// One round of the write figure: the store, both RocksDB baselines and the disk,
+/// the order rotating round by round; each in a fresh directory.
 status write_round(write_result& out, const snapshot_options& o, const model_fixture& f,
                    const storage::commit_job& initial, const store_sample_out& recorded, int round,
                    const std::string& parent, const bench_hooks& hooks) {
-  double mbps[3] = {};  // store, plain, plain into the store's families
-  for (int k = 0; k < 3; ++k) {
+  constexpr int sides = 4;  // store, plain, plain into the store's families, the disk
+  double mbps[sides] = {};
+  for (int k = 0; k < sides; ++k) {
     if (hooks.stopped()) return interrupted();
-    const int side = (k + round) % 3;
-    static const char* const names[] = {" (snapshot store)", " (plain RocksDB)", " (plain RocksDB, store's families)"};
+    const int side = (k + round) % sides;
+    static const char* const names[] = {" (snapshot store)", " (plain RocksDB)", " (plain RocksDB, store's families)",
+                                        " (the disk: a file)"};
     const std::string label = "bench snapshot: write round " + std::to_string(round + 1) + "/" +
                               std::to_string(o.rounds) + names[side];
     hooks.begin(label);
     auto dir = scratch_dir::make(parent, "write");
     if (!dir) return dir.err();
+    const std::uint64_t written = process_io("write_bytes");
     expected<double> seconds = 0.0;
-    if (side > 0) {
+    if (side == 3) {
+      seconds = disk_write_sample(recorded.timed_batches, o.sync, (*dir)->sub("file"), hooks);
+    } else if (side > 0) {
       seconds = plain_write_sample(recorded.setup_batches, recorded.timed_batches, o.sync, side == 2,
                                    (*dir)->sub("db"), hooks, label);
+      if (side == 1 && seconds)
+        out.plain_amplification.push_back(static_cast<double>(process_io("write_bytes") - written) /
+                                          static_cast<double>(out.payload_bytes));
     } else if (auto s = store_sample(f, initial, o.commits, o.sync, (*dir)->sub("db"), hooks, label); s) {
       out.kv_share.push_back(s->kv_seconds / s->seconds);
+      out.store_amplification.push_back(static_cast<double>(s->written) / static_cast<double>(out.payload_bytes));
+      out.store_peak_rss_mb.push_back(static_cast<double>(s->peak_rss_kb) / 1024);
+      out.store_disk_mb.push_back(static_cast<double>(s->disk_bytes) * 1e-6);
       seconds = s->seconds;
     } else {
       seconds = s.err();
@@ -212,8 +311,10 @@ status write_round(write_result& out, const snapshot_options& o, const model_fix
   out.store_mbps.push_back(mbps[0]);
   out.plain_mbps.push_back(mbps[1]);
   out.families_mbps.push_back(mbps[2]);
+  out.disk_mbps.push_back(mbps[3]);
   out.ratio.push_back(mbps[0] / mbps[1]);
   out.families_ratio.push_back(mbps[0] / mbps[2]);
+  out.disk_ratio.push_back(mbps[0] / mbps[3]);
   return {};
 }
 
@@ -341,7 +442,7 @@ expected<latency_result> measure_latency(const snapshot_options& o, const std::s
 }
 
 expected<write_result> measure_writes(const snapshot_options& o, const std::string& parent, const bench_hooks& hooks) {
-  auto f = make_fixture(o.write_model);
+  auto f = make_fixture(o.write_model, o.fragments);
   if (!f) return f.err();
   const storage::commit_job initial = initial_commit(f->setup, f->params);
   write_result out;
@@ -367,7 +468,7 @@ expected<write_result> measure_writes(const snapshot_options& o, const std::stri
 
 expected<restore_result> measure_restore(const snapshot_options& o, const std::string& parent,
                                          const bench_hooks& hooks) {
-  auto f = make_fixture(o.restore_model);
+  auto f = make_fixture(o.restore_model, o.fragments);
   if (!f) return f.err();
   restore_result out;
   out.params = f->setup.layout.param_count;
@@ -389,8 +490,13 @@ expected<restore_result> measure_restore(const snapshot_options& o, const std::s
 expected<snapshot_result> run_snapshot_bench(const snapshot_options& o, const bench_hooks& hooks) {
   auto parent = parent_dir(o);
   if (!parent) return parent.err();
-  for (const auto* model : {&o.model, &o.write_model, &o.restore_model})
-    if (auto shape = model_preset(*model); !shape) return shape.err();
+  for (const auto* model : {&o.model, &o.write_model, &o.restore_model}) {
+    if (model != &o.model && is_layout_file(*model)) {
+      if (auto layout = load_layout_file(*model); !layout) return layout.err();
+    } else if (auto shape = model_preset(*model); !shape) {
+      return shape.err();
+    }
+  }
   snapshot_result r;
   r.load_before = load_average();
   const auto started = seconds_clock::now();

@@ -11,7 +11,13 @@
 //      (as a shard commits) vs a plain RocksDB write loop of the same bytes — the
 //      store's puts (keys, value sizes) again, one WriteBatch per commit, with the
 //      store's RocksDB options and sync setting, into one column family and,
-//      to tell the layout's cost from the snapshot layer's, into the store's;
+//      to tell the layout's cost from the snapshot layer's, into the store's —
+//      and vs the disk itself: the same bytes appended to a file (fdatasync at
+//      the end, or after every commit's bytes with --sync). Each sample ends with
+//      everything on disk (the store's memtables flushed, the file synced), so a
+//      sustained load's background work (flushes, compactions) is in its time;
+//      the bytes the process wrote to disk meanwhile (/proc/self/io) over the
+//      payload are its write amplification, and its peak RSS is measured;
 //   3. restore of a model: open the store read-only, pick the newest valid
 //      manifest (reading and verifying every fragment state once), lay the
 //      states out as parameters (params_from) vs opening the same
@@ -39,9 +45,10 @@ struct snapshot_options {
   int learners = 4;
   std::int64_t steps = 300;
   int pairs = 2;  // pairs of mesh runs, one with snapshots and one without
-  // 2. write
+  // 2. write; a model is a preset name or a layout file (model.layout, a path ending in .json)
   std::string write_model = "mini";
   int commits = 96;  // one-fragment commits per sample
+  int fragments = 0;  // P of the write and restore models; 0: the configuration's default
   // 2. and 3.
   int rounds = 3;
   // 3. restore
@@ -75,6 +82,11 @@ struct write_result {
   std::vector<double> store_mbps, plain_mbps, ratio;  // per round; plain: one column family
   std::vector<double> families_mbps, families_ratio;  // plain into the store's column families
   std::vector<double> kv_share;  // of the store's time, the share spent in RocksDB's write (per round)
+  std::vector<double> disk_mbps, disk_ratio;  // the same bytes appended to a file; store / that (per round)
+  /// Bytes the process wrote to disk during a sample over the payload it committed (per round).
+  std::vector<double> store_amplification, plain_amplification;
+  std::vector<double> store_peak_rss_mb;  // the sample's peak resident set above its start (per round)
+  std::vector<double> store_disk_mb;      // the store's directory at the end of its sample (per round)
 };
 
 /// One layout of the store on disk, restored `rounds` times by each side.
