@@ -10,8 +10,9 @@ using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("archipelago::wire_snapshot");
 
 struct StoreInfo {
-  # meta column, key "store": written once when the store is created.
-  formatVersion @0 :UInt32;      # 1
+  # meta column, key "store": written when the store is created (and when a
+  # writer of a newer format opens it: only formatVersion changes).
+  formatVersion @0 :UInt32;      # 2 (1: every fragment state's floats inline)
   createdNs @1 :Int64;           # wall clock, ns since the Unix epoch
   configToml @2 :Text;           # the run's whole configuration (config.hpp to_toml)
   layoutFingerprint @3 :UInt64;  # param_layout::fingerprint() of the model
@@ -20,7 +21,9 @@ struct StoreInfo {
 }
 
 struct FragmentState {
-  # fragments column, key be32(fragment) ++ be64(version).
+  # fragments column, key be32(fragment) ++ be64(version). Format 1 holds the
+  # floats in theta..adamV; format 2 holds them in FragmentPiece records (the
+  # pieces column) and leaves those four empty.
   fragment @0 :UInt32;
   version @1 :UInt64;
   round @2 :UInt64;              # the round whose close produced it; 0 for the initial value
@@ -31,6 +34,24 @@ struct FragmentState {
   adamV @7 :Data;
   adamSteps @8 :Int64;           # gradient mode: AdamW steps taken
   thetaChecksum @9 :UInt64;      # XXH3-64 of theta's bytes (what `replay verify` compares)
+  pieceFloats @10 :UInt64;       # format 2: floats per FragmentPiece (a part's last piece holds the
+                                 # rest); 0: the floats are inline (format 1)
+  thetaFloats @11 :UInt64;       # format 2: the length of each part, in floats
+  momentumFloats @12 :UInt64;
+  adamMFloats @13 :UInt64;
+  adamVFloats @14 :UInt64;
+}
+
+struct FragmentPiece {
+  # pieces column, key be32(fragment) ++ be64(version) ++ be32(index) (format 2):
+  # a fragment state's floats, part by part (theta, momentum, adamM, adamV; an
+  # empty part has none), each part cut into pieces of FragmentState.pieceFloats.
+  fragment @0 :UInt32;
+  version @1 :UInt64;
+  index @2 :UInt32;              # from 0, in key order
+  part @3 :UInt8;                # 0 theta, 1 momentum, 2 adamM, 3 adamV
+  offset @4 :UInt64;             # the part's float this piece starts at
+  data @5 :Data;                 # float32 little-endian
 }
 
 struct ManifestEntry {
@@ -38,6 +59,7 @@ struct ManifestEntry {
   version @1 :UInt64;
   round @2 :UInt64;
   thetaChecksum @3 :UInt64;
+  stateBytes @4 :UInt64;         # the fragment state's floats × 4 (retention in bytes); 0: unknown (format 1)
 }
 
 struct LedgerTotals {

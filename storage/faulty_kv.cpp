@@ -7,7 +7,7 @@ namespace archipelago::storage {
 
 // Writes are serialized under one mutex, inner write included, so the sequence of
 // random draws follows the order of writes and a seed reproduces every fault.
-// Counters: `writes` counts calls to write(); `write_errors` the writes failed
+// Counters: `writes` counts calls to write() and write_unlogged(); `write_errors` the writes failed
 // whole (the error rate and the dying disk); `torn_writes` the torn ones.
 struct faulty_kv::impl {
   explicit impl(fault_plan p) : plan(p), rng(p.seed) {}
@@ -23,7 +23,11 @@ faulty_kv::faulty_kv(std::shared_ptr<kv_store> inner, fault_plan plan)
 
 faulty_kv::~faulty_kv() = default;
 
-status faulty_kv::write(const write_batch& batch) {
+status faulty_kv::write(const write_batch& batch) { return write(batch, false); }
+status faulty_kv::write_unlogged(const write_batch& batch) { return write(batch, true); }
+
+status faulty_kv::write(const write_batch& batch, bool unlogged) {
+  auto pass = [&](const write_batch& b) { return unlogged ? inner_->write_unlogged(b) : inner_->write(b); };
   std::lock_guard lock(impl_->mutex);
   impl& s = *impl_;
   ++s.counters.writes;
@@ -50,13 +54,13 @@ status faulty_kv::write(const write_batch& batch) {
         value.resize(s.rng.below(value.size()));
       }
       if (!prefix.ops.empty()) {
-        if (status st = inner_->write(prefix); !st)
+        if (status st = pass(prefix); !st)
           return make_error(errc::io_error, "injected torn write (then: " + st.err().to_string() + ")");
       }
     }
     return make_error(errc::io_error, "injected torn write");
   }
-  status st = inner_->write(batch);
+  status st = pass(batch);
   if (st) ++s.successful_writes;
   return st;
 }

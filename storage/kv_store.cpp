@@ -14,13 +14,14 @@ const char* to_string(column c) {
     case column::ledger: return "ledger";
     case column::contributions: return "contributions";
     case column::evals: return "evals";
+    case column::pieces: return "pieces";
   }
   return "unknown";
 }
 
 std::size_t write_batch::bytes() const {
   std::size_t total = 0;
-  for (const op& o : ops) total += o.key.size() + (o.value ? o.value->size() : 0);
+  for (const op& o : ops) total += o.key.size() + (o.value ? o.value->size() : 0) + (o.range_end ? o.range_end->size() : 0);
   return total;
 }
 

@@ -27,8 +27,9 @@ enum class column : std::uint8_t {
   ledger,         // (learner, incarnation) → token ledger totals
   contributions,  // (fragment, version) → the contributions merged into it
   evals,          // mesh version → eval loss measured on it
+  pieces,         // (fragment, version, index) → a piece of a fragment state's floats (format 2)
 };
-inline constexpr int column_count = 7;
+inline constexpr int column_count = 8;
 const char* to_string(column c);
 
 /// Puts and deletes applied all together or not at all.
@@ -37,10 +38,14 @@ struct write_batch {
     column col;
     std::string key;
     std::optional<std::string> value;  // nullopt: delete
+    std::optional<std::string> range_end;  // a delete of every key in [key, range_end)
   };
   std::vector<op> ops;
-  void put(column c, std::string key, std::string value) { ops.push_back({c, std::move(key), std::move(value)}); }
-  void del(column c, std::string key) { ops.push_back({c, std::move(key), std::nullopt}); }
+  void put(column c, std::string key, std::string value) { ops.push_back({c, std::move(key), std::move(value), {}}); }
+  void del(column c, std::string key) { ops.push_back({c, std::move(key), std::nullopt, {}}); }
+  void del_range(column c, std::string from, std::string to) {
+    ops.push_back({c, std::move(from), std::nullopt, std::move(to)});
+  }
   std::size_t bytes() const;
 };
 
@@ -51,6 +56,10 @@ class kv_store {
   /// Applies the batch atomically. io_error when the write failed (nothing applied
   /// unless the implementation says otherwise, see faulty_kv).
   virtual status write(const write_batch& batch) = 0;
+  /// The same without RocksDB's log: bulk data written once, to table and blob files,
+  /// instead of twice. It survives no crash until flush_memtables() returns, so
+  /// nothing may refer to it before that (a commit's pieces, then its manifest).
+  virtual status write_unlogged(const write_batch& batch) = 0;
   /// The value, nullopt when the key is absent; io_error when the read failed.
   virtual expected<std::optional<std::string>> get(column c, std::string_view key) const = 0;
   /// Calls `visit` on every key in [from, to) in ascending order (an empty `to`
@@ -89,7 +98,7 @@ std::unique_ptr<kv_store> make_memory_kv();
 /// Faults injected into writes of a wrapped store, seeded and reproducible.
 struct fault_plan {
   std::uint64_t seed = 1;
-  double write_error_rate = 0;  // a batch fails with io_error, nothing applied
+  double write_error_rate = 0;  // a batch (logged or not) fails with io_error, nothing applied
   double torn_write_rate = 0;   // a prefix of the batch is applied, its last value truncated; io_error
   std::uint64_t fail_after_writes = 0;  // >0: every write after this many succeeds no more (a dying disk)
 };
@@ -102,6 +111,7 @@ class faulty_kv final : public kv_store {
   faulty_kv(std::shared_ptr<kv_store> inner, fault_plan plan);
   ~faulty_kv() override;  // defined where impl is complete
   status write(const write_batch& batch) override;
+  status write_unlogged(const write_batch& batch) override;
   expected<std::optional<std::string>> get(column c, std::string_view key) const override;
   status scan(column c, std::string_view from, std::string_view to,
               const std::function<bool(std::string_view, std::string_view)>& visit) const override;
@@ -114,6 +124,8 @@ class faulty_kv final : public kv_store {
 
  private:
   struct impl;
+  status write(const write_batch& batch, bool unlogged);
+
   std::shared_ptr<kv_store> inner_;
   std::unique_ptr<impl> impl_;
 };

@@ -24,11 +24,17 @@ class memory_kv final : public kv_store {
     for (std::size_t i = 0; i < batch.ops.size(); ++i) {
       const auto& o = batch.ops[i];
       column_map& m = columns_[index(o.col)];
-      if (values[i]) m.insert_or_assign(o.key, std::move(values[i]));
-      else m.erase(o.key);
+      if (values[i]) {
+        m.insert_or_assign(o.key, std::move(values[i]));
+      } else if (o.range_end) {
+        if (o.key < *o.range_end) m.erase(m.lower_bound(o.key), m.lower_bound(*o.range_end));
+      } else {
+        m.erase(o.key);
+      }
     }
     return status::ok();
   }
+  status write_unlogged(const write_batch& batch) override { return write(batch); }
 
   expected<std::optional<std::string>> get(column c, std::string_view key) const override {
     value_ptr v;

@@ -19,7 +19,9 @@ namespace archipelago::storage {
 
 // Modest on a 2-core machine: two background jobs, small memtables, bounded
 // total memtable memory, one shared block cache. Parameters are floats, which
-// barely compress, so compression would cost CPU for nothing.
+// barely compress, so compression would cost CPU for nothing. Values are large
+// (fragment pieces, merge records): those of the bulk columns go to blob files,
+// so compactions move keys and blob references, never the floats again.
 rocksdb::DBOptions db_options(open_mode mode) {
   rocksdb::DBOptions o;
   o.create_if_missing = mode == open_mode::create;
@@ -28,9 +30,11 @@ rocksdb::DBOptions db_options(open_mode mode) {
   o.max_background_jobs = 2;
   o.db_write_buffer_size = 64 << 20;
   o.keep_log_file_num = 4;
-  // Flushes and compactions are background work too: below the actors' threads.
-  o.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::LOW, rocksdb::CpuPriority::kLow);
-  o.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::HIGH, rocksdb::CpuPriority::kLow);
+  // Flushes and compactions run at the actors' priority. A commit waits for them
+  // (a large one flushes; a full memtable stalls the next write), so at a lower
+  // one a busy machine starved them: on 2 cores at a load of 19, one 125 MB
+  // memtable took 12 minutes to flush at nice 19 while the writer waited behind
+  // it (bench snapshot). With blob files they cost little CPU.
   // A reader is a secondary instance (RocksDB's supported way to read beside a
   // live primary in another process); it must keep every table file open
   // (RocksDB requires it), so files the writer compacts away stay readable.
@@ -38,7 +42,7 @@ rocksdb::DBOptions db_options(open_mode mode) {
   return o;
 }
 
-rocksdb::ColumnFamilyOptions family_options() {
+rocksdb::ColumnFamilyOptions family_options(column c) {
   static const std::shared_ptr<rocksdb::Cache> block_cache = rocksdb::NewLRUCache(32 << 20);
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = block_cache;
@@ -46,8 +50,20 @@ rocksdb::ColumnFamilyOptions family_options() {
   o.write_buffer_size = 16 << 20;
   o.compression = rocksdb::kNoCompression;
   o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  if (c == column::pieces || c == column::contributions) {
+    // Without blob files every compaction rewrote the floats (write amplification
+    // of several times the payload). No blob garbage collection: a blob file goes
+    // once every blob in it is deleted, which retention does by whole fragment
+    // versions (a large commit's flush writes blob files of its own).
+    o.enable_blob_files = true;
+    o.min_blob_size = 4096;
+    o.blob_file_size = 256 << 20;
+    o.blob_compression_type = rocksdb::kNoCompression;
+    o.enable_blob_garbage_collection = false;
+  }
   return o;
 }
+
 
 namespace {
 
@@ -88,7 +104,8 @@ rocksdb::Slice slice(std::string_view s) { return {s.data(), s.size()}; }
 /// db, then a secondary instance's own directory.
 struct open_db {
   rocksdb::DB* db = nullptr;
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;  // as opened
+  std::vector<rocksdb::ColumnFamilyHandle*> columns;  // by column; null: a family this store lacks (format 1: pieces)
   std::string secondary_dir;  // a reader's: its info log and MANIFEST state, removed at close
 
   open_db() = default;
@@ -115,9 +132,10 @@ expected<std::string> make_secondary_dir(const std::string& path) {
 /// up with the primary at open); otherwise the plain read-only open, for a store
 /// nobody writes, or read-write.
 expected<std::unique_ptr<open_db>> open_families(const std::string& path, open_mode mode,
-                                                 const std::vector<std::string>& names, bool secondary = true) {
+                                                 const std::vector<std::string>& names, bool secondary = true,
+                                                 bool add_missing = false) {
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  for (const auto& n : names) families.emplace_back(n, family_options());
+  for (const auto& n : names) families.emplace_back(n, family_options(n));
   auto out = std::make_unique<open_db>();
   rocksdb::Status s;
   if (mode == open_mode::read_only && secondary) {
@@ -128,9 +146,15 @@ expected<std::unique_ptr<open_db>> open_families(const std::string& path, open_m
   } else if (mode == open_mode::read_only) {
     s = rocksdb::DB::OpenForReadOnly(db_options(mode), path, families, &out->handles, &out->db);
   } else {
-    s = rocksdb::DB::Open(db_options(mode), path, families, &out->handles, &out->db);
+    rocksdb::DBOptions options = db_options(mode);
+    options.create_missing_column_families |= add_missing;
+    s = rocksdb::DB::Open(options, path, families, &out->handles, &out->db);
   }
   if (!s.ok()) return from_status(s, path, "open");
+  out->columns.assign(column_count, nullptr);
+  for (std::size_t i = 0; i < names.size(); ++i)
+    for (int c = 0; c < column_count; ++c)
+      if (names[i] == family_name(static_cast<column>(c))) out->columns[static_cast<std::size_t>(c)] = out->handles[i];
   return out;
 }
 
@@ -139,21 +163,11 @@ class rocksdb_kv final : public kv_store {
   rocksdb_kv(std::string path, rocksdb_options options, std::unique_ptr<open_db> db)
       : path_(std::move(path)), options_(options), db_(std::move(db)) {}
 
-  status write(const write_batch& batch) override {
-    if (options_.mode == open_mode::read_only)
-      return make_error(errc::unsupported, "rocksdb at " + path_ + ": opened read-only, write refused");
-    rocksdb::WriteBatch wb;
-    for (const auto& o : batch.ops) {
-      const rocksdb::Status s = o.value ? wb.Put(handle(o.col), o.key, *o.value) : wb.Delete(handle(o.col), o.key);
-      if (!s.ok()) return from_status(s, path_, "batch");
-    }
-    rocksdb::WriteOptions wo;
-    wo.sync = options_.sync_writes;
-    if (const rocksdb::Status s = db_->db->Write(wo, &wb); !s.ok()) return from_status(s, path_, "write");
-    return status::ok();
-  }
+  status write(const write_batch& batch) override { return apply(batch, false); }
+  status write_unlogged(const write_batch& batch) override { return apply(batch, true); }
 
   expected<std::optional<std::string>> get(column c, std::string_view key) const override {
+    if (!handle(c)) return std::optional<std::string>{};  // a family the store lacks is empty
     rocksdb::PinnableSlice value;
     const rocksdb::Status s = db_->db->Get(read_options(), handle(c), slice(key), &value);
     if (s.IsNotFound()) return std::optional<std::string>{};
@@ -164,7 +178,7 @@ class rocksdb_kv final : public kv_store {
   // The iterator reads from the implicit snapshot taken when it is created.
   status scan(column c, std::string_view from, std::string_view to,
               const std::function<bool(std::string_view, std::string_view)>& visit) const override {
-    if (!to.empty() && from >= to) return status::ok();
+    if ((!to.empty() && from >= to) || !handle(c)) return status::ok();
     rocksdb::ReadOptions ro = read_options();
     const rocksdb::Slice upper = slice(to);  // must outlive the iterator
     if (!to.empty()) ro.iterate_upper_bound = &upper;
@@ -176,6 +190,7 @@ class rocksdb_kv final : public kv_store {
   }
 
   expected<std::optional<std::pair<std::string, std::string>>> last(column c) const override {
+    if (!handle(c)) return std::optional<std::pair<std::string, std::string>>{};
     std::unique_ptr<rocksdb::Iterator> it(db_->db->NewIterator(read_options(), handle(c)));
     it->SeekToLast();
     if (it->Valid())
@@ -200,13 +215,32 @@ class rocksdb_kv final : public kv_store {
   }
 
  private:
+  status apply(const write_batch& batch, bool unlogged) {
+    if (options_.mode == open_mode::read_only)
+      return make_error(errc::unsupported, "rocksdb at " + path_ + ": opened read-only, write refused");
+    rocksdb::WriteBatch wb;
+    for (const auto& o : batch.ops) {
+      if (!handle(o.col))
+        return make_error(errc::unsupported, "rocksdb at " + path_ + ": opened without the " +
+                                                 std::string(to_string(o.col)) + " column family (a format 1 store)");
+      const rocksdb::Status s = o.value       ? wb.Put(handle(o.col), o.key, *o.value)
+                                : o.range_end ? wb.DeleteRange(handle(o.col), o.key, *o.range_end)
+                                              : wb.Delete(handle(o.col), o.key);
+      if (!s.ok()) return from_status(s, path_, "batch");
+    }
+    rocksdb::WriteOptions wo;
+    wo.sync = options_.sync_writes && !unlogged;
+    wo.disableWAL = unlogged;
+    if (const rocksdb::Status s = db_->db->Write(wo, &wb); !s.ok()) return from_status(s, path_, "write");
+    return status::ok();
+  }
+
   static rocksdb::ReadOptions read_options() {
     rocksdb::ReadOptions ro;
     ro.verify_checksums = true;
     return ro;
   }
-  // Handles were opened in the order of our_family_names(), which is column order.
-  rocksdb::ColumnFamilyHandle* handle(column c) const { return db_->handles[static_cast<std::size_t>(c)]; }
+  rocksdb::ColumnFamilyHandle* handle(column c) const { return db_->columns[static_cast<std::size_t>(c)]; }
 
   std::string path_;
   rocksdb_options options_;
@@ -235,6 +269,8 @@ expected<std::unique_ptr<kv_store>> try_open(const std::string& path, rocksdb_op
     return make_error(errc::not_found, "no archipelago store at " + path + " (no RocksDB CURRENT file)");
 
   std::vector<std::string> ours = our_family_names();
+  std::vector<std::string> names = ours;  // the families to open
+  bool add_missing = false;
   if (has_database) {
     // Every existing family must be opened (RocksDB refuses otherwise), and a
     // foreign database must not be adopted, so compare the sets first.
@@ -244,7 +280,16 @@ expected<std::unique_ptr<kv_store>> try_open(const std::string& path, rocksdb_op
     std::sort(found.begin(), found.end());
     std::vector<std::string> ours_sorted = ours;
     std::sort(ours_sorted.begin(), ours_sorted.end());
-    if (found != ours_sorted) {
+    // A format 1 store has every family but pieces: a reader opens what it has, a
+    // writer adds the family (the store's format is raised at its first commit).
+    std::vector<std::string> format1 = ours;
+    std::erase(format1, family_name(column::pieces));
+    std::vector<std::string> format1_sorted = format1;
+    std::sort(format1_sorted.begin(), format1_sorted.end());
+    if (found == format1_sorted) {
+      if (options.mode == open_mode::read_only) names = format1;
+      else add_missing = true;
+    } else if (found != ours_sorted) {
       const bool subset = std::includes(ours_sorted.begin(), ours_sorted.end(), found.begin(), found.end());
       bool complete_it = false;
       if (subset && options.mode == open_mode::create) {
@@ -257,12 +302,18 @@ expected<std::unique_ptr<kv_store>> try_open(const std::string& path, rocksdb_op
                                                    join(found) + "}, expected {" + join(ours) + "}");
     }
   }
-  auto db = open_families(path, options.mode, ours);
+  auto db = open_families(path, options.mode, names, true, add_missing);
   if (!db) return db.err();
   return std::unique_ptr<kv_store>(std::make_unique<rocksdb_kv>(path, options, std::move(*db)));
 }
 
 }  // namespace
+
+rocksdb::ColumnFamilyOptions family_options(const std::string& name) {
+  for (int c = 0; c < column_count; ++c)
+    if (name == family_name(static_cast<column>(c))) return family_options(static_cast<column>(c));
+  return family_options(column::meta);
+}
 
 expected<std::unique_ptr<kv_store>> open_rocksdb(const std::string& path, rocksdb_options options) {
   std::error_code ec;

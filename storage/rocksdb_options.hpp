@@ -10,6 +10,9 @@
 namespace archipelago::storage {
 
 rocksdb::DBOptions db_options(open_mode mode);
-rocksdb::ColumnFamilyOptions family_options();
+/// A column's family options (the bulk columns keep their values in blob files).
+rocksdb::ColumnFamilyOptions family_options(column c);
+/// The same by RocksDB family name ("default" is meta's; an unknown name gets meta's).
+rocksdb::ColumnFamilyOptions family_options(const std::string& name);
 
 }  // namespace archipelago::storage

@@ -18,15 +18,23 @@ constexpr std::string_view round_lease_key = "round_lease";
 
 // ---- record framing: flat Cap'n Proto array ++ le64 XXH3 of it ----------------
 
+/// The builder's message as a flat array written straight into the record (one
+/// copy, which matters for pieces of several MiB), then the checksum.
 std::string frame(capnp::MessageBuilder& builder) {
-  const kj::Array<capnp::word> flat = capnp::messageToFlatArray(builder);
-  const auto bytes = flat.asBytes();
-  std::string out(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
-  const std::uint64_t sum = checksum64(bytes.begin(), bytes.size());
-  char trailer[8];
-  for (int i = 0; i < 8; ++i) trailer[i] = static_cast<char>(sum >> (8 * i));
-  out.append(trailer, 8);
+  const std::size_t body = capnp::computeSerializedSizeInWords(builder) * sizeof(capnp::word);
+  std::string out(body + 8, '\0');
+  kj::ArrayOutputStream stream(kj::arrayPtr(reinterpret_cast<kj::byte*>(out.data()), body));
+  capnp::writeMessage(stream, builder);
+  const std::uint64_t sum = checksum64(out.data(), body);
+  for (int i = 0; i < 8; ++i) out[body + static_cast<std::size_t>(i)] = static_cast<char>(sum >> (8 * i));
   return out;
+}
+
+/// A builder whose first segment holds `data_bytes` of Data fields and a small
+/// struct around them: the record is then one segment (FORMAT.md).
+capnp::MallocMessageBuilder builder_for(std::size_t data_bytes) {
+  return capnp::MallocMessageBuilder(static_cast<unsigned>(std::min<std::size_t>(
+      data_bytes / sizeof(capnp::word) + 64, std::size_t{1} << 31)));
 }
 
 /// Checks the checksum, then decodes with read limits; `what` names the record in errors.
@@ -70,6 +78,18 @@ std::uint64_t theta_checksum(const std::vector<float>& theta) {
 }
 
 std::string fragment_key(std::uint32_t fragment, std::uint64_t version) { return be32(fragment) + be64(version); }
+std::string piece_key(std::uint32_t fragment, std::uint64_t version, std::uint32_t index) {
+  return fragment_key(fragment, version) + be32(index);
+}
+/// Past every piece key of (fragment, version): they are its key plus 4 bytes.
+std::string pieces_end(std::uint32_t fragment, std::uint64_t version) {
+  return fragment_key(fragment, version) + std::string(5, '\xff');
+}
+
+/// Cap'n Proto's Data holds less than 2^29 bytes: a piece stays well below it.
+constexpr std::size_t max_piece_floats = std::size_t{1} << 26;
+
+const char* const part_names[] = {"theta", "momentum", "adam_m", "adam_v"};
 
 void set_ledger(wire_snapshot::LedgerTotals::Builder b, const stored_ledger& l) {
   b.setMergedTokens(l.merged);
@@ -104,8 +124,48 @@ expected<store_info> decode_info(std::string_view v) {
   });
 }
 
-std::string encode(const fragment_state& f) {
+/// A format 2 fragment state's head: everything but the floats, which go to pieces.
+std::string encode_head(const fragment_write& f, std::uint64_t piece_floats, std::uint64_t theta_sum) {
   capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire_snapshot::FragmentState>();
+  r.setFragment(f.fragment);
+  r.setVersion(f.version);
+  r.setRound(f.round);
+  r.setTimeNs(f.time_ns);
+  r.setAdamSteps(f.adam_steps);
+  r.setThetaChecksum(theta_sum);
+  r.setPieceFloats(piece_floats);
+  r.setThetaFloats(f.theta.size());
+  r.setMomentumFloats(f.momentum.size());
+  r.setAdamMFloats(f.adam_m.size());
+  r.setAdamVFloats(f.adam_v.size());
+  return frame(b);
+}
+
+std::string encode_piece(std::uint32_t fragment, std::uint64_t version, std::uint32_t index, std::uint8_t part,
+                         std::uint64_t offset, std::span<const float> values) {
+  capnp::MallocMessageBuilder b = builder_for(values.size_bytes());
+  auto r = b.initRoot<wire_snapshot::FragmentPiece>();
+  r.setFragment(fragment);
+  r.setVersion(version);
+  r.setIndex(index);
+  r.setPart(part);
+  r.setOffset(offset);
+  r.setData(kj::arrayPtr(reinterpret_cast<const kj::byte*>(values.data()), values.size_bytes()));
+  return frame(b);
+}
+
+expected<piece_header> decode_piece(std::string_view v, const std::string& what, std::vector<float>& out) {
+  return unframe<wire_snapshot::FragmentPiece>(v, what, [&out](wire_snapshot::FragmentPiece::Reader r) {
+    out = floats_of(r.getData());
+    return piece_header{r.getFragment(), r.getIndex(), r.getVersion(), r.getOffset(), r.getPart()};
+  });
+}
+
+/// A format 1 fragment state (every float inline): still read, written by tests and fuzzers only.
+std::string encode(const fragment_state& f) {
+  capnp::MallocMessageBuilder b = builder_for(
+      4 * (f.theta.size() + f.momentum.size() + f.adam_m.size() + f.adam_v.size()));
   auto r = b.initRoot<wire_snapshot::FragmentState>();
   r.setFragment(f.fragment);
   r.setVersion(f.version);
@@ -119,9 +179,20 @@ std::string encode(const fragment_state& f) {
   r.setThetaChecksum(theta_checksum(f.theta));
   return frame(b);
 }
-expected<fragment_state> decode_fragment(std::string_view v, const std::string& what) {
+/// A fragment state record as stored: format 1 with its floats, or a format 2
+/// head (piece_floats > 0) whose parts' lengths are in `floats` and whose floats
+/// are in the pieces column.
+struct fragment_head {
+  fragment_state state;
+  std::uint64_t theta_sum = 0;
+  std::uint64_t piece_floats = 0;
+  std::uint64_t floats[4] = {};
+};
+
+expected<fragment_head> decode_head(std::string_view v, const std::string& what) {
   auto decoded = unframe<wire_snapshot::FragmentState>(v, what, [](wire_snapshot::FragmentState::Reader r) {
-    fragment_state f;
+    fragment_head h;
+    fragment_state& f = h.state;
     f.fragment = r.getFragment();
     f.version = r.getVersion();
     f.round = r.getRound();
@@ -131,12 +202,33 @@ expected<fragment_state> decode_fragment(std::string_view v, const std::string& 
     f.adam_m = floats_of(r.getAdamM());
     f.adam_v = floats_of(r.getAdamV());
     f.adam_steps = r.getAdamSteps();
-    return std::make_pair(std::move(f), r.getThetaChecksum());
+    h.theta_sum = r.getThetaChecksum();
+    h.piece_floats = r.getPieceFloats();
+    h.floats[0] = r.getThetaFloats();
+    h.floats[1] = r.getMomentumFloats();
+    h.floats[2] = r.getAdamMFloats();
+    h.floats[3] = r.getAdamVFloats();
+    return h;
   });
   if (!decoded) return decoded.err();
-  if (theta_checksum(decoded->first.theta) != decoded->second)
-    return make_error(errc::corrupt_data, what + ": parameter checksum mismatch");
-  return std::move(decoded->first);
+  const fragment_head& h = *decoded;
+  if (h.piece_floats == 0) {
+    if (theta_checksum(h.state.theta) != h.theta_sum)
+      return make_error(errc::corrupt_data, what + ": parameter checksum mismatch");
+  } else if (h.piece_floats > max_piece_floats || !h.state.theta.empty() || !h.state.momentum.empty() ||
+             !h.state.adam_m.empty() || !h.state.adam_v.empty()) {
+    return make_error(errc::corrupt_data, what + ": a pieced record (" + std::to_string(h.piece_floats) +
+                                              " floats per piece) with floats inline, or pieces too large");
+  }
+  return decoded;
+}
+
+expected<fragment_state> decode_fragment(std::string_view v, const std::string& what) {
+  auto head = decode_head(v, what);
+  if (!head) return head.err();
+  if (head->piece_floats != 0)
+    return make_error(errc::unsupported, what + ": its floats are in pieces, read it from its store");
+  return std::move(head->state);
 }
 
 std::string encode(const manifest& m) {
@@ -151,6 +243,7 @@ std::string encode(const manifest& m) {
     entries[i].setVersion(m.entries[i].version);
     entries[i].setRound(m.entries[i].round);
     entries[i].setThetaChecksum(m.entries[i].theta_checksum);
+    entries[i].setStateBytes(m.entries[i].state_bytes);
   }
   set_ledger(r.initLedger(), m.ledger);
   r.setLearnerSteps(m.learner_steps);
@@ -162,7 +255,8 @@ expected<manifest> decode_manifest(std::string_view v, const std::string& what) 
     m.mesh_version = r.getMeshVersion();
     m.time_ns = r.getTimeNs();
     m.mesh_hash = r.getMeshHash();
-    for (auto e : r.getEntries()) m.entries.push_back({e.getFragment(), e.getVersion(), e.getRound(), e.getThetaChecksum()});
+    for (auto e : r.getEntries())
+      m.entries.push_back({e.getFragment(), e.getVersion(), e.getRound(), e.getThetaChecksum(), e.getStateBytes()});
     m.ledger = get_ledger(r.getLedger());
     m.learner_steps = r.getLearnerSteps();
     return m;
@@ -354,11 +448,24 @@ const manifest_entry* manifest::find(std::uint32_t fragment) const {
   return nullptr;
 }
 
-snapshot_store::snapshot_store(std::shared_ptr<kv_store> kv, store_info info, retention keep)
-    : kv_(std::move(kv)), info_(std::move(info)), keep_(keep) {}
+fragment_write owned_write(fragment_state state) {
+  auto owned = std::make_shared<const fragment_state>(std::move(state));
+  const fragment_state& f = *owned;
+  return {f.fragment, f.version, f.round, f.time_ns, f.theta, f.momentum, f.adam_m, f.adam_v, f.adam_steps,
+          owned, false};
+}
+
+fragment_write borrowed_write(const fragment_state& f) {
+  return {f.fragment, f.version, f.round, f.time_ns, f.theta, f.momentum, f.adam_m, f.adam_v, f.adam_steps, {}, true};
+}
+
+snapshot_store::snapshot_store(std::shared_ptr<kv_store> kv, store_info info, retention keep, write_tuning tuning)
+    : kv_(std::move(kv)), info_(std::move(info)), keep_(keep), tuning_(tuning) {
+  tuning_.piece_floats = std::clamp<std::size_t>(tuning_.piece_floats, 1, max_piece_floats);
+}
 
 expected<std::shared_ptr<snapshot_store>> snapshot_store::create(std::shared_ptr<kv_store> kv, store_info info,
-                                                                 retention keep) {
+                                                                 retention keep, write_tuning tuning) {
   auto existing = kv->get(column::meta, store_key);
   if (!existing) return existing.err();
   if (!existing->has_value()) {
@@ -366,12 +473,13 @@ expected<std::shared_ptr<snapshot_store>> snapshot_store::create(std::shared_ptr
     auto any = kv->last(column::manifests);
     if (!any) return any.err();
     if (any->has_value()) return make_error(errc::corrupt_data, "the store has manifests but no store info");
+    info.format = format_version;
     write_batch batch;
     batch.put(column::meta, std::string(store_key), encode(info));
     if (auto ok = kv->write(batch); !ok) return ok.err();
-    return std::shared_ptr<snapshot_store>(new snapshot_store(std::move(kv), std::move(info), keep));
+    return std::shared_ptr<snapshot_store>(new snapshot_store(std::move(kv), std::move(info), keep, tuning));
   }
-  auto opened = open(std::move(kv), keep);
+  auto opened = open(std::move(kv), keep, tuning);
   if (!opened) return opened.err();
   const store_info& have = (*opened)->info();
   if (have.layout_fingerprint != info.layout_fingerprint || have.param_floats != info.param_floats)
@@ -384,18 +492,60 @@ expected<std::shared_ptr<snapshot_store>> snapshot_store::create(std::shared_ptr
   return opened;
 }
 
-expected<std::shared_ptr<snapshot_store>> snapshot_store::open(std::shared_ptr<kv_store> kv, retention keep) {
+expected<std::shared_ptr<snapshot_store>> snapshot_store::open(std::shared_ptr<kv_store> kv, retention keep,
+                                                               write_tuning tuning) {
   auto raw = kv->get(column::meta, store_key);
   if (!raw) return raw.err();
   if (!raw->has_value()) return make_error(errc::corrupt_data, "not an archipelago snapshot store (no store info)");
   auto info = decode_info(**raw);
   if (!info) return info.err();
-  if (info->format != format_version)
+  if (info->format < oldest_format_version || info->format > format_version)
     return make_error(errc::unsupported, "store format version " + std::to_string(info->format) +
-                                             ", this build reads version " + std::to_string(format_version));
-  auto store = std::shared_ptr<snapshot_store>(new snapshot_store(std::move(kv), std::move(*info), keep));
+                                             (info->format > format_version ? " (written by a newer build)" : "") +
+                                             "; this build reads versions " + std::to_string(oldest_format_version) +
+                                             " to " + std::to_string(format_version));
+  auto store = std::shared_ptr<snapshot_store>(new snapshot_store(std::move(kv), std::move(*info), keep, tuning));
   if (auto ok = store->load_manifests(); !ok) return ok.err();
   return store;
+}
+
+status snapshot_store::raise_format() {
+  if (info_.format >= format_version) return {};
+  store_info raised = info_;
+  raised.format = format_version;
+  write_batch batch;
+  batch.put(column::meta, std::string(store_key), encode(raised));
+  if (auto ok = kv_->write(batch); !ok) return ok;
+  info_ = std::move(raised);
+  return {};
+}
+
+void snapshot_store::reference(const manifest& m) {
+  auto& refs = retained_[m.mesh_version];
+  for (const auto& e : m.entries) {
+    refs.emplace_back(e.fragment, e.version);
+    if (references_[{e.fragment, e.version}]++ == 0) {
+      state_bytes_[{e.fragment, e.version}] = e.state_bytes;
+      retained_bytes_ += e.state_bytes;
+    }
+  }
+}
+
+void snapshot_store::release(std::uint64_t mesh_version) {
+  auto it = retained_.find(mesh_version);
+  if (it == retained_.end()) return;
+  for (const auto& ref : it->second)
+    if (--references_[ref] == 0) {
+      references_.erase(ref);
+      retained_bytes_ -= state_bytes_[ref];
+      state_bytes_.erase(ref);
+    }
+  retained_.erase(it);
+}
+
+std::uint64_t snapshot_store::retained_bytes() const {
+  std::lock_guard lock(write_mutex_);
+  return retained_bytes_;
 }
 
 status snapshot_store::load_manifests() {
@@ -407,11 +557,7 @@ status snapshot_store::load_manifests() {
       if (m.err().code != errc::corrupt_data) failure = m.err();
       return !failure;
     }
-    auto& refs = retained_[m->mesh_version];
-    for (const auto& e : m->entries) {
-      refs.emplace_back(e.fragment, e.version);
-      ++references_[{e.fragment, e.version}];
-    }
+    reference(*m);
     last_mesh_version_ = std::max(last_mesh_version_, m->mesh_version);
     cut_.clear();
     for (const auto& e : m->entries) cut_[e.fragment] = e;
@@ -425,27 +571,9 @@ status snapshot_store::load_manifests() {
   return {};
 }
 
-expected<std::uint64_t> snapshot_store::commit(const commit_job& job) {
-  std::lock_guard lock(write_mutex_);
-  write_batch batch;
-  std::map<std::uint32_t, manifest_entry> cut = cut_;
-  for (const auto& f : job.fragments) {
-    batch.put(column::fragments, fragment_key(f.fragment, f.version), encode(f));
-    cut[f.fragment] = {f.fragment, f.version, f.round, theta_checksum(f.theta)};
-  }
-  for (const auto& m : job.merges) batch.put(column::contributions, fragment_key(m.fragment, m.version), encode(m));
-
-  manifest m;
-  m.mesh_version = last_mesh_version_ + 1;
-  m.time_ns = job.time_ns;
-  m.mesh_hash = info_.mesh_hash;
-  for (const auto& [p, e] : cut) m.entries.push_back(e);
-  m.ledger = job.ledger;
-  m.learner_steps = job.learner_steps;
-
-  // Retention: manifests leaving the window go, and with them every fragment
-  // state no surviving manifest (nor the new one) names. Mesh version 1, the
-  // initial model, always stays. The bookkeeping changes only once the batch is written.
+std::vector<std::uint64_t> snapshot_store::leaving_for(const manifest& m) {
+  // Manifests leaving the count window go (mesh version 1, every keep_every-th and
+  // those with an eval record stay).
   std::vector<std::uint64_t> leaving;
   for (const auto& [v, refs] : retained_) {
     if (v + keep_.keep_last > m.mesh_version) break;  // ascending: the rest are in the window
@@ -456,6 +584,84 @@ expected<std::uint64_t> snapshot_store::commit(const commit_job& job) {
     }
     leaving.push_back(v);
   }
+  if (keep_.keep_bytes == 0) return leaving;
+  // Then, while the states the rest and `m` name hold more than keep_bytes, the oldest of the rest.
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint32_t> references = references_;
+  std::uint64_t bytes = retained_bytes_;
+  for (const auto& e : m.entries)
+    if (references[{e.fragment, e.version}]++ == 0) bytes += e.state_bytes;
+  auto drop = [&](std::uint64_t v) {
+    for (const auto& ref : retained_.at(v))
+      if (--references[ref] == 0) bytes -= state_bytes_.at(ref);
+  };
+  for (std::uint64_t v : leaving) drop(v);
+  const std::set<std::uint64_t> counted(leaving.begin(), leaving.end());
+  for (const auto& [v, refs] : retained_) {
+    if (bytes <= keep_.keep_bytes) break;
+    if (counted.count(v)) continue;
+    drop(v);
+    leaving.push_back(v);
+  }
+  return leaving;
+}
+
+expected<std::uint64_t> snapshot_store::commit(const commit_job& job) {
+  std::lock_guard lock(write_mutex_);
+  if (auto ok = raise_format(); !ok) return ok.err();
+  std::uint64_t payload = 0;
+  for (const auto& f : job.fragments) payload += f.bytes();
+  for (const auto& m : job.merges)
+    for (const auto& c : m.contributions) payload += 4 * c.delta.size();
+  // A large commit's floats bypass RocksDB's log: written once (to table and blob
+  // files), flushed to disk before the batch that names them. A small one goes
+  // whole into that one batch, as atomic as ever.
+  const bool unlogged = payload >= tuning_.unlogged_from_bytes;
+  write_batch batch, bulk;
+  auto put_bulk = [&](column c, std::string key, std::string value) -> status {
+    write_batch& into = unlogged ? bulk : batch;
+    into.put(c, std::move(key), std::move(value));
+    if (!unlogged || bulk.bytes() < tuning_.batch_bytes) return {};
+    status ok = kv_->write_unlogged(bulk);
+    bulk.ops.clear();
+    return ok;
+  };
+  std::map<std::uint32_t, manifest_entry> cut = cut_;
+  const std::size_t per = tuning_.piece_floats;
+  for (const auto& f : job.fragments) {
+    std::uint32_t index = 0;
+    const std::span<const float> parts[] = {f.theta, f.momentum, f.adam_m, f.adam_v};
+    for (std::uint8_t part = 0; part < 4; ++part)
+      for (std::size_t at = 0; at < parts[part].size(); at += per, ++index) {
+        const auto values = parts[part].subspan(at, std::min(per, parts[part].size() - at));
+        if (auto ok = put_bulk(column::pieces, piece_key(f.fragment, f.version, index),
+                               encode_piece(f.fragment, f.version, index, part, at, values));
+            !ok)
+          return ok.err();
+      }
+    const std::uint64_t sum = checksum64(f.theta.data(), f.theta.size_bytes());
+    batch.put(column::fragments, fragment_key(f.fragment, f.version), encode_head(f, per, sum));
+    cut[f.fragment] = {f.fragment, f.version, f.round, sum, f.bytes()};
+  }
+  for (const auto& m : job.merges)
+    if (auto ok = put_bulk(column::contributions, fragment_key(m.fragment, m.version), encode(m)); !ok) return ok.err();
+  if (unlogged) {
+    if (!bulk.ops.empty())
+      if (auto ok = kv_->write_unlogged(bulk); !ok) return ok.err();
+    if (auto ok = kv_->flush_memtables(); !ok) return ok.err();
+  }
+
+  manifest m;
+  m.mesh_version = last_mesh_version_ + 1;
+  m.time_ns = job.time_ns;
+  m.mesh_hash = info_.mesh_hash;
+  for (const auto& [p, e] : cut) m.entries.push_back(e);
+  m.ledger = job.ledger;
+  m.learner_steps = job.learner_steps;
+
+  // Retention: manifests leaving go, and with them every fragment state no
+  // surviving manifest (nor the new one) names. The bookkeeping changes only once
+  // the batch is written.
+  const std::vector<std::uint64_t> leaving = leaving_for(m);
   std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint32_t> released;  // references the leavers hold
   for (std::uint64_t v : leaving) {
     batch.del(column::manifests, be64(v));
@@ -463,19 +669,15 @@ expected<std::uint64_t> snapshot_store::commit(const commit_job& job) {
   }
   for (const auto& [ref, count] : released) {
     const manifest_entry* named = m.find(ref.first);
-    if (references_.at(ref) == count && !(named && named->version == ref.second))
-      batch.del(column::fragments, fragment_key(ref.first, ref.second));
+    if (references_.at(ref) != count || (named && named->version == ref.second)) continue;
+    batch.del(column::fragments, fragment_key(ref.first, ref.second));
+    if (state_bytes_.at(ref) > 0)  // a format 2 state: its pieces too
+      batch.del_range(column::pieces, piece_key(ref.first, ref.second, 0), pieces_end(ref.first, ref.second));
   }
   batch.put(column::manifests, be64(m.mesh_version), encode(m));  // last: a torn batch leaves no manifest
   if (auto ok = kv_->write(batch); !ok) return ok.err();
-  for (const auto& [ref, count] : released)
-    if ((references_[ref] -= count) == 0) references_.erase(ref);
-  for (std::uint64_t v : leaving) retained_.erase(v);
-  auto& refs = retained_[m.mesh_version];
-  for (const auto& e : m.entries) {
-    refs.emplace_back(e.fragment, e.version);
-    ++references_[{e.fragment, e.version}];
-  }
+  for (std::uint64_t v : leaving) release(v);
+  reference(m);
   cut_ = std::move(cut);
   last_mesh_version_ = m.mesh_version;
   return m.mesh_version;
@@ -553,17 +755,22 @@ expected<std::optional<manifest>> snapshot_store::recover(std::vector<std::strin
     return true;
   });
   if (!merges) return merges.err();
-  if (!batch.ops.empty()) {
-    if (auto ok = kv_->write(batch); !ok) return ok.err();
+  // Pieces are not scanned (that would read every float in the store): every
+  // range outside what the head can name goes — fragment p's versions above the
+  // head's, and fragments the head does not hold.
+  std::string from;  // the start of the next range to delete
+  for (const auto& [p, e] : cut) {
+    batch.del_range(column::pieces, from, be32(p));
+    from = fragment_key(p, e.version + 1);
   }
+  batch.del_range(column::pieces, from, std::string(5, '\xff'));
+  if (auto ok = kv_->write(batch); !ok) return ok.err();
   if (dropped) {
     *dropped = std::move(skipped);
     if (debris) dropped->push_back(std::to_string(debris) + " uncommitted record(s) removed");
   }
   // The writer continues from the head.
-  for (auto it = retained_.upper_bound(head_version); it != retained_.end(); it = retained_.erase(it))
-    for (const auto& ref : it->second)
-      if (--references_[ref] == 0) references_.erase(ref);
+  while (!retained_.empty() && retained_.rbegin()->first > head_version) release(retained_.rbegin()->first);
   cut_ = std::move(cut);
   last_mesh_version_ = head_version;
   return head;
@@ -628,14 +835,73 @@ status snapshot_store::for_each_manifest(const std::function<bool(const manifest
 }
 
 expected<fragment_state> snapshot_store::read_fragment(std::uint32_t fragment, std::uint64_t version) const {
+  const std::string name = fragment_name(fragment, version);
   auto raw = kv_->get(column::fragments, fragment_key(fragment, version));
   if (!raw) return raw.err();
-  if (!raw->has_value()) return make_error(errc::not_found, fragment_name(fragment, version) + " is not in the store");
-  auto f = decode_fragment(**raw, fragment_name(fragment, version));
-  if (!f) return f.err();
-  if (f->fragment != fragment || f->version != version)
-    return make_error(errc::corrupt_data, fragment_name(fragment, version) + " holds another fragment's record");
-  return f;
+  if (!raw->has_value()) return make_error(errc::not_found, name + " is not in the store");
+  auto head = decode_head(**raw, name);
+  if (!head) return head.err();
+  fragment_state& f = head->state;
+  if (f.fragment != fragment || f.version != version)
+    return make_error(errc::corrupt_data, name + " holds another fragment's record");
+  if (head->piece_floats == 0) return std::move(f);  // format 1: inline
+  // A part longer than the whole model is a corrupt head: never allocated.
+  std::vector<float>* parts[] = {&f.theta, &f.momentum, &f.adam_m, &f.adam_v};
+  for (int k = 0; k < 4; ++k) {
+    if (head->floats[k] > info_.param_floats)
+      return make_error(errc::corrupt_data, name + ": " + part_names[k] + " of " + std::to_string(head->floats[k]) +
+                                                " floats, the model has " + std::to_string(info_.param_floats));
+    parts[k]->resize(head->floats[k]);
+  }
+  if (auto ok = read_pieces(f, head->piece_floats); !ok) return ok.err();
+  if (checksum64(f.theta.data(), f.theta.size() * sizeof(float)) != head->theta_sum)
+    return make_error(errc::corrupt_data, name + ": parameter checksum mismatch");
+  return std::move(f);
+}
+
+status snapshot_store::read_pieces(fragment_state& f, std::uint64_t piece_floats) const {
+  const std::string name = fragment_name(f.fragment, f.version);
+  std::vector<float>* parts[] = {&f.theta, &f.momentum, &f.adam_m, &f.adam_v};
+  // The pieces expected, in key order: each part's, `piece_floats` at a time.
+  std::uint8_t part = 0;
+  std::uint64_t offset = 0, index = 0;
+  auto settle = [&] {  // past the parts that are empty or done
+    while (part < 4 && offset >= parts[part]->size()) {
+      ++part;
+      offset = 0;
+    }
+  };
+  settle();
+  std::vector<float> values;
+  std::optional<error> failure;
+  auto scanned = kv_->scan(column::pieces, piece_key(f.fragment, f.version, 0), pieces_end(f.fragment, f.version),
+                           [&](std::string_view key, std::string_view value) {
+    const std::string what = name + " piece " + std::to_string(index);
+    auto piece = decode_piece(value, what, values);
+    if (!piece) {
+      failure = piece.err();
+      return false;
+    }
+    const std::uint64_t expected_floats = part < 4 ? std::min(piece_floats, parts[part]->size() - offset) : 0;
+    if (part >= 4 || key.size() != 16 || read_be32(key, 12) != index || piece->fragment != f.fragment || piece->version != f.version ||
+        piece->index != index || piece->part != part || piece->offset != offset || values.size() != expected_floats) {
+      failure = make_error(errc::corrupt_data, what + ": not the piece its head describes (" +
+                                                   (part < 4 ? std::string(part_names[part]) : "none expected") +
+                                                   " at " + std::to_string(offset) + ")");
+      return false;
+    }
+    std::copy(values.begin(), values.end(), parts[part]->begin() + static_cast<std::ptrdiff_t>(offset));
+    offset += values.size();
+    ++index;
+    settle();
+    return true;
+  });
+  if (!scanned) return scanned;
+  if (failure) return *failure;
+  if (part < 4)
+    return make_error(errc::corrupt_data, name + ": piece " + std::to_string(index) + " is missing (" +
+                                              part_names[part] + " at " + std::to_string(offset) + ")");
+  return {};
 }
 
 expected<merge_record> snapshot_store::read_merge(std::uint32_t fragment, std::uint64_t version) const {
@@ -769,6 +1035,13 @@ std::string encode_record(const manifest& m) { return encode(m); }
 std::string encode_record(const merge_record& m) { return encode(m); }
 std::string encode_record(const round_lease& l) { return encode(l); }
 std::string encode_record(const eval_record& e) { return encode(e); }
+std::string encode_piece_record(std::uint32_t fragment, std::uint64_t version, std::uint32_t index, std::uint8_t part,
+                                std::uint64_t offset, std::span<const float> values) {
+  return encode_piece(fragment, version, index, part, offset, values);
+}
+expected<piece_header> decode_piece_record(std::string_view v, const std::string& what, std::vector<float>& out) {
+  return decode_piece(v, what, out);
+}
 expected<store_info> decode_store_info_record(std::string_view v) { return decode_info(v); }
 expected<fragment_state> decode_fragment_record(std::string_view v, const std::string& what) {
   return decode_fragment(v, what);

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,7 +23,10 @@
 
 namespace archipelago::storage {
 
-inline constexpr std::uint32_t format_version = 1;
+/// The format this build writes; it reads every format from oldest_format_version
+/// on, and a writer opening an older store raises its StoreInfo (FORMAT.md).
+inline constexpr std::uint32_t format_version = 2;
+inline constexpr std::uint32_t oldest_format_version = 1;
 
 struct store_info {
   std::uint32_t format = format_version;
@@ -47,7 +51,30 @@ struct fragment_state {
 struct manifest_entry {
   std::uint32_t fragment = 0;
   std::uint64_t version = 0, round = 0, theta_checksum = 0;
+  std::uint64_t state_bytes = 0;  // the state's floats × 4; 0: unknown (a format 1 commit)
 };
+
+/// A fragment state to commit, by reference: the spans stay valid and unchanged
+/// until commit() returns, and `keep` owns what they point into. A shard commits
+/// its live buffers this way (it changes nothing of a fragment whose version is
+/// not yet durable), so a version being written is never copied.
+struct fragment_write {
+  std::uint32_t fragment = 0;
+  std::uint64_t version = 0;
+  std::uint64_t round = 0;
+  std::int64_t time_ns = 0;
+  std::span<const float> theta, momentum, adam_m, adam_v;
+  std::int64_t adam_steps = 0;
+  std::shared_ptr<const void> keep;
+  /// True when the spans point into the caller's own state (nothing is copied for
+  /// the writer's queue); false when `keep` holds a copy made for this write.
+  bool borrowed = false;
+  std::uint64_t bytes() const { return 4 * (theta.size() + momentum.size() + adam_m.size() + adam_v.size()); }
+};
+/// A write that owns `state`.
+fragment_write owned_write(fragment_state state);
+/// A write of `state` as it is, for a commit made while the caller holds it.
+fragment_write borrowed_write(const fragment_state& state);
 
 struct stored_ledger {
   std::uint64_t merged = 0, late = 0, rejected = 0, lost = 0, processed = 0, overwritten = 0;  // tokens
@@ -131,12 +158,26 @@ struct eval_record {
 struct retention {
   std::uint64_t keep_last = 32;
   std::uint64_t keep_every = 100;  // 0: none beyond keep_last
+  /// Beyond the rules above: while the fragment states the kept manifests name
+  /// hold more than this many bytes, the oldest kept manifest leaves, whatever
+  /// kept it; the newest always stays. 0: no bound in bytes.
+  std::uint64_t keep_bytes = 0;
+};
+
+/// How a commit writes a fragment state (readers follow the records, so these
+/// never change the format): in pieces of `piece_floats`, and — a commit at least
+/// `unlogged_from_bytes` large — past RocksDB's log into table and blob files
+/// (written once, not twice), flushed to disk before its manifest is written.
+struct write_tuning {
+  std::size_t piece_floats = std::size_t{2} << 20;          // 8 MiB
+  std::size_t unlogged_from_bytes = std::size_t{16} << 20;
+  std::size_t batch_bytes = std::size_t{16} << 20;          // pieces per unlogged write
 };
 
 /// A commit: the new fragment states (and, when recording, what was merged into
 /// them). Fragments not named keep their version in the new manifest.
 struct commit_job {
-  std::vector<fragment_state> fragments;
+  std::vector<fragment_write> fragments;
   std::vector<merge_record> merges;
   stored_ledger ledger;
   std::uint64_t learner_steps = 0;
@@ -148,9 +189,11 @@ class snapshot_store {
   /// A new store on an empty kv, or an existing one whose layout and mesh hash match
   /// `info` (invalid_input naming what differs). Rewrites nothing that exists.
   static expected<std::shared_ptr<snapshot_store>> create(std::shared_ptr<kv_store> kv, store_info info,
-                                                          retention keep = {});
-  /// An existing store; corrupt_data when the kv holds no archipelago store.
-  static expected<std::shared_ptr<snapshot_store>> open(std::shared_ptr<kv_store> kv, retention keep = {});
+                                                          retention keep = {}, write_tuning tuning = {});
+  /// An existing store; corrupt_data when the kv holds no archipelago store,
+  /// unsupported (naming both) when its format is not one this build reads.
+  static expected<std::shared_ptr<snapshot_store>> open(std::shared_ptr<kv_store> kv, retention keep = {},
+                                                        write_tuning tuning = {});
 
   const store_info& info() const { return info_; }
   /// The newest mesh version committed through this handle (or found at open).
@@ -161,6 +204,8 @@ class snapshot_store {
   /// Writes the job and a new manifest; returns the new mesh version. On error
   /// nothing of the job counts as committed (the next commit reuses the version).
   expected<std::uint64_t> commit(const commit_job& job);
+  /// The fragment states the kept manifests name, in bytes (what storage.keep_mb bounds).
+  std::uint64_t retained_bytes() const;
   status put_tape(tape_record record);
   status put_ledger(const std::vector<learner_ledger>& ledgers);
   /// Raises the round lease (never lowers it: a lower rounds_below is a no-op).
@@ -206,12 +251,22 @@ class snapshot_store {
                                                   const param_layout& layout, const fragment_plan& plan);
 
  private:
-  snapshot_store(std::shared_ptr<kv_store> kv, store_info info, retention keep);
+  snapshot_store(std::shared_ptr<kv_store> kv, store_info info, retention keep, write_tuning tuning);
   status load_manifests();
+  /// A store of an older format takes this build's before its first commit.
+  status raise_format();
+  /// Reads (fragment, version)'s pieces into `f`, whose head said how many of each part.
+  status read_pieces(fragment_state& f, std::uint64_t piece_floats) const;
+  /// Retention's choice for the new manifest `m`: the manifests that leave.
+  std::vector<std::uint64_t> leaving_for(const manifest& m);
+  /// The retention bookkeeping of a kept manifest, taken up and let go.
+  void reference(const manifest& m);
+  void release(std::uint64_t mesh_version);
 
   std::shared_ptr<kv_store> kv_;
   store_info info_;
   retention keep_;
+  write_tuning tuning_;
   mutable std::mutex write_mutex_;
   // Writer state, guarded by write_mutex_: the cut so far, the retained
   // manifests' fragment versions with their reference counts, the next sequence numbers.
@@ -219,6 +274,8 @@ class snapshot_store {
   std::uint64_t last_mesh_version_ = 0;
   std::map<std::uint64_t, std::vector<std::pair<std::uint32_t, std::uint64_t>>> retained_;
   std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint32_t> references_;
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::uint64_t> state_bytes_;  // of the referenced states
+  std::uint64_t retained_bytes_ = 0;  // their sum
   std::set<std::uint64_t> pinned_;  // versions kept for their eval record (looked up once)
   std::uint64_t next_tape_ = 1;
 };
@@ -244,11 +301,21 @@ std::string encode_record(const manifest& m);
 std::string encode_record(const merge_record& m);
 std::string encode_record(const round_lease& l);
 std::string encode_record(const eval_record& e);
+/// A format 2 fragment state's piece: `values` are part `part`'s floats from `offset` on.
+std::string encode_piece_record(std::uint32_t fragment, std::uint64_t version, std::uint32_t index, std::uint8_t part,
+                                std::uint64_t offset, std::span<const float> values);
 expected<store_info> decode_store_info_record(std::string_view v);
 expected<fragment_state> decode_fragment_record(std::string_view v, const std::string& what);
 expected<manifest> decode_manifest_record(std::string_view v, const std::string& what);
 expected<merge_record> decode_merge_record(std::string_view v, const std::string& what);
 expected<round_lease> decode_round_lease_record(std::string_view v);
 expected<eval_record> decode_eval_record(std::string_view v, const std::string& what);
+/// A piece as read: its header fields, and its floats appended to `out`.
+struct piece_header {
+  std::uint32_t fragment = 0, index = 0;
+  std::uint64_t version = 0, offset = 0;
+  std::uint8_t part = 0;
+};
+expected<piece_header> decode_piece_record(std::string_view v, const std::string& what, std::vector<float>& out);
 
 }  // namespace archipelago::storage

@@ -5,10 +5,12 @@
 namespace archipelago::storage {
 namespace {
 
+/// What a job holds that exists only for it: a borrowed state (the shard's own
+/// buffers, unchanged until the write is done) is no copy and does not count.
 std::size_t job_bytes(const commit_job& job) {
   std::size_t bytes = 256;
   for (const auto& f : job.fragments)
-    bytes += 4 * (f.theta.size() + f.momentum.size() + f.adam_m.size() + f.adam_v.size());
+    if (!f.borrowed) bytes += f.bytes();
   for (const auto& m : job.merges)
     for (const auto& c : m.contributions) bytes += 4 * c.delta.size();
   return bytes;
@@ -88,6 +90,7 @@ void snapshot_writer::run() {
     commit_job merged;
     std::vector<done_fn> dones;
     std::size_t commit_jobs = 0, bytes = 0, failed = 0;
+    std::uint64_t payload = 0;  // the floats of the commits
     auto report = [this](const status& s) {
       if (!s) log_.error("snapshot.write_failed", "archipelago snapshot: %s", s.err().to_string().c_str());
       return s ? 0 : 1;
@@ -95,7 +98,10 @@ void snapshot_writer::run() {
     for (auto& [it, size] : batch) {
       bytes += size;
       if (auto* c = std::get_if<commit_item>(&it)) {
-        for (auto& f : c->job.fragments) merged.fragments.push_back(std::move(f));
+        for (auto& f : c->job.fragments) {
+          payload += f.bytes();
+          merged.fragments.push_back(std::move(f));
+        }
         for (auto& m : c->job.merges) merged.merges.push_back(std::move(m));
         merged.ledger = c->job.ledger;
         merged.learner_steps = c->job.learner_steps;
@@ -129,7 +135,7 @@ void snapshot_writer::run() {
       if (commit_jobs > 0 && version) {
         ++stats_.commits;
         stats_.jobs_committed += commit_jobs;
-        stats_.bytes += bytes;
+        stats_.bytes += payload;
         stats_.commit_seconds_total += commit_s;
         stats_.last_commit_seconds = commit_s;
       }

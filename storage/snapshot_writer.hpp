@@ -28,8 +28,8 @@ struct writer_stats {
   std::uint64_t jobs_committed = 0;  // commit jobs in them
   std::uint64_t refused = 0;         // jobs refused because the queue was full
   std::uint64_t failed = 0;          // jobs whose write failed
-  std::uint64_t bytes = 0;           // record bytes committed (approximate: float payloads)
-  std::uint64_t queued_bytes = 0;
+  std::uint64_t bytes = 0;           // fragment state bytes committed (their floats)
+  std::uint64_t queued_bytes = 0;    // bytes the queue holds (a borrowed state is none: see job_bytes)
   double commit_seconds_total = 0;  // time in the store's commit (a RocksDB write batch), summed
   double last_commit_seconds = 0;
 };

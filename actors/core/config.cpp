@@ -421,11 +421,20 @@ std::vector<knob> make_knobs() {
                   "Snapshots (mesh versions) kept, newest first. Default: 32."),
       number_knob("storage.keep_every", st, &storage_config::keep_every, I{0}, I{1} << 40,
                   "Also keep every mesh version divisible by this; 0: none. Default: 100."),
+      number_knob("storage.keep_mb", st, &storage_config::keep_mb, I{0}, I{1} << 40,
+                  "Bound in MiB on the fragment states a store keeps (each store: a shard's, a run's): "
+                  "beyond it the oldest snapshots go, whatever kept them; the newest always stays. 0: no "
+                  "bound. Default: 16384."),
       bool_knob("storage.sync", st, &storage_config::sync,
                 "fsync every snapshot commit (survives power loss, not only a process crash). Default: false."),
       number_knob("storage.queue_mb", st, &storage_config::queue_mb, I{1}, I{1} << 20,
-                  "Snapshot bytes queued for the writer; beyond it a version is not snapshotted (never "
-                  "blocks a round). Default: 256."),
+                  "Bytes the snapshot writer's queue may hold (merge records, the broker's tape and ledger; a "
+                  "shard's fragment states are its own buffers and count nothing); beyond it a record is refused "
+                  "and tried again (never blocks a round). Default: 256."),
+      number_knob("storage.backlog", st, &storage_config::backlog, I{0}, I{1024},
+                  "Back-pressure: the broker holds a shard's next rounds while this many of its merged versions "
+                  "are not yet durable (its storage is slower than the rounds), counted in "
+                  "archipelago_rounds_held_for_storage_total; 0: never held (each fragment still waits for its own last version). Default: 0."),
   };
 }
 

@@ -140,8 +140,10 @@ struct link_config {
 struct storage_config {
   std::int64_t keep_last = 32;    // newest manifests kept
   std::int64_t keep_every = 100;  // ... and every one whose mesh version is a multiple; 0: none
+  std::int64_t keep_mb = 16384;   // ... while the states they name hold at most this much; 0: no bound
   bool sync = false;              // fsync every commit: survives power loss, not just a crash
   std::int64_t queue_mb = 256;    // snapshot bytes queued before new versions are skipped
+  std::int64_t backlog = 0;       // a shard's versions not yet durable before the broker holds its rounds; 0: never
 };
 
 struct config {

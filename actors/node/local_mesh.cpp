@@ -110,7 +110,8 @@ expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_s
     // A new store starts with every fragment's state: the initial model, or the copied starting point.
     storage::commit_job first = initial_commit(setup, initial);
     if (out.source) {
-      first.fragments = std::move(out.from_states);  // read once, by pick_resume_point
+      first.fragments.clear();
+      for (auto& f : out.from_states) first.fragments.push_back(storage::owned_write(std::move(f)));  // read once, by pick_resume_point
       out.from_states.clear();
       first.learner_steps = out.from->learner_steps;
       first.ledger = out.from->ledger;

@@ -23,7 +23,8 @@ storage::store_info store_info_of(const mesh_setup& setup) {
 }
 
 storage::retention retention_of(const config& cfg) {
-  return {static_cast<std::uint64_t>(cfg.storage.keep_last), static_cast<std::uint64_t>(cfg.storage.keep_every)};
+  return {static_cast<std::uint64_t>(cfg.storage.keep_last), static_cast<std::uint64_t>(cfg.storage.keep_every),
+          static_cast<std::uint64_t>(cfg.storage.keep_mb) << 20};
 }
 
 expected<recovered_store> open_mesh_store(const std::string& dir, const mesh_setup& setup, bool failing_disk) {

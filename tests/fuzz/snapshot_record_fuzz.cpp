@@ -2,9 +2,9 @@
 // what a damaged or hostile store directory feeds `replay`, a restarting node
 // and a standby (BrokerState carries ledger and tape records).
 //
-// Input: byte 0 picks the record (low 3 bits: store info, fragment state,
+// Input: byte 0 picks the record (low 4 bits: store info, fragment state,
 // manifest, merge record, tape record, learner ledger, round lease, eval
-// record); 0x80 re-seals the XXH3 trailer so mutations reach the Cap'n Proto
+// record, fragment piece; above 8 the eval record); 0x80 re-seals the XXH3 trailer so mutations reach the Cap'n Proto
 // decoding behind it. The rest is the record. A record that decodes must encode
 // again and decode to the same bytes (the round trip is exact).
 
@@ -35,7 +35,7 @@ void round_trip(std::string_view bytes, Decode&& decode) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
-  const int kind = data[0] & 7;
+  const int kind = data[0] & 15;
   std::string record(reinterpret_cast<const char*>(data + 1), size - 1);
   if ((data[0] & 0x80) != 0 && record.size() >= 16) {
     record.resize(record.size() / 8 * 8);
@@ -52,6 +52,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case 4: round_trip(record, [](std::string_view v) { return decode_tape_record(v); }); break;
     case 5: round_trip(record, [](std::string_view v) { return decode_ledger_record(v); }); break;
     case 6: round_trip(record, [](std::string_view v) { return decode_round_lease_record(v); }); break;
+    case 8: {
+      std::vector<float> values;
+      auto piece = decode_piece_record(record, what, values);
+      if (!piece) break;
+      const std::string again = encode_piece_record(piece->fragment, piece->version, piece->index, piece->part,
+                                                    piece->offset, values);
+      std::vector<float> values_again;
+      auto second = decode_piece_record(again, what, values_again);
+      FUZZ_CHECK(second.has_value() && second->offset == piece->offset && values_again.size() == values.size());
+      FUZZ_CHECK(values.empty() || std::memcmp(values_again.data(), values.data(), values.size() * sizeof(float)) == 0);
+      break;
+    }
     default: round_trip(record, [&](std::string_view v) { return decode_eval_record(v, what); }); break;
   }
   return 0;
@@ -98,6 +110,8 @@ std::vector<std::vector<std::uint8_t>> fuzz_seeds() {
   records.push_back(encode_record(l));
   records.push_back(encode_record(round_lease{4096, 3, 77}));
   records.push_back(encode_record(eval_record{9, 100, 2.5, 4096}));
+  const std::vector<float> piece = {1.f, -2.f, 0.5f, 4.f};
+  records.push_back(encode_piece_record(3, 7, 1, 1, 4, piece));
   std::vector<std::vector<std::uint8_t>> out;
   for (std::size_t k = 0; k < records.size(); ++k) {
     std::vector<std::uint8_t> in{static_cast<std::uint8_t>(k | 0x80)};

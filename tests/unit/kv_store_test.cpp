@@ -106,6 +106,7 @@ TEST_CASE("kv_store: column names, batch sizes and big-endian keys") {
   CHECK(std::string(to_string(column::ledger)) == "ledger");
   CHECK(std::string(to_string(column::contributions)) == "contributions");
   CHECK(std::string(to_string(column::evals)) == "evals");
+  CHECK(std::string(to_string(column::pieces)) == "pieces");
 
   write_batch b;
   CHECK(b.bytes() == 0);
@@ -178,6 +179,73 @@ TEST_CASE("kv_store: put, get and delete across columns") {
   CHECK(must_get(*kv, column::manifests, "y") == std::optional<std::string>("2"));
   must_write(*kv, write_batch{});  // an empty batch is fine
   CHECK(kv->flush());
+}
+
+TEST_CASE("kv_store: range deletes, and writes past the log made durable by flush_memtables") {
+  temp_dir dir;
+  const std::string path = dir.file("db");
+  std::unique_ptr<kv_store> kv;
+  bool rocksdb = false;
+  SUBCASE("memory") { kv = make_memory_kv(); }
+  SUBCASE("rocksdb") {
+    kv = must_open(path);
+    rocksdb = true;
+  }
+  write_batch pieces;
+  for (const char* k : {"a", "b", "b1", "c", "d"}) pieces.put(column::pieces, k, std::string("v") + k);
+  const status unlogged = kv->write_unlogged(pieces);
+  REQUIRE(unlogged);
+  REQUIRE(kv->flush_memtables());
+  write_batch ranges;
+  ranges.del_range(column::pieces, "b", "c");    // b and b1
+  ranges.del_range(column::pieces, "z", "a");    // an empty range: nothing
+  ranges.del_range(column::fragments, "a", "e");  // another column's keys stay
+  must_write(*kv, ranges);
+  const pairs expected = {{"a", "va"}, {"c", "vc"}, {"d", "vd"}};
+  CHECK(scan_all(*kv, column::pieces) == expected);
+  if (rocksdb) {  // flushed before the handle closed: reopened, it is all there
+    kv.reset();
+    CHECK(scan_all(*must_open(path, {open_mode::read_only, false}), column::pieces) == expected);
+  }
+}
+
+TEST_CASE("kv_store: rocksdb keeps the bulk columns' values in blob files") {
+  temp_dir dir;
+  const std::string path = dir.file("db");
+  auto kv = must_open(path);
+  const std::string big(1 << 20, 'f');
+  write_batch b;
+  b.put(column::pieces, "p", big);
+  b.put(column::manifests, "m", big);
+  REQUIRE(kv->write_unlogged(b));
+  REQUIRE(kv->flush_memtables());
+  std::uintmax_t blob_bytes = 0;
+  for (const auto& e : fs::directory_iterator(path))
+    if (e.path().extension() == ".blob") blob_bytes += e.file_size();
+  CHECK(blob_bytes >= big.size());      // the piece's value
+  CHECK(blob_bytes < 2 * big.size());   // but not the manifest's: its column keeps values in its tables
+  CHECK(must_get(*kv, column::pieces, "p") == std::optional<std::string>(big));
+}
+
+TEST_CASE("kv_store: rocksdb opens a format 1 store (no pieces family): a reader as it is, a writer adds it") {
+  temp_dir dir;
+  const std::string path = dir.file("db");
+  make_plain_rocksdb(path, {"default", "fragments", "manifests", "tape", "ledger", "contributions", "evals"});
+  {
+    auto reader = must_open(path, {open_mode::read_only, false});
+    CHECK(must_get(*reader, column::tape, "key") == std::optional<std::string>("value"));
+    CHECK_FALSE(must_get(*reader, column::pieces, "key"));  // a family it lacks is empty
+    CHECK(scan_all(*reader, column::pieces).empty());
+  }
+  {
+    auto writer = must_open(path, {open_mode::existing, false});
+    write_batch b;
+    b.put(column::pieces, "key", "piece");
+    must_write(*writer, b);
+  }
+  auto reader = must_open(path, {open_mode::read_only, false});
+  CHECK(must_get(*reader, column::pieces, "key") == std::optional<std::string>("piece"));
+  CHECK(must_get(*reader, column::fragments, "key") == std::optional<std::string>("value"));
 }
 
 TEST_CASE("kv_store: a batch is applied all at once and a scan sees one view") {
@@ -479,7 +547,7 @@ TEST_CASE("kv_store: faulty_kv with error rate 1 fails every write and applies n
     write_batch b;
     b.put(column::ledger, "k" + std::to_string(i), "v");
     b.del(column::ledger, "existing");
-    const status st = kv.write(b);
+    const status st = i % 2 ? kv.write(b) : kv.write_unlogged(b);  // past the log or not, the same faults
     REQUIRE_FALSE(st);
     CHECK(st.err().code == errc::io_error);
     CHECK(contains(st.err().message, "injected write error"));
@@ -489,6 +557,7 @@ TEST_CASE("kv_store: faulty_kv with error rate 1 fails every write and applies n
   CHECK(must_get(kv, column::ledger, "existing") == std::optional<std::string>("1"));
   CHECK(kv.last(column::ledger)->value().first == "existing");
   CHECK(kv.flush());
+  CHECK(kv.flush_memtables());
   const fault_counters c = kv.counters();
   CHECK(c.writes == 20);
   CHECK(c.write_errors == 20);

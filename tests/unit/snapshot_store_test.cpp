@@ -46,7 +46,7 @@ fragment_state state(std::uint32_t p, std::uint64_t version, std::uint64_t seed,
 
 commit_job job_of(std::vector<fragment_state> states) {
   commit_job job;
-  job.fragments = std::move(states);
+  for (auto& f : states) job.fragments.push_back(owned_write(std::move(f)));
   return job;
 }
 
@@ -227,13 +227,17 @@ TEST_CASE("snapshot store: a damaged record is never returned, recovery falls ba
 }
 
 TEST_CASE("snapshot store: torn and failed writes are typed errors and lose nothing committed") {
+  // Small commits (one logged batch each) and large ones (pieces past the log first).
+  for (const bool bulk : {false, true})
   for (std::uint64_t seed : {1, 2, 3, 4}) {
+    CAPTURE(bulk);
     CAPTURE(seed);
+    const write_tuning tuning{bulk ? 5u : 2u << 20, bulk ? 1u : 16u << 20, 400};
     auto inner = std::shared_ptr<kv_store>(make_memory_kv());
     auto faulty = std::make_shared<faulty_kv>(inner, fault_plan{seed, 0.15, 0.25, 0});
-    auto s = *snapshot_store::create(inner, test_info(), {4, 7});
+    auto s = *snapshot_store::create(inner, test_info(), {4, 7}, tuning);
     REQUIRE(s->commit(job_of({state(0, 0, 1), state(1, 0, 2), state(2, 0, 3)})));
-    auto store = *snapshot_store::open(faulty, {4, 7});  // it writes through the faults from here on
+    auto store = *snapshot_store::open(faulty, {4, 7}, tuning);  // it writes through the faults from here on
     prng rng(seed);
     std::uint64_t committed = 1, failures = 0;
     std::uint64_t version[3] = {0, 0, 0};
@@ -245,14 +249,14 @@ TEST_CASE("snapshot store: torn and failed writes are typed errors and lose noth
         CHECK(v.err().code == errc::io_error);
         ++failures;
         // A restart now: recovery finds every commit that succeeded, and only valid data.
-        auto restarted = *snapshot_store::open(inner, {4, 7});
+        auto restarted = *snapshot_store::open(inner, {4, 7}, tuning);
         auto head = restarted->recover();
         REQUIRE(head);
         REQUIRE(head->has_value());
         CHECK((*head)->mesh_version == committed);
         for (const auto& e : (*head)->entries) CHECK(e.version == version[e.fragment]);
         check_consistent(*restarted);
-        store = *snapshot_store::open(faulty, {4, 7});
+        store = *snapshot_store::open(faulty, {4, 7}, tuning);
         continue;
       }
       CHECK(*v == committed + 1);
@@ -266,18 +270,256 @@ TEST_CASE("snapshot store: torn and failed writes are typed errors and lose noth
 
 namespace {
 
+/// Records the calls a store makes: logged and unlogged writes, memtable flushes, in order.
+class call_log_kv final : public kv_store {
+ public:
+  explicit call_log_kv(std::shared_ptr<kv_store> inner) : inner_(std::move(inner)) {}
+  status write(const write_batch& batch) override {
+    calls.push_back("write");
+    return inner_->write(batch);
+  }
+  status write_unlogged(const write_batch& batch) override {
+    calls.push_back("unlogged");
+    for (const auto& o : batch.ops) CHECK((o.col == column::pieces || o.col == column::contributions));  // only floats
+    return inner_->write_unlogged(batch);
+  }
+  expected<std::optional<std::string>> get(column c, std::string_view key) const override { return inner_->get(c, key); }
+  status scan(column c, std::string_view from, std::string_view to,
+              const std::function<bool(std::string_view, std::string_view)>& visit) const override {
+    return inner_->scan(c, from, to, visit);
+  }
+  expected<std::optional<std::pair<std::string, std::string>>> last(column c) const override { return inner_->last(c); }
+  status flush() override { return inner_->flush(); }
+  status flush_memtables() override {
+    calls.push_back("flush");
+    return inner_->flush_memtables();
+  }
+  std::vector<std::string> calls;
+
+ private:
+  std::shared_ptr<kv_store> inner_;
+};
+
+std::size_t count_keys(const kv_store& kv, column c) {
+  std::size_t n = 0;
+  REQUIRE(kv.scan(c, {}, {}, [&](std::string_view, std::string_view) { return ++n > 0; }));
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("snapshot store: states go in pieces; a large commit's pieces bypass the log and are flushed first") {
+  auto inner = std::shared_ptr<kv_store>(make_memory_kv());
+  auto logged = std::make_shared<call_log_kv>(inner);
+  // 5 floats a piece; commits of 100 bytes or more bypass the log, one piece a write.
+  const write_tuning tuning{5, 100, 1};
+  auto s = *snapshot_store::create(logged, test_info(), {}, tuning);
+  const fragment_state small = state(0, 0, 1, 4), large = state(1, 0, 2, 16);  // 32 and 128 bytes
+  logged->calls.clear();
+  REQUIRE(s->commit(job_of({small})));
+  CHECK(logged->calls == std::vector<std::string>{"write"});  // 64 bytes: all in the one logged batch
+  CHECK(count_keys(*inner, column::pieces) == 2);  // theta and momentum, one piece each
+  logged->calls.clear();
+  REQUIRE(s->commit(job_of({large})));
+  // 8 pieces (5, 5, 5 and 1 floats of each part) written past the log, the flush, then the batch naming them.
+  std::vector<std::string> expected(8, "unlogged");
+  expected.push_back("flush");
+  expected.push_back("write");
+  CHECK(logged->calls == expected);
+  CHECK(count_keys(*inner, column::pieces) == 2 + 8);
+  for (const fragment_state* f : {&small, &large}) {
+    auto back = s->read_fragment(f->fragment, f->version);
+    REQUIRE(back);
+    CHECK(back->theta == f->theta);
+    CHECK(back->momentum == f->momentum);
+    CHECK(back->adam_m.empty());
+  }
+  // A gradient-mode state: its Adam moments are pieces too, momentum empty.
+  fragment_state adam = state(2, 0, 3, 7);
+  adam.adam_m = adam.momentum;
+  adam.adam_v = adam.theta;
+  adam.momentum.clear();
+  adam.adam_steps = 9;
+  REQUIRE(s->commit(job_of({adam})));
+  auto back = s->read_fragment(2, 0);
+  REQUIRE(back);
+  CHECK(back->theta == adam.theta);
+  CHECK(back->momentum.empty());
+  CHECK(back->adam_m == adam.adam_m);
+  CHECK(back->adam_v == adam.adam_v);
+  CHECK(back->adam_steps == 9);
+  check_consistent(*s);
+  auto head = s->latest_manifest().value().value();
+  CHECK(head.find(1)->state_bytes == 128);
+  CHECK(s->retained_bytes() == 32 + 128 + 84);
+}
+
+TEST_CASE("snapshot store: a missing, misplaced or damaged piece, or a head larger than the model, is corrupt_data") {
+  auto kv = std::shared_ptr<kv_store>(make_memory_kv());
+  auto s = *snapshot_store::create(kv, test_info(), {}, write_tuning{4, 1 << 20, 1 << 20});
+  REQUIRE(s->commit(job_of({state(0, 0, 1, 10)})));  // pieces 0-2 theta (4, 4, 2 floats), 3-5 momentum
+  REQUIRE(s->read_fragment(0, 0));
+  const std::string key = be32(0) + be64(0);
+  std::vector<std::pair<std::string, std::string>> saved;
+  REQUIRE(kv->scan(column::pieces, {}, {}, [&](std::string_view k, std::string_view v) {
+    saved.emplace_back(k, v);
+    return true;
+  }));
+  REQUIRE(saved.size() == 6);
+  auto damaged = [&](const std::function<void(write_batch&)>& damage, const std::string& expected) {
+    CAPTURE(expected);
+    write_batch b;
+    damage(b);
+    REQUIRE(kv->write(b));
+    auto f = s->read_fragment(0, 0);
+    REQUIRE_FALSE(f);
+    CHECK(f.err().code == errc::corrupt_data);
+    CHECK(f.err().message.find(expected) != std::string::npos);
+    write_batch repair;
+    for (const auto& [k, v] : saved) repair.put(column::pieces, k, v);
+    REQUIRE(kv->write(repair));
+    REQUIRE(s->read_fragment(0, 0));
+  };
+  damaged([&](write_batch& b) { b.del(column::pieces, key + be32(1)); }, "not the piece its head describes");
+  damaged([&](write_batch& b) { b.del(column::pieces, key + be32(5)); }, "piece 5 is missing");
+  damaged([&](write_batch& b) {
+    std::vector<float> four(4, 1.f);
+    b.put(column::pieces, key + be32(1), encode_piece_record(0, 0, 2, 0, 4, four));  // piece 2's header at index 1
+  }, "not the piece its head describes");
+  damaged([&](write_batch& b) {
+    std::string v = kv->get(column::pieces, key + be32(1)).value().value();
+    v[v.size() / 2] ^= 1;
+    b.put(column::pieces, key + be32(1), v);
+  }, "checksum mismatch");
+
+  // A head claiming more floats than the model has is refused before anything is allocated.
+  auto kv2 = std::shared_ptr<kv_store>(make_memory_kv());
+  store_info tiny = test_info();
+  tiny.param_floats = 8;
+  auto t = *snapshot_store::create(kv2, tiny, {}, write_tuning{4, 1 << 20, 1 << 20});
+  REQUIRE(t->commit(job_of({state(0, 0, 1, 10)})));
+  auto f = t->read_fragment(0, 0);
+  REQUIRE_FALSE(f);
+  CHECK(f.err().message.find("the model has 8") != std::string::npos);
+}
+
+TEST_CASE("snapshot store: recovery removes the pieces of commits that never completed") {
+  auto kv = std::shared_ptr<kv_store>(make_memory_kv());
+  const write_tuning tuning{4, 64, 1 << 20};
+  auto s = *snapshot_store::create(kv, test_info(), {}, tuning);
+  REQUIRE(s->commit(job_of({state(0, 0, 1, 8), state(1, 0, 2, 8)})));
+  REQUIRE(s->commit(job_of({state(0, 1, 3, 8)})));
+  const std::size_t committed = count_keys(*kv, column::pieces);
+  CHECK(committed == 3 * 4);
+  // A crash after a commit's pieces were written and before its batch: version 1 of
+  // fragment 1 has pieces and no head; and pieces of a fragment this store never held.
+  write_batch debris;
+  for (std::uint32_t i = 0; i < 4; ++i)
+    debris.put(column::pieces, be32(1) + be64(1) + be32(i),
+               encode_piece_record(1, 1, i, static_cast<std::uint8_t>(i / 2), (i % 2) * 4, std::vector<float>(4, 2.f)));
+  debris.put(column::pieces, be32(7) + be64(0) + be32(0), "x");
+  REQUIRE(kv->write_unlogged(debris));
+  auto restarted = *snapshot_store::open(kv, {}, tuning);
+  auto head = restarted->recover();
+  REQUIRE(head);
+  CHECK((*head)->mesh_version == 2);
+  CHECK(count_keys(*kv, column::pieces) == committed);
+  check_consistent(*restarted);
+  REQUIRE(restarted->commit(job_of({state(1, 1, 4, 8)})).value() == 3);
+  check_consistent(*restarted);
+}
+
+TEST_CASE("snapshot store: retention in bytes drops the oldest kept snapshots, whatever kept them") {
+  auto kv = std::shared_ptr<kv_store>(make_memory_kv());
+  // Each state is 2 × 16 floats = 128 bytes; at most 5 of them.
+  auto s = *snapshot_store::create(kv, test_info(), {100, 2, 5 * 128}, write_tuning{8, 1 << 20, 1 << 20});
+  REQUIRE(s->commit(job_of({state(0, 0, 1), state(1, 0, 2)})));
+  for (std::uint64_t v = 1; v <= 12; ++v) {
+    REQUIRE(s->commit(job_of({state(v % 2, v, 100 + v)})));
+    CHECK(s->retained_bytes() <= 5 * 128);
+  }
+  std::set<std::uint64_t> kept;
+  for (const auto& m : manifests_of(*s)) kept.insert(m.mesh_version);
+  // Manifests 10..13 name five states: (0, 8), (1, 9), (0, 10), (1, 11), (0, 12); version 1
+  // and the even ones keep_every pinned are gone.
+  CHECK(kept == std::set<std::uint64_t>{10, 11, 12, 13});
+  std::set<std::pair<std::uint32_t, std::uint64_t>> named;
+  for (const auto& m : manifests_of(*s))
+    for (const auto& e : m.entries) named.insert({e.fragment, e.version});
+  auto stored = s->fragment_versions();
+  REQUIRE(stored);
+  CHECK(std::set<std::pair<std::uint32_t, std::uint64_t>>(stored->begin(), stored->end()) == named);
+  CHECK(count_keys(*kv, column::pieces) == 4 * named.size());  // two of 8 floats per part
+  check_consistent(*s);
+  // One state larger than the bound: the newest manifest stays all the same.
+  REQUIRE(s->commit(job_of({state(0, 13, 7, 400)})));
+  kept.clear();
+  for (const auto& m : manifests_of(*s)) kept.insert(m.mesh_version);
+  CHECK(kept == std::set<std::uint64_t>{14});
+  check_consistent(*s);
+}
+
+TEST_CASE("snapshot store: a format 1 store is read as it is and raised to format 2 by its first commit") {
+  auto kv = std::shared_ptr<kv_store>(make_memory_kv());
+  store_info old = test_info();
+  old.format = 1;
+  const fragment_state a = state(0, 0, 1), b = state(1, 0, 2);
+  manifest m;
+  m.mesh_version = 1;
+  m.mesh_hash = old.mesh_hash;
+  for (const fragment_state* f : {&a, &b})
+    m.entries.push_back({f->fragment, f->version, f->round, checksum64(f->theta.data(), f->theta.size() * 4), 0});
+  write_batch v1;  // as a format 1 build wrote it: floats inline
+  v1.put(column::meta, "store", encode_record(old));
+  v1.put(column::fragments, be32(0) + be64(0), encode_record(a));
+  v1.put(column::fragments, be32(1) + be64(0), encode_record(b));
+  v1.put(column::manifests, be64(1), encode_record(m));
+  REQUIRE(kv->write(v1));
+
+  auto s = snapshot_store::open(kv);
+  REQUIRE(s);
+  CHECK((*s)->info().format == 1);
+  auto back = (*s)->read_fragment(1, 0);
+  REQUIRE(back);
+  CHECK(back->theta == b.theta);
+  REQUIRE((*s)->commit(job_of({state(0, 1, 3)})).value() == 2);
+  CHECK((*s)->info().format == 2);
+  CHECK(snapshot_store::open(kv).value()->info().format == 2);
+  check_consistent(**s);
+
+  // A format this build does not know is refused, naming it.
+  store_info future = test_info();
+  future.format = 3;
+  write_batch b3;
+  b3.put(column::meta, "store", encode_record(future));
+  auto kv3 = std::shared_ptr<kv_store>(make_memory_kv());
+  REQUIRE(kv3->write(b3));
+  auto refused = snapshot_store::open(kv3);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.err().code == errc::unsupported);
+  CHECK(refused.err().message.find("store format version 3 (written by a newer build); this build reads versions 1 to 2") !=
+        std::string::npos);
+}
+
+namespace {
+
 /// Holds every write until released: the writer's queue fills behind it.
 class gated_kv final : public kv_store {
  public:
   explicit gated_kv(std::shared_ptr<kv_store> inner) : inner_(std::move(inner)) {}
-  status write(const write_batch& batch) override {
+  status write(const write_batch& batch) override { return hold([&] { return inner_->write(batch); }); }
+  status write_unlogged(const write_batch& batch) override {
+    return hold([&] { return inner_->write_unlogged(batch); });
+  }
+  template <class Fn>
+  status hold(Fn&& write) {
     std::unique_lock lock(mutex_);
     ++waiting_;
     changed_.notify_all();
     changed_.wait(lock, [&] { return open_; });
     --waiting_;
     lock.unlock();
-    return inner_->write(batch);
+    return write();
   }
   expected<std::optional<std::string>> get(column c, std::string_view key) const override { return inner_->get(c, key); }
   status scan(column c, std::string_view from, std::string_view to,
@@ -358,7 +600,14 @@ TEST_CASE("shard core: a core restored from its outer state continues bit for bi
       REQUIRE(core.on_contribution(round_number{r}, p, {{1}, {1}}, 3, 300, delta) == contribution_verdict::buffered);
       REQUIRE(core.on_round_close(round_number{r}, p, {{{1}, {1}}}).value().has_value());
     };
-    for (std::uint64_t r = 1; r <= 5; ++r) contribute(original, r);
+    for (std::uint64_t r = 1; r <= 4; ++r) contribute(original, r);
+    // A merge makes the next Θ in a buffer of its own: one handed out (to learners, to
+    // a snapshot being written) stays as it was.
+    const auto held = original.shared_value(p);
+    const std::vector<float> was = *held;
+    contribute(original, 5);
+    CHECK(*held == was);
+    CHECK(original.shared_value(p) != held);
 
     shard_core restored(layout, plan, {p}, sc, std::vector<float>(layout.total_floats, 0.f).data());
     REQUIRE(restored.restore(p, original.outer_state(p)));
@@ -372,14 +621,19 @@ TEST_CASE("shard core: a core restored from its outer state continues bit for bi
     }
     CHECK(restored.value(p) == original.value(p));
     const auto a = original.outer_state(p), b = restored.outer_state(p);
-    CHECK(a.momentum == b.momentum);
+    CHECK(*a.momentum == *b.momentum);
     CHECK(a.adam_m == b.adam_m);
     CHECK(a.adam_v == b.adam_v);
     CHECK(a.adam_steps == b.adam_steps);
 
     fragment_outer_state wrong = original.outer_state(p);
-    wrong.theta.pop_back();
+    std::vector<float> short_theta = *wrong.theta;
+    short_theta.pop_back();
+    wrong.theta = shared_floats(std::move(short_theta));
     CHECK(restored.restore(p, wrong).err().code == errc::invalid_input);
+    // The core's values are shared, not copied; the restored core's buffer is its own.
+    CHECK(original.outer_state(p).theta == original.shared_value(p));
+    if (!gradient) CHECK(restored.outer_state(p).momentum != original.outer_state(p).momentum);
   }
 }
 

@@ -47,7 +47,10 @@ expected<std::unique_ptr<plain_db>> open_plain(const std::string& path, bool rea
       return rocksdb_error("list column families of " + path, s);
   }
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  for (const auto& n : out->names) families.emplace_back(n, storage::family_options());
+  // One family: the options of the store's bulk column (its floats' blob files); else each its own.
+  for (const auto& n : out->names)
+    families.emplace_back(n, store_families || read_only ? storage::family_options(n)
+                                                          : storage::family_options(storage::column::pieces));
   rocksdb::DBOptions options =
       storage::db_options(read_only ? storage::open_mode::read_only : storage::open_mode::create);
   options.create_missing_column_families = !read_only;
@@ -81,13 +84,16 @@ std::uint64_t batch_shape::bytes() const {
   return b;
 }
 
-status recording_kv::write(const storage::write_batch& batch) {
+status recording_kv::write(const storage::write_batch& batch) { return record(batch, false); }
+status recording_kv::write_unlogged(const storage::write_batch& batch) { return record(batch, true); }
+
+status recording_kv::record(const storage::write_batch& batch, bool unlogged) {
   batch_shape shape;
   for (const auto& op : batch.ops)
     if (op.value) shape.puts.push_back({op.col, op.key, op.value->size()});
     else ++shape.deletes;
   const auto t0 = seconds_clock::now();
-  status s = inner_->write(batch);
+  status s = unlogged ? inner_->write_unlogged(batch) : inner_->write(batch);
   const double seconds = since(t0);
   std::lock_guard lock(mutex_);
   write_seconds_ += seconds;
@@ -181,7 +187,7 @@ status flush_to_tables(const std::string& path) {
       !s.ok())
     return rocksdb_error("list column families of " + path, s);
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  for (const auto& n : db->names) families.emplace_back(n, storage::family_options());
+  for (const auto& n : db->names) families.emplace_back(n, storage::family_options(n));
   if (auto s = rocksdb::DB::Open(storage::db_options(storage::open_mode::create), path, families, &db->handles, &db->db);
       !s.ok())
     return rocksdb_error("open " + path, s);

@@ -21,7 +21,7 @@ expected<std::uint64_t> save_point(const mesh_setup& setup, const saved_point& p
   auto opened = open_mesh_store(dir, own);
   if (!opened) return opened.err();
   storage::commit_job job;
-  job.fragments = p.states;
+  for (const auto& f : p.states) job.fragments.push_back(storage::borrowed_write(f));
   job.learner_steps = p.learner_steps;
   job.ledger.processed = p.tokens;
   job.time_ns = wall_clock_ns();

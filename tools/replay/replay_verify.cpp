@@ -47,7 +47,7 @@ expected<bool> matches(const replay_store& s, const stored_truth& t, const shard
   auto f = s.store->read_fragment(p, v);
   if (!f) return f.err();
   const auto state = core.outer_state({p});
-  return f->theta == state.theta && f->momentum == state.momentum && f->adam_m == state.adam_m &&
+  return f->theta == *state.theta && f->momentum == *state.momentum && f->adam_m == state.adam_m &&
          f->adam_v == state.adam_v;
 }
 
