@@ -106,10 +106,11 @@ status seed_shard_store(const mesh_setup& setup, const node_options& o, recovere
   std::vector<storage::fragment_state> states;
   auto m = resume_point(setup, o.resume_from, &states);
   if (!m) return m.err();
-  storage::commit_job job;
+  std::vector<storage::fragment_state> mine;
   for (auto& f : states)
-    if (f.fragment < setup.fragments() && setup.shard_of_fragment[f.fragment] == o.index)
-      job.fragments.push_back(std::move(f));
+    if (f.fragment < setup.fragments() && setup.shard_of_fragment[f.fragment] == o.index) mine.push_back(std::move(f));
+  storage::commit_job job;
+  for (const auto& f : mine) job.fragments.push_back(storage::borrowed_write(f));
   const auto expected_count = static_cast<std::size_t>(
       std::count(setup.shard_of_fragment.begin(), setup.shard_of_fragment.end(), o.index));
   if (job.fragments.size() != expected_count)
@@ -122,7 +123,7 @@ status seed_shard_store(const mesh_setup& setup, const node_options& o, recovere
   auto head = store.store->latest_manifest();
   if (!head) return head.err();
   store.head = std::move(*head);
-  store.head_states = std::move(job.fragments);
+  store.head_states = std::move(mine);
   return {};
 }
 
@@ -220,6 +221,9 @@ expected<node_result> run_node(const config& cfg, logger& log, const node_option
     // After the system, so it is gone first; its actor is gone before it (below).
     std::unique_ptr<storage::snapshot_writer> writer;
     process_roles roles{sys, setup, transport::make_io_context(), clock, log, board, data ? &*data : nullptr, &initial};
+    // One shard per process: once it holds its fragments, the whole initial model
+    // (4 bytes per parameter of the model, not of the shard) is freed.
+    roles.initial_used = [&initial] { std::vector<float>().swap(initial); };
     if (*store) {
       writer = std::make_unique<storage::snapshot_writer>(
           (*store)->store, log, storage::writer_options{static_cast<std::size_t>(cfg.storage.queue_mb) << 20});

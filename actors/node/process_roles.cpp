@@ -25,6 +25,7 @@ caf::actor process_roles::shard(std::uint32_t index, incarnation inc, std::optio
   a.setup = &setup;
   a.index = index;
   a.initial = initial;
+  a.initial_used = initial_used;
   a.io = io;
   a.clock = &clock;
   a.logs = &log;

@@ -252,12 +252,17 @@ double outer_optimizer::lr_at(std::uint64_t version) const {
 
 void outer_optimizer::step(float* theta, float* momentum_buffer, const float* delta, std::size_t n,
                            std::uint64_t version) const {
+  step_into(theta, theta, momentum_buffer, delta, n, version);
+}
+
+void outer_optimizer::step_into(float* theta_out, const float* theta_in, float* momentum_buffer, const float* delta,
+                                std::size_t n, std::uint64_t version) const {
   const double lr = lr_at(version);
   const double mu = config_.momentum;
   for (std::size_t i = 0; i < n; ++i) {
     const double d = delta[i];
     momentum_buffer[i] = static_cast<float>(mu * momentum_buffer[i] + d);
-    theta[i] = static_cast<float>(theta[i] - lr * (d + mu * momentum_buffer[i]));
+    theta_out[i] = static_cast<float>(theta_in[i] - lr * (d + mu * momentum_buffer[i]));
   }
 }
 

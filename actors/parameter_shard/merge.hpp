@@ -96,6 +96,11 @@ class outer_optimizer {
   /// while v + 1 < warmup, else lr. The Θ update uses the stored (fp32) b, so replays from a
   /// snapshot agree.
   void step(float* theta, float* momentum_buffer, const float* delta, std::size_t n, std::uint64_t version) const;
+  /// The same step into a new buffer: theta_out = the step from theta_in. theta_out may be
+  /// `delta` itself (each element is read before it is written): the merge's output
+  /// becomes the next version without a buffer more. Bit for bit the in-place step.
+  void step_into(float* theta_out, const float* theta_in, float* momentum_buffer, const float* delta, std::size_t n,
+                 std::uint64_t version) const;
   double lr_at(std::uint64_t version) const;
 
   const nesterov_config& config() const { return config_; }

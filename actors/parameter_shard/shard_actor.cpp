@@ -37,7 +37,7 @@ class writer_shard_store final : public shard_store {
     storage::commit_job job;
     job.time_ns = wall_clock_ns();
     const published_fragment& p = c.published;
-    job.fragments.push_back(stored_state(p.fragment, std::move(c.state), job.time_ns));
+    job.fragments.push_back(stored_write(p.fragment, std::move(c.state), job.time_ns));
     if (!p.merged.empty()) {
       storage::merge_record m{p.fragment.value, p.version, p.round.value, {}};
       for (auto& mc : c.published.merged)
@@ -166,11 +166,9 @@ caf::behavior shard_actor(shard_self* self, shard_actor_args args) {
   st.shard = std::make_unique<shard_wire>(*a.setup, a.index, a.inc, *st.wire, *a.logs, st.store.get(),
                                           shard_settings(*a.setup, a.writer && a.record_contributions),
                                           a.initial->data(), std::move(*restored));
+  if (a.initial_used) a.initial_used();  // the core holds its own fragments now
   if (a.writer && !resumed) {  // a new store: every owned fragment's initial state is its first snapshot
-    storage::commit_job initial;
-    initial.time_ns = wall_clock_ns();
-    for (fragment_index p : st.shard->owned())
-      initial.fragments.push_back(stored_state(p, st.shard->core().outer_state(p), initial.time_ns));
+    storage::commit_job initial = initial_writes(st.shard->core(), st.shard->owned(), wall_clock_ns());
     if (auto ok = a.writer->submit(std::move(initial)); !ok) return fail(self, ok.err());
   }
   st.shard->start();
@@ -221,7 +219,7 @@ caf::behavior shard_actor(shard_self* self, shard_actor_args args) {
         std::vector<std::vector<float>> values;
         for (fragment_index p : self->state.shard->owned()) {
           fragments.push_back(p.value);
-          values.push_back(self->state.shard->core().value(p));
+          values.push_back(self->state.shard->core().value(p));  // a copy: the caller's to keep
         }
         return caf::make_message(fragments, values);
       },

@@ -25,6 +25,9 @@ struct shard_actor_args {
   const mesh_setup* setup = nullptr;
   std::uint32_t index = 0;
   const std::vector<float>* initial = nullptr;  // the initial global model, laid out by the layout
+  /// Called once the shard has taken its fragments from `initial` (a node process
+  /// frees the whole model then: a shard keeps only its own). May be empty.
+  std::function<void()> initial_used;
   transport::io_context io;          // the process's transport context
   const clock_source* clock = nullptr;
   logger* logs = nullptr;  // where its lines go (the process's logger, rate-limited by kind)

@@ -46,6 +46,10 @@ std::string screened_contribution::reason() const {
   return text;
 }
 
+std::shared_ptr<const std::vector<float>> shared_floats(std::vector<float> v) {
+  return std::make_shared<const std::vector<float>>(std::move(v));
+}
+
 shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, std::vector<fragment_index> owned,
                        shard_config config, const float* initial_params)
     : config_(config), outer_(config.outer) {
@@ -53,7 +57,8 @@ shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, st
     fragment_state& f = fragments_[p.value];
     const fragment_spec& spec = plan.fragments.at(p.value);
     std::size_t offset = 0;
-    f.theta.reserve(spec.floats);
+    std::vector<float> theta;
+    theta.reserve(spec.floats);
     param_layout fragment_layout;  // the fragment's tensors at their offsets in its flat vector
     for (std::size_t t : spec.tensors) f.names.push_back(layout.tensors[t].name);
     for (std::size_t i = 0; i < spec.tensors.size(); ++i) {
@@ -63,12 +68,13 @@ shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, st
       f.tensors.push_back({offset, ts.size(),
                            config.gradient_mode || config.merge_mean || ts.kind == tensor_kind::embedding,
                            f.names[i]});
-      f.theta.insert(f.theta.end(), initial_params + ts.offset, initial_params + ts.offset + ts.size());
+      theta.insert(theta.end(), initial_params + ts.offset, initial_params + ts.offset + ts.size());
       fragment_layout.tensors.push_back(ts);
       fragment_layout.tensors.back().offset = offset;
       offset += ts.size();
     }
-    f.momentum.assign(f.theta.size(), 0.f);
+    f.momentum = std::make_shared<std::vector<float>>(config.gradient_mode ? 0 : theta.size(), 0.f);
+    f.theta = shared_floats(std::move(theta));
     if (config.robust.enabled && config.robust.screening) f.screen.emplace(config.robust);
     if (config.gradient_mode) {
       fragment_layout.total_floats = fragment_layout.param_count = offset;
@@ -90,9 +96,9 @@ contribution_verdict shard_core::on_contribution(round_number r, fragment_index 
   auto it = fragments_.find(p.value);
   if (it == fragments_.end()) return reject("fragment " + std::to_string(p.value) + " is not owned by this shard");
   fragment_state& f = it->second;
-  if (delta.size() != f.theta.size())
+  if (delta.size() != f.theta->size())
     return reject("delta has " + std::to_string(delta.size()) + " values, fragment " + std::to_string(p.value) +
-                  " has " + std::to_string(f.theta.size()));
+                  " has " + std::to_string(f.theta->size()));
   if (steps == 0) return reject("contribution with zero steps");
   for (std::size_t i = 0; i < delta.size(); ++i)
     if (!std::isfinite(delta[i])) return reject("non-finite value at element " + std::to_string(i));
@@ -204,17 +210,23 @@ expected<std::optional<published_fragment>> shard_core::on_round_decided(
   }
   if (views.empty()) return std::optional<published_fragment>{};
 
-  std::vector<float> outer_gradient(f.theta.size());
+  // The merge writes Δ into the buffer that becomes the next Θ: the current one
+  // stays as it is (learners may still be sent it, a snapshot may be writing it).
+  const std::size_t n = f.theta->size();
+  auto next = std::make_shared<std::vector<float>>(n);
   merge_options options;
   if (config_.robust.enabled) options.trim = config_.robust.trim;
-  if (auto ok = merge_outer_gradient(f.tensors, views, f.theta.size(), outer_gradient.data(), options); !ok)
-    return ok.err();
-  if (f.gradient_optimizer)
-    f.gradient_optimizer->step(f.theta.data(), outer_gradient.data(),
+  if (auto ok = merge_outer_gradient(f.tensors, views, n, next->data(), options); !ok) return ok.err();
+  if (f.gradient_optimizer) {
+    std::vector<float> gradient = std::move(*next);
+    *next = *f.theta;
+    f.gradient_optimizer->step(next->data(), gradient.data(),
                                scheduled_lr(config_.adamw_outer, static_cast<std::int64_t>(f.version),
                                             config_.schedule_steps));
-  else
-    outer_.step(f.theta.data(), f.momentum.data(), outer_gradient.data(), f.theta.size(), f.version);
+  } else {
+    outer_.step_into(next->data(), f.theta->data(), f.momentum->data(), next->data(), n, f.version);
+  }
+  f.theta = std::move(next);
   ++f.version;
   f.round = r.value;
   ledger_.merged += views.size();
@@ -234,7 +246,7 @@ void shard_core::screen_directions(const fragment_state& f, round_number r, frag
   // opposite of its outer momentum (the outer step moves Θ along the members' deltas);
   // the AdamW outer optimizer of send_gradients keeps none.
   const direction_figures figures =
-      direction_cosines(deltas, config_.gradient_mode ? std::span<const float>{} : std::span<const float>(f.momentum));
+      direction_cosines(deltas, config_.gradient_mode ? std::span<const float>{} : std::span<const float>(*f.momentum));
   if (!figures.has_reference) return;
   std::vector<contribution_view> kept_views;
   std::vector<buffered_contribution*> kept;
@@ -299,14 +311,12 @@ contribution_verdict shard_core::on_earlier_broker_round(std::uint64_t tokens) {
 
 fragment_outer_state shard_core::outer_state(fragment_index p) const {
   const fragment_state& f = fragments_.at(p.value);
-  fragment_outer_state s{f.version, round_number{f.round}, f.theta, {}, {}, {}, 0};
+  fragment_outer_state s{f.version, round_number{f.round}, f.theta, f.momentum, {}, {}, 0};
   if (f.gradient_optimizer) {
     auto& opt = *f.gradient_optimizer;
-    s.adam_m.assign(opt.first_moment(), opt.first_moment() + f.theta.size());
-    s.adam_v.assign(opt.second_moment(), opt.second_moment() + f.theta.size());
+    s.adam_m.assign(opt.first_moment(), opt.first_moment() + f.theta->size());
+    s.adam_v.assign(opt.second_moment(), opt.second_moment() + f.theta->size());
     s.adam_steps = opt.steps_taken();
-  } else {
-    s.momentum = f.momentum;
   }
   return s;
 }
@@ -316,12 +326,14 @@ status shard_core::restore(fragment_index p, fragment_outer_state state) {
   if (it == fragments_.end())
     return make_error(errc::invalid_input, "fragment " + std::to_string(p.value) + " is not owned by this shard");
   fragment_state& f = it->second;
-  const std::size_t n = f.theta.size();
+  const std::size_t n = f.theta->size();
   auto sized = [n](const std::vector<float>& v) { return v.size() == n; };
   const bool gradient = f.gradient_optimizer != nullptr;
-  if (!sized(state.theta) || (gradient ? !sized(state.adam_m) || !sized(state.adam_v) : !sized(state.momentum)))
+  if (!state.theta || !sized(*state.theta) ||
+      (gradient ? !sized(state.adam_m) || !sized(state.adam_v) : !state.momentum || !sized(*state.momentum)))
     return make_error(errc::invalid_input, "snapshot of fragment " + std::to_string(p.value) +
-                                               " does not fit this model or mode (" + std::to_string(state.theta.size()) +
+                                               " does not fit this model or mode (" +
+                                               std::to_string(state.theta ? state.theta->size() : 0) +
                                                " values, the fragment has " + std::to_string(n) + ")");
   f.theta = std::move(state.theta);
   if (gradient) {
@@ -329,7 +341,7 @@ status shard_core::restore(fragment_index p, fragment_outer_state state) {
     std::copy(state.adam_v.begin(), state.adam_v.end(), f.gradient_optimizer->second_moment());
     f.gradient_optimizer->set_steps_taken(state.adam_steps);
   } else {
-    f.momentum = std::move(state.momentum);
+    f.momentum = std::make_shared<std::vector<float>>(*state.momentum);
   }
   f.version = state.version;
   f.round = state.round.value;

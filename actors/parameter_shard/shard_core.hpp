@@ -95,14 +95,21 @@ struct published_fragment {
   std::vector<merged_contribution> merged;  // filled only when the core records merges
 };
 
-/// A fragment's whole outer state, as a snapshot holds it.
+/// A fragment's whole outer state, as a snapshot holds it. Θ and the Nesterov
+/// buffer are shared with the core, not copied: a Θ never changes once made (a
+/// merge makes the next one in a buffer of its own), while the buffer changes
+/// in place at the fragment's next merge — whoever writes it out must finish
+/// before that merge (shard_wire merges nothing of a fragment whose last version
+/// is not durable).
 struct fragment_outer_state {
   std::uint64_t version = 0;
   round_number round;  // the round that produced it
-  std::vector<float> theta, momentum;
-  std::vector<float> adam_m, adam_v;  // gradient mode
+  std::shared_ptr<const std::vector<float>> theta, momentum;  // momentum: empty in gradient mode
+  std::vector<float> adam_m, adam_v;  // gradient mode: copies
   std::int64_t adam_steps = 0;
 };
+/// Shares `v` as a fragment_outer_state holds it.
+std::shared_ptr<const std::vector<float>> shared_floats(std::vector<float> v);
 
 class shard_core {
  public:
@@ -112,11 +119,14 @@ class shard_core {
 
   bool owns(fragment_index p) const { return fragments_.count(p.value) != 0; }
   std::uint64_t version(fragment_index p) const { return fragments_.at(p.value).version; }
-  const std::vector<float>& value(fragment_index p) const { return fragments_.at(p.value).theta; }
-  const std::vector<float>& momentum(fragment_index p) const { return fragments_.at(p.value).momentum; }
-  /// The fragment's whole outer state (copied: the caller hands it to the snapshot writer).
+  const std::vector<float>& value(fragment_index p) const { return *fragments_.at(p.value).theta; }
+  /// Θ_p of the current version, shared (it never changes: the next merge makes a new one).
+  std::shared_ptr<const std::vector<float>> shared_value(fragment_index p) const { return fragments_.at(p.value).theta; }
+  const std::vector<float>& momentum(fragment_index p) const { return *fragments_.at(p.value).momentum; }
+  /// The fragment's whole outer state, Θ and the Nesterov buffer shared (see fragment_outer_state).
   fragment_outer_state outer_state(fragment_index p) const;
   /// Resumes fragment p from a snapshot: rounds up to the one that produced it count as closed.
+  /// Θ is shared; the Nesterov buffer is copied (the core changes its own in place).
   status restore(fragment_index p, fragment_outer_state state);
 
   /// A learner's delta for round r. `reason` (optional) receives why it was rejected.
@@ -178,7 +188,8 @@ class shard_core {
   struct fragment_state {
     std::vector<std::string> names;        // owned: tensors' name views point here
     std::vector<fragment_tensor> tensors;  // within the fragment's flat vector
-    std::vector<float> theta, momentum;
+    std::shared_ptr<const std::vector<float>> theta;  // replaced, never changed, by a merge
+    std::shared_ptr<std::vector<float>> momentum;     // changed in place by a merge; empty in gradient mode
     std::unique_ptr<adamw> gradient_optimizer;  // gradient_mode only
     std::uint64_t version = 0;
     std::map<std::uint64_t, std::vector<buffered_contribution>> open;  // round → contributions

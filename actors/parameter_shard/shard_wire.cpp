@@ -45,8 +45,9 @@ shard_wire::shard_wire(const mesh_setup& setup, std::uint32_t index, incarnation
     // Restoring a fragment the shard owns from a state its own layout produced cannot fail.
     [[maybe_unused]] const archipelago::status ok = core_->restore(p, std::move(state));
   }
-  // The start (initial or restored) is durable: what the learners may see.
-  for (fragment_index p : owned_) visible_[p.value] = {core_->version(p), core_->value(p)};
+  // The start (restored, or the initial state: deterministic, a crash recomputes
+  // it) is durable: what the learners may see.
+  for (fragment_index p : owned_) visible_[p.value] = {core_->version(p), core_->shared_value(p)};
   chaos_.accept = setup.cfg.wire.accept_chaos;
 }
 
@@ -151,7 +152,7 @@ transport::encoded_message shard_wire::fragment_message(fragment_index p, std::u
   auto u = b.body().initFragmentUpdate();
   u.setFragment(p.value);
   u.setVersion(v.version);
-  (void)b.add_tensor_values("fragment/" + std::to_string(p.value), v.theta.data(), v.theta.size(), tensor_encoding::fp32);
+  b.add_fp32("fragment/" + std::to_string(p.value), v.theta);  // Θ itself: one buffer for every learner and fetch
   return b.finish();
 }
 
@@ -240,7 +241,7 @@ void shard_wire::decide(round_number r, fragment_index p, const std::vector<shar
   }
   if (!published->has_value()) return;
   const std::uint64_t version = (*published)->version;
-  if (!store_) return publish(p, version, r, core_->value(p), false);  // nothing to make durable
+  if (!store_) return publish(p, version, r, core_->shared_value(p), false);  // nothing to make durable
   pending_commit& pc = pending_[p.value];
   pc.commit = {std::move(**published), core_->outer_state(p), core_->ledger()};
   store_->commit(pc.commit);
@@ -286,11 +287,11 @@ void shard_wire::report_screened() {
 }
 
 /// A version becomes visible: broadcast to the learners, announced to the broker.
-void shard_wire::publish(fragment_index p, std::uint64_t version, round_number round, std::vector<float> theta,
-                         bool committed) {
+void shard_wire::publish(fragment_index p, std::uint64_t version, round_number round,
+                         std::shared_ptr<const std::vector<float>> theta, bool committed) {
   visible_[p.value] = {version, std::move(theta)};
   ++counts_.published;
-  counts_.bytes_sent += visible_[p.value].theta.size() * 4 * learners_.size();
+  counts_.bytes_sent += visible_[p.value].theta->size() * 4 * learners_.size();
   (void)port_.broadcast(learners_, fragment_message(p, round.value));
   auto b = port_.make_envelope(round.value);
   auto u = b.body().initFragmentUpdate();
@@ -303,7 +304,7 @@ void shard_wire::publish(fragment_index p, std::uint64_t version, round_number r
 void shard_wire::on_committed(fragment_index p, std::uint64_t version, round_number round) {
   auto it = pending_.find(p.value);
   if (it == pending_.end() || it->second.commit.published.version != version) return;  // not ours, or superseded
-  std::vector<float> theta = std::move(it->second.commit.state.theta);
+  std::shared_ptr<const std::vector<float>> theta = std::move(it->second.commit.state.theta);
   pending_.erase(it);
   publish(p, version, round, std::move(theta), true);
   decide_deferred(p);

@@ -55,6 +55,7 @@ class shard_store {
   /// Makes the version durable without blocking the shard (its publication waits for it). Whoever implements this
   /// then calls shard_wire::on_committed — the version becomes visible — or
   /// shard_wire::on_commit_failed, and the shell calls retry_commits later.
+  /// The state's buffers are the core's own: they stay unchanged until then.
   virtual void commit(shard_commit c) = 0;
 };
 
@@ -113,7 +114,8 @@ class shard_wire {
   void report_screened();
   void on_fetch(const transport::decoded_envelope& env);
   void apply_settings(const std::vector<live_setting>& changed);
-  void publish(fragment_index p, std::uint64_t version, round_number round, std::vector<float> theta, bool committed);
+  void publish(fragment_index p, std::uint64_t version, round_number round,
+               std::shared_ptr<const std::vector<float>> theta, bool committed);
 
   const mesh_setup& setup_;
   const std::uint32_t index_;
@@ -133,10 +135,11 @@ class shard_wire {
   std::vector<node_address> learners_;  // broadcast list (learners that fetched)
   std::map<node_address, std::pair<std::string, std::uint64_t>> endpoints_;  // learner → (endpoint, incarnation)
   broker_follower broker_;  // which broker leads (the newest epoch heard of)
-  /// What the learners see of each owned fragment: its newest durable version.
+  /// What the learners see of each owned fragment: its newest durable version
+  /// (Θ shared with the core while the core has no newer one).
   struct visible_state {
     std::uint64_t version = 0;
-    std::vector<float> theta;
+    std::shared_ptr<const std::vector<float>> theta;
   };
   std::map<std::uint32_t, visible_state> visible_;
   /// Per fragment, a merged version on its way to the store (at most one: the

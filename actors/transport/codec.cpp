@@ -184,7 +184,7 @@ decode_result decode_envelope(const std::vector<frame_view>& frames, const decod
 
 std::size_t encoded_message::total_bytes() const {
   std::size_t total = envelope.size() * sizeof(capnp::word);
-  for (const auto& t : tensors) total += t->size();
+  for (const auto& t : tensors) total += t.size();
   return total;
 }
 
@@ -208,6 +208,13 @@ envelope_builder::envelope_builder(node_address sender, incarnation inc, std::ui
   header.setBrokerEpoch(broker_epoch);
 }
 
+shared_bytes::shared_bytes(std::vector<std::uint8_t> bytes) {
+  auto owned = std::make_shared<const std::vector<std::uint8_t>>(std::move(bytes));
+  data_ = owned->data();
+  size_ = owned->size();
+  owner_ = std::move(owned);
+}
+
 void envelope_builder::add_tensor(const std::string& name, tensor_encoding encoding,
                                   std::uint64_t element_count, std::uint32_t block_size,
                                   shared_bytes bytes) {
@@ -219,9 +226,15 @@ status envelope_builder::add_tensor_values(const std::string& name, const float*
                                            std::uint32_t block_size) {
   auto bytes = encode_tensor(values, count, encoding, static_cast<int>(block_size));
   if (!bytes) return status(bytes.err());
-  add_tensor(name, encoding, count, block_size,
-             std::make_shared<const std::vector<std::uint8_t>>(std::move(*bytes)));
+  add_tensor(name, encoding, count, block_size, shared_bytes(std::move(*bytes)));
   return {};
+}
+
+void envelope_builder::add_fp32(const std::string& name, std::shared_ptr<const std::vector<float>> values) {
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(values->data());  // fp32 frames are little-endian floats
+  const std::size_t count = values->size();
+  add_tensor(name, tensor_encoding::fp32, count, default_block_size,
+             shared_bytes(std::move(values), bytes, count * sizeof(float)));
 }
 
 encoded_message envelope_builder::finish() {
@@ -233,9 +246,9 @@ encoded_message envelope_builder::finish() {
     info.setName(t.name);
     info.setEncoding(static_cast<wire::TensorEncoding>(static_cast<std::uint16_t>(t.encoding)));
     info.setElementCount(t.count);
-    info.setByteLength(t.bytes->size());
+    info.setByteLength(t.bytes.size());
     info.setBlockSize(t.block_size);
-    info.setChecksum(checksum64(t.bytes->data(), t.bytes->size()));
+    info.setChecksum(checksum64(t.bytes.data(), t.bytes.size()));
     out.tensors.push_back(t.bytes);
   }
   const kj::Array<capnp::word> flat = capnp::messageToFlatArray(builder_);

@@ -103,8 +103,25 @@ class decode_result {
 };
 
 /// Encoded bytes of one tensor frame, shared so the transport can hand them to
-/// ZeroMQ without a copy and keep them alive until sent.
-using shared_bytes = std::shared_ptr<const std::vector<std::uint8_t>>;
+/// ZeroMQ without a copy and keep them alive until sent. Their owner may be
+/// anything: a shard's fp32 fragment frame is its Θ itself, not a copy of it.
+class shared_bytes {
+ public:
+  shared_bytes() = default;
+  /// Bytes of their own.
+  explicit shared_bytes(std::vector<std::uint8_t> bytes);
+  /// `size` bytes at `data`, kept alive (and unchanged) by `owner`.
+  shared_bytes(std::shared_ptr<const void> owner, const std::uint8_t* data, std::size_t size)
+      : owner_(std::move(owner)), data_(data), size_(size) {}
+  const std::uint8_t* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  std::vector<std::uint8_t> copy() const { return {data_, data_ + size_}; }
+
+ private:
+  std::shared_ptr<const void> owner_;
+  const std::uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+};
 
 /// An outbound message: the Envelope frame plus the tensor frames.
 struct encoded_message {
@@ -126,6 +143,9 @@ class envelope_builder {
   /// Encodes `values` at `encoding` and adds the frame; non-finite values are invalid_input.
   status add_tensor_values(const std::string& name, const float* values, std::size_t count,
                            tensor_encoding encoding, std::uint32_t block_size = default_block_size);
+  /// Adds `values` as an fp32 frame as they are: no copy, the message keeps them
+  /// alive. They must be finite and stay unchanged (a shard's Θ of one version is).
+  void add_fp32(const std::string& name, std::shared_ptr<const std::vector<float>> values);
   encoded_message finish();
 
  private:

@@ -62,7 +62,7 @@ std::vector<zmq::message_t> make_frames(const std::shared_ptr<const encoded_mess
   frames.emplace_back(const_cast<capnp::word*>(msg->envelope.begin()), msg->envelope.size() * sizeof(capnp::word),
                       release, hold(msg));
   for (const auto& t : msg->tensors)
-    frames.emplace_back(const_cast<std::uint8_t*>(t->data()), t->size(), release, hold(msg));
+    frames.emplace_back(const_cast<std::uint8_t*>(t.data()), t.size(), release, hold(msg));
   if (flip_bit) {
     // Corruption emulation: flip one bit of a private copy of the frame it falls in.
     std::uint64_t bit = *flip_bit;

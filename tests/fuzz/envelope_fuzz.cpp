@@ -70,7 +70,7 @@ std::vector<std::uint8_t> to_input(const encoded_message& m, bool misalign) {
   std::vector<std::vector<std::uint8_t>> frames;
   const auto* p = reinterpret_cast<const std::uint8_t*>(m.envelope.begin());
   frames.emplace_back(p, p + m.envelope.size() * 8);
-  for (const auto& t : m.tensors) frames.push_back(*t);
+  for (const auto& t : m.tensors) frames.push_back(t.copy());
   std::vector<std::uint8_t> in{static_cast<std::uint8_t>(frames.size() | 0x40 | (misalign ? 0x80 : 0))};
   for (const auto& f : frames) {
     const std::size_t len = std::min<std::size_t>(f.size(), 65535);

@@ -42,7 +42,7 @@ std::vector<std::vector<std::uint8_t>> frames_of(const encoded_message& m) {
   std::vector<std::vector<std::uint8_t>> out;
   const auto* p = reinterpret_cast<const std::uint8_t*>(m.envelope.begin());
   out.emplace_back(p, p + m.envelope.size() * 8);
-  for (const auto& t : m.tensors) out.push_back(*t);
+  for (const auto& t : m.tensors) out.push_back(t.copy());
   return out;
 }
 
@@ -87,9 +87,9 @@ TEST_CASE("bad-input battery against a live node") {
   auto contribution = [&](const std::vector<float>& values) {
     envelope_builder b(me, incarnation{1}, ++seq, 3);
     b.body().initContribution().setTokens(1000);
-    auto bytes = std::make_shared<const std::vector<std::uint8_t>>(
+    const transport::shared_bytes bytes(std::vector<std::uint8_t>(
         reinterpret_cast<const std::uint8_t*>(values.data()),
-        reinterpret_cast<const std::uint8_t*>(values.data() + values.size()));
+        reinterpret_cast<const std::uint8_t*>(values.data() + values.size())));
     b.add_tensor("fragment/0", tensor_encoding::fp32, values.size(), 0, bytes);
     return frames_of(b.finish());
   };

@@ -25,7 +25,7 @@ struct owned_message {
   explicit owned_message(const encoded_message& m) {
     const auto* p = reinterpret_cast<const std::uint8_t*>(m.envelope.begin());
     frames.emplace_back(p, p + m.envelope.size() * sizeof(capnp::word));
-    for (const auto& t : m.tensors) frames.push_back(*t);
+    for (const auto& t : m.tensors) frames.push_back(t.copy());
   }
   std::vector<frame_view> views() const {
     std::vector<frame_view> v;
@@ -159,6 +159,25 @@ TEST_CASE("tensors of every encoding travel as checked extra frames") {
   }
 }
 
+TEST_CASE("an fp32 frame added with add_fp32 is the caller's buffer itself, kept alive by the message") {
+  auto values = std::make_shared<std::vector<float>>(1000);
+  for (std::size_t i = 0; i < values->size(); ++i) (*values)[i] = 0.25f * static_cast<float>(i);
+  const std::vector<float> expected = *values;
+  const auto* at = reinterpret_cast<const std::uint8_t*>(values->data());
+  envelope_builder b(learner3, incarnation{1}, 1, 0);
+  b.body().initFragmentUpdate().setFragment(2);
+  b.add_fp32("fragment/2", std::move(values));
+  const encoded_message m = b.finish();
+  REQUIRE(m.tensors.size() == 1);
+  CHECK(m.tensors[0].data() == at);  // no copy
+  CHECK(m.tensors[0].size() == expected.size() * sizeof(float));
+  auto r = decode(owned_message(m));
+  REQUIRE(r.ok());
+  std::vector<float> out(expected.size());
+  REQUIRE(r.value().decode_tensor_values(0, out.data()));
+  CHECK(out == expected);
+}
+
 TEST_CASE("a misaligned envelope frame is copied, not rejected") {
   owned_message m(heartbeat_message());
   std::vector<std::uint8_t> shifted(m.frames[0].size() + 1);
@@ -272,7 +291,7 @@ TEST_CASE("malformed messages are rejected with the reason") {
     CHECK(decode(flipped).reason() == reject_reason::tensor_checksum);
   }
   SUBCASE("element count that does not fit the frame") {
-    auto bytes = std::make_shared<const std::vector<std::uint8_t>>(40, 0);
+    const shared_bytes bytes(std::vector<std::uint8_t>(40, 0));
     envelope_builder b(learner3, incarnation{1}, 1, 0);
     b.body().initContribution();
     b.add_tensor("t", tensor_encoding::fp32, 11, 0, bytes);  // 11 floats are 44 bytes, not 40
@@ -285,9 +304,8 @@ TEST_CASE("malformed messages are rejected with the reason") {
     b.body().initContribution();
     CHECK_FALSE(b.add_tensor_values("t", v.data(), v.size(), tensor_encoding::int8));
     // A peer that skips our encoder: raw fp32 bytes with a NaN, valid checksum.
-    auto raw = std::make_shared<const std::vector<std::uint8_t>>(
-        reinterpret_cast<const std::uint8_t*>(v.data()),
-        reinterpret_cast<const std::uint8_t*>(v.data() + v.size()));
+    const shared_bytes raw(std::vector<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(v.data()),
+                                                     reinterpret_cast<const std::uint8_t*>(v.data() + v.size())));
     b.add_tensor("t", tensor_encoding::fp32, v.size(), 0, raw);
     owned_message m(b.finish());
     auto r = decode(m);

@@ -374,3 +374,28 @@ TEST_CASE("merge matches a double-precision reference on random fragments") {
       if (!covered[i]) CHECK(out.delta[i] == 0.0f);
   }
 }
+
+TEST_CASE("the outer step into the merge's own buffer equals the step in place, bit for bit") {
+  // The shard writes Δ into the buffer that becomes the next Θ (step_into with
+  // theta_out == delta); the in-place step is the reference.
+  const std::uint64_t seed = 77;
+  CAPTURE(seed);
+  prng rng(seed);
+  const std::size_t n = 4099;
+  std::vector<float> theta(n), momentum(n), delta(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    theta[i] = static_cast<float>(rng.normal());
+    momentum[i] = static_cast<float>(0.1 * rng.normal());
+    delta[i] = static_cast<float>(1e-3 * rng.normal());
+  }
+  const outer_optimizer opt(nesterov_config{0.6, 0.6, 3});
+  for (std::uint64_t version : {0, 1, 5}) {
+    CAPTURE(version);
+    std::vector<float> in_place = theta, m_in_place = momentum;
+    opt.step(in_place.data(), m_in_place.data(), delta.data(), n, version);
+    std::vector<float> out = delta, m_out = momentum;
+    opt.step_into(out.data(), theta.data(), m_out.data(), out.data(), n, version);
+    CHECK(std::memcmp(out.data(), in_place.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(m_out.data(), m_in_place.data(), n * sizeof(float)) == 0);
+  }
+}

@@ -117,7 +117,7 @@ expected<shaping_result> measure_shaping(transport_pair& p, std::uint64_t& retri
 /// Rounds of transport and raw throughput, with and without CURVE, in every order.
 status curve_rounds(curve_result& r, wire_run& w, transport_pair& plain, transport_pair& secure, raw_pipe& raw_plain,
                     raw_pipe& raw_secure, std::size_t messages, int rounds, const bench_hooks& hooks) {
-  const double bytes = static_cast<double>(messages * w.fragment->size());
+  const double bytes = static_cast<double>(messages * w.fragment.size());
   for (int round = 0; round < rounds; ++round) {
     double gbps[2][2] = {};  // [transport, raw][without, with]
     for (int side = 0; side < 4; ++side) {
@@ -187,7 +187,7 @@ expected<curve_result> measure_curve(wire_run& w, std::size_t messages, int roun
 status throughput_rounds(wire_result& r, wire_run& w, transport_pair& p, raw_pipe& pipe, const wire_options& o,
                          const bench_hooks& hooks) {
   const auto messages = static_cast<std::size_t>(o.messages);
-  const double sample_bytes = static_cast<double>(messages * w.fragment->size());
+  const double sample_bytes = static_cast<double>(messages * w.fragment.size());
   for (int round = 0; round < o.rounds; ++round) {
     double gbps[3] = {};  // transport, raw, raw + XXH3
     for (int k = 0; k < 3; ++k) {
@@ -297,7 +297,7 @@ expected<wire_result> run_wire_bench(const wire_options& o, const bench_hooks& h
   w.log = hooks.log;
   wire_result r;
   r.hwm = o.hwm > 0 ? o.hwm : default_wire_hwm();
-  r.fragment_bytes = w.fragment->size();
+  r.fragment_bytes = w.fragment.size();
   r.load_before = load_average();
   try {
     if (auto ok = measure_all(r, w, o, hooks); !ok) return ok.err();

@@ -84,7 +84,7 @@ shared_bytes fp32_payload(std::size_t floats) {
   std::vector<float> values(floats);
   for (std::size_t i = 0; i < floats; ++i) values[i] = static_cast<float>(i % 1000) * 1e-3f;
   auto bytes = encode_tensor(values.data(), floats, tensor_encoding::fp32, default_block_size);
-  return std::make_shared<const std::vector<std::uint8_t>>(std::move(*bytes));
+  return shared_bytes(std::move(*bytes));
 }
 
 std::string endpoint_for(const std::string& kind, const std::string& tag) {
@@ -107,7 +107,7 @@ encoded_message fragment_message(node_transport& t, std::uint64_t round, const s
   auto c = b.body().initContribution();
   c.setFragment(3);
   c.setTokens(4096);
-  b.add_tensor("fragment/3", tensor_encoding::fp32, payload->size() / sizeof(float), default_block_size, payload);
+  b.add_tensor("fragment/3", tensor_encoding::fp32, payload.size() / sizeof(float), default_block_size, payload);
   return b.finish();
 }
 
@@ -188,7 +188,7 @@ expected<double> transport_throughput(transport_pair& p, std::size_t messages, c
   std::vector<encoded_message> batch;
   for (std::size_t i = 0; i < messages; ++i) batch.push_back(fragment_message(*p.a, i + 1, payload));
   p.at_b.reset(false);
-  const nanos limit = limit_for(static_cast<double>(messages * payload->size()));
+  const nanos limit = limit_for(static_cast<double>(messages * payload.size()));
   const nanos start_ns = p.clock.now();
   for (const auto& m : batch)
     if (auto s = send_retrying(*p.a, wire_node_b, m, retries, p.clock, start_ns + limit); !s) return s.err();
@@ -246,7 +246,7 @@ raw_pipe::raw_pipe(zmq::context_t& send_context, zmq::context_t& recv_context, c
 
 expected<double> raw_pipe::run(std::size_t messages, const shared_bytes& payload, const clock_source& clock,
                                bool hash) {
-  const nanos deadline = clock.now() + limit_for(static_cast<double>(messages * payload->size()));
+  const nanos deadline = clock.now() + limit_for(static_cast<double>(messages * payload.size()));
   std::size_t received = 0;
   nanos end_ns = 0;
   std::string failure;  // a ZeroMQ error on either side; threads must not throw
@@ -268,7 +268,7 @@ expected<double> raw_pipe::run(std::size_t messages, const shared_bytes& payload
   const nanos start_ns = clock.now();
   try {
     for (; sent < messages; ++sent) {
-      zmq::message_t m(const_cast<std::uint8_t*>(payload->data()), payload->size(), release, new shared_bytes(payload));
+      zmq::message_t m(const_cast<std::uint8_t*>(payload.data()), payload.size(), release, new shared_bytes(payload));
       bool ok = false;
       while (!(ok = push_.send(m, zmq::send_flags::none).has_value()) && clock.now() < deadline) {
       }
