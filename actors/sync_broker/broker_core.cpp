@@ -42,6 +42,9 @@ status validate(const broker_config& cfg) {
   if (cfg.round_timeout_ns <= 0) {
     return invalid("broker round_timeout_ns must be > 0, got " + std::to_string(cfg.round_timeout_ns));
   }
+  if (cfg.storage_backlog < 0) {
+    return invalid("broker storage_backlog must be >= 0, got " + std::to_string(cfg.storage_backlog));
+  }
   if (cfg.shard_of_fragment.size() != static_cast<std::size_t>(cfg.fragments)) {
     return invalid("broker shard_of_fragment must have one entry per fragment (" +
                    std::to_string(cfg.fragments) + "), got " +
@@ -379,19 +382,44 @@ std::map<std::uint64_t, broker_core::round_state>::iterator broker_core::close(
   return open_.erase(it);
 }
 
+std::uint32_t broker_core::undurable_versions(std::uint32_t shard, nanos now) const {
+  // A notice lost on the way is not waited for beyond the round timeout.
+  return static_cast<std::uint32_t>(std::count_if(unpublished_.begin(), unpublished_.end(), [&](const auto& u) {
+    return cfg_.shard_of_fragment[u.first] == shard && now - u.second.second < cfg_.round_timeout_ns;
+  }));
+}
+
 broker_core::turn broker_core::turn_of(std::uint32_t fragment, std::uint32_t shard, nanos now) const {
   if (!is_shard_live(shard)) return turn::shard_silent;
   // Durable before visible: the fragment's last merge is not published yet (a
   // notice lost on the way is not waited for beyond the round timeout).
   if (auto u = unpublished_.find(fragment); u != unpublished_.end() && now - u->second.second < cfg_.round_timeout_ns)
     return turn::not_durable;
+  // Back-pressure: the shard's storage is behind; a round more would only queue another version.
+  if (cfg_.storage_backlog > 0 && undurable_versions(shard, now) >= static_cast<std::uint32_t>(cfg_.storage_backlog))
+    return turn::storage_busy;
   const auto in_flight = std::count_if(open_.begin(), open_.end(), [&](const auto& r) { return r.second.shard == shard; });
   if (!cfg_.wait_for_all && in_flight >= cfg_.rounds_in_flight) return turn::shard_busy;
   return turn::open;
 }
 
-void broker_core::open_due_rounds(nanos now) {
+bool broker_core::waits_for(turn t) const {
+  // A busy shard is waited for where waiting holds no other shard back (one
+  // shard); the synchronous modes, whose learners wait for every fragment, wait
+  // for durability. Otherwise the turn passes: the other fragments keep their pace.
   const bool one_shard = shard_live_.size() <= 1;
+  const bool busy = t == turn::shard_busy || t == turn::storage_busy;
+  const bool undurable = t == turn::not_durable || t == turn::storage_busy;
+  return (busy && one_shard) || (undurable && cfg_.wait_for_all);
+}
+
+void broker_core::note_held_for_storage() {
+  if (storage_held_turn_ == next_round_) return;
+  storage_held_turn_ = next_round_;
+  ++counters_.rounds_held_for_storage;
+}
+
+void broker_core::open_due_rounds(nanos now) {
   // Bounded: one pass over the fragments' turns at most (with ξ_step = 0 every turn is due).
   for (int skipped = 0; skipped < cfg_.fragments;) {
     // The synchronous modes keep τ rounds in flight in all; decoupled τ per shard (turn_of).
@@ -414,11 +442,11 @@ void broker_core::open_due_rounds(nanos now) {
     const std::uint32_t fragment = fragment_of_turn(next_round_);
     const std::uint32_t shard = cfg_.shard_of_fragment[fragment];
     if (const turn t = turn_of(fragment, shard, now); t != turn::open) {
-      // A paused fragment (its shard silent, or its last merge not durable yet)
-      // is skipped: the others keep their turns (not synced more often). A busy
-      // shard is waited for where waiting holds no other shard back (one shard);
-      // the synchronous modes, whose learners wait for every fragment, wait for durability.
-      if ((t == turn::shard_busy && one_shard) || (t == turn::not_durable && cfg_.wait_for_all)) return;
+      // A paused fragment (its shard silent or its storage behind, or its last
+      // merge not durable yet) is skipped: the others keep their turns (not
+      // synced more often), unless the turn is waited for (waits_for).
+      if (t == turn::storage_busy) note_held_for_storage();
+      if (waits_for(t)) return;
       ++next_round_;
       last_open_ns_ = now;
       any_opened_ = true;
@@ -444,16 +472,18 @@ std::uint32_t broker_core::fragment_of_turn(std::uint64_t round) {
   return shuffled_order_[round % p_count];
 }
 
-std::optional<std::uint32_t> broker_core::stalest_open_fragment(nanos now) const {
-  const bool one_shard = shard_live_.size() <= 1;
+std::optional<std::uint32_t> broker_core::stalest_open_fragment(nanos now) {
   std::vector<std::uint32_t> by_age(static_cast<std::size_t>(cfg_.fragments));
   for (std::uint32_t p = 0; p < by_age.size(); ++p) by_age[p] = p;
   std::sort(by_age.begin(), by_age.end(), [&](std::uint32_t a, std::uint32_t b) { return last_turn_[a] < last_turn_[b]; });
+  bool stalest = true;
   for (std::uint32_t p : by_age) {
     const turn t = turn_of(p, cfg_.shard_of_fragment[p], now);
     if (t == turn::open) return p;
-    // As in round-robin: one busy shard is waited for, and the synchronous modes wait for durability.
-    if ((t == turn::shard_busy && one_shard) || (t == turn::not_durable && cfg_.wait_for_all)) return std::nullopt;
+    if (t == turn::storage_busy && stalest) note_held_for_storage();  // the turn goes elsewhere, or waits
+    stalest = false;
+    // As in round-robin: a busy shard alone is waited for, the synchronous modes wait for durability.
+    if (waits_for(t)) return std::nullopt;
   }
   return std::nullopt;
 }

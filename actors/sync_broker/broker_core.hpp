@@ -44,6 +44,10 @@ struct broker_config {
   /// Cut every member's claims to bound_claim when its round closes (the mesh's
   /// broker: on). Off: the claims as the shards reported them.
   bool bound_claims = false;
+  /// Back-pressure (storage.backlog): a shard's next rounds are held while this
+  /// many of its merged versions are not yet durable — its storage is behind the
+  /// rounds — instead of piling versions up in its writer. 0: never held.
+  int storage_backlog = 0;
 };
 
 /// What the broker lets a member's contribution claim: its steps at most what the
@@ -152,8 +156,12 @@ struct broker_counters {
   std::uint64_t rounds_aborted = 0;  // closed without a merge because their shard restarted or fell silent
   std::uint64_t rounds_superseded = 0;  // closed without quorum once a younger round of their fragment merged
   /// A fragment's turn passed without a round: its shard silent, its shard's τ rounds
-  /// in flight, or its last merge not yet durable. The other fragments keep their pace.
+  /// in flight, its last merge not yet durable, or its shard's storage behind.
+  /// The other fragments keep their pace.
   std::uint64_t rounds_skipped = 0;
+  /// Turns held (passed, or waited for) because the fragment's shard had
+  /// storage_backlog versions not yet durable: the rounds slowed to its storage.
+  std::uint64_t rounds_held_for_storage = 0;
   std::uint64_t shards_lost = 0;  // shards declared silent
   /// Members whose claimed tokens or steps were above what the broker saw them
   /// report (or their batch × context): cut to the bound in the decision.
@@ -213,6 +221,10 @@ class broker_core {
   /// The transport heard from the shard again: its fragments' turns open rounds again.
   void on_shard_alive(std::uint32_t shard, nanos now);
   bool is_shard_live(std::uint32_t shard) const { return shard < shard_live_.size() && shard_live_[shard]; }
+  /// Shard `shard`'s merged versions not yet durable (published), as back-pressure counts them.
+  std::uint32_t undurable_versions(std::uint32_t shard, nanos now) const;
+  /// Shards in all (the highest shard of the plan + 1).
+  std::uint32_t shards() const { return static_cast<std::uint32_t>(shard_live_.size()); }
   /// Liveness, grace and timeout deadlines, and opening of paced rounds.
   void tick(nanos now);
   /// A live change of K and γ (`archipelago set`), checked like the config (validate):
@@ -284,12 +296,16 @@ class broker_core {
       std::map<std::uint64_t, round_state>::iterator it, close_reason reason, nanos now);
   void open_due_rounds(nanos now);
   /// Whether fragment p's turn can open a round now, and if not, why.
-  enum class turn : std::uint8_t { open, shard_silent, not_durable, shard_busy };
+  enum class turn : std::uint8_t { open, shard_silent, not_durable, shard_busy, storage_busy };
   turn turn_of(std::uint32_t fragment, std::uint32_t shard, nanos now) const;
+  /// Whether a turn that cannot open is waited for (true) or passed to the next fragment.
+  bool waits_for(turn t) const;
+  /// Counts a turn held for storage, once per turn however often it is looked at.
+  void note_held_for_storage();
   /// round_robin and shuffled: the fragment whose turn round `round` is.
   std::uint32_t fragment_of_turn(std::uint64_t round);
   /// stalest: the fragment to open now (nullopt: none can, or the stalest one is waited for).
-  std::optional<std::uint32_t> stalest_open_fragment(nanos now) const;
+  std::optional<std::uint32_t> stalest_open_fragment(nanos now);
   void open_round_for(std::uint32_t fragment, std::vector<learner_ref> eligible, nanos now);
   void abort_rounds_of(std::uint32_t shard, nanos now);
   std::vector<learner_ref> eligible_now() const;
@@ -316,6 +332,7 @@ class broker_core {
   std::vector<std::uint32_t> shuffled_order_;
   nanos last_open_ns_ = 0;
   bool any_opened_ = false;
+  std::uint64_t storage_held_turn_ = ~std::uint64_t{0};  // the turn last counted as held for storage
 
   // ξ_step: pooled EMA of the step times reported by the learners that formed the
   // last quorum (the fastest, whose deadline binds); before that, the minimum

@@ -68,6 +68,7 @@ broker_config broker_settings(const mesh_setup& s) {
   b.steps_per_round = s.policy.steps_per_round;
   b.ema_alpha = m.ema_alpha;
   b.round_timeout_ns = static_cast<nanos>(m.round_timeout_s * 1e9);
+  b.storage_backlog = static_cast<int>(s.cfg.storage.backlog);
   // The transport's heartbeats decide liveness (on_peer): a learner deep in a
   // long step sends no Progress but is alive. The core's own message timeout
   // is only a backstop.

@@ -36,6 +36,14 @@ void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
   page.counter("archipelago_rounds_skipped_total",
                "Fragment turns passed without a round: its shard silent or busy, or its last merge not durable yet.",
                static_cast<double>(c.rounds_skipped), l);
+  page.counter("archipelago_rounds_held_for_storage_total",
+               "Fragment turns held (passed, or waited for) because the fragment's shard had storage.backlog versions "
+               "not yet durable: back-pressure, the rounds slowed to its storage.",
+               static_cast<double>(c.rounds_held_for_storage), l);
+  for (std::uint32_t s = 0; s < core_->shards(); ++s)
+    page.gauge("archipelago_shard_undurable_versions",
+               "Per shard, its merged versions not yet durable (storage.backlog of them hold its next rounds).",
+               static_cast<double>(core_->undurable_versions(s, now)), with("shard", std::to_string(s)));
   page.counter("archipelago_shards_lost_total", "Times a parameter shard fell silent (its fragments paused).",
                static_cast<double>(c.shards_lost), l);
   page.gauge("archipelago_rounds_open", "Rounds open now (at most mesh.rounds_in_flight per parameter shard).",
@@ -127,7 +135,8 @@ std::string broker_wire::status_json(nanos now) const {
   for (std::size_t s = 0; s < shard_incarnations_.size(); ++s) {
     json_line j;
     j.add("shard", static_cast<std::uint64_t>(s)).add("incarnation", shard_incarnations_[s])
-        .add("endpoint", setup_.shard_endpoints[s]).add("last_seen_s", age_s(shard_last_heard_[s]));
+        .add("endpoint", setup_.shard_endpoints[s]).add("last_seen_s", age_s(shard_last_heard_[s]))
+        .add("undurable_versions", static_cast<std::uint64_t>(core_->undurable_versions(static_cast<std::uint32_t>(s), now)));
     shards += (shards.size() > 1 ? "," : "") + j.str();
   }
   std::string versions = "[";
@@ -165,6 +174,7 @@ std::string broker_wire::status_json(nanos now) const {
       .add("settings_live", describe(live_differences(setup_.cfg, live_cfg_)))
       .add("rounds_opened", c.rounds_opened).add("rounds_closed", c.rounds_closed())
       .add("rounds_open", static_cast<std::uint64_t>(core_->rounds_open())).add("late", c.late)
+      .add("rounds_held_for_storage", c.rounds_held_for_storage)
       .add("grace_ms", static_cast<double>(last_grace_ns_) * 1e-6)
       .add("goodput", live_goodput(led, now))
       .add_raw("ledger", ledger_json(led))

@@ -31,6 +31,12 @@ using transport::encoded_message;
 
 const model_shape sim_shape{256, 4, 8, 1, 2, true};
 constexpr nanos commit_retry_ns = 500'000'000;  // as the shard's shell retries a failed commit
+
+/// What the "disk" keeps of a committed state: Θ as it is (no version changes it),
+/// the Nesterov buffer copied (the core changes its own in place at its next merge).
+fragment_outer_state durable_copy(const fragment_outer_state& s) {
+  return {s.version, s.round, s.theta, shared_floats(*s.momentum), s.adam_m, s.adam_v, s.adam_steps};
+}
 constexpr std::size_t heartbeat_bytes = 64;
 
 /// The mesh as its wire layers see it: the quadratic's layout, its plan and shards,
@@ -176,6 +182,7 @@ class mesh {
     std::unique_ptr<shard_wire> wire;
     bool up = true;
     nanos storage_failing_until = 0;  // the chaos monkey's storage fault: commits before this fail
+    nanos writer_free_at = 0;         // serial_commits: when its writer is done with what it was given
     std::map<std::uint32_t, fragment_outer_state> durable;  // fragment → newest committed outer state
   };
 
@@ -367,7 +374,7 @@ status sim_port::broadcast(const std::vector<node_address>& peers, encoded_messa
 std::vector<transport::frame_view> frames_of(const encoded_message& m) {
   std::vector<transport::frame_view> frames{
       {reinterpret_cast<const std::uint8_t*>(m.envelope.begin()), m.envelope.size() * sizeof(capnp::word)}};
-  for (const auto& t : m.tensors) frames.push_back({t->data(), t->size()});
+  for (const auto& t : m.tensors) frames.push_back({t.data(), t.size()});
   return frames;
 }
 
@@ -385,7 +392,7 @@ mesh::mesh(const sim_config& c) : cfg_(c), setup_(sim_setup(c)), rng_(derive_see
     proc.store = std::make_unique<sim_shard_store>(*this, s);
     proc.wire = make_shard(s, {});
     // The initial snapshot: a shard that crashes before its first commit restarts from here.
-    for (fragment_index p : setup_.fragments_of(s)) proc.durable[p.value] = proc.wire->core().outer_state(p);
+    for (fragment_index p : setup_.fragments_of(s)) proc.durable[p.value] = durable_copy(proc.wire->core().outer_state(p));
   }
   learners_.resize(static_cast<std::size_t>(m));
   result_.learner_steps.assign(m, 0);
@@ -970,7 +977,8 @@ std::unique_ptr<shard_wire> mesh::make_shard(std::uint32_t s,
 }
 
 /// The snapshot writer: a merged version becomes durable commit_delay_ns later
-/// — then the shard's wire layer makes it visible (broadcast, announced) — unless
+/// (serial_commits: after the versions before it, each commit_delay_ns) — then
+/// the shard's wire layer makes it visible (broadcast, announced) — unless
 /// the disk is failing (the write fails; the shard retries a while later) or the
 /// process dies first.
 void mesh::on_shard_commit(std::uint32_t s, shard_commit c) {
@@ -978,7 +986,9 @@ void mesh::on_shard_commit(std::uint32_t s, shard_commit c) {
   result_.versions.push_back({version_event::what::merged, now_, s, c.published.fragment, c.state.version});
   const bool failing = now_ < proc.storage_failing_until;
   auto state = std::make_shared<fragment_outer_state>(std::move(c.state));
-  at(now_ + cfg_.commit_delay_ns, [this, s, failing, p = c.published.fragment, r = c.published.round,
+  nanos done = now_ + cfg_.commit_delay_ns;
+  if (cfg_.serial_commits) proc.writer_free_at = done = std::max(now_, proc.writer_free_at) + cfg_.commit_delay_ns;
+  at(done, [this, s, failing, p = c.published.fragment, r = c.published.round,
                                    inc = proc.port->inc, state] {
     shard_process& proc = shards_[s];
     if (proc.port->inc != inc || !proc.up) return;
@@ -991,7 +1001,7 @@ void mesh::on_shard_commit(std::uint32_t s, shard_commit c) {
     }
     result_.versions.push_back({version_event::what::committed, now_, s, p, state->version});
     const std::uint64_t version = state->version;
-    proc.durable[p.value] = std::move(*state);
+    proc.durable[p.value] = durable_copy(*state);
     proc.wire->on_committed(p, version, r);
     if (proc.wire->visible_version(p) == version) {
       ++result_.published;
@@ -1013,6 +1023,7 @@ void mesh::restart_shard(std::uint32_t s) {
   ++proc.port->inc.value;
   proc.wire = make_shard(s, std::move(restored));
   proc.up = true;
+  proc.writer_free_at = 0;  // a new process: its writer has nothing to do
   fresh_transport(shard_node(s));
   ++result_.shard_restarts;
   proc.wire->start();

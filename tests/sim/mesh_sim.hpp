@@ -157,6 +157,10 @@ struct sim_config {
   /// A shard's merged version becomes durable this long after the merge (the
   /// snapshot writer works on its own thread); only then do learners see it. Default: 0.
   nanos commit_delay_ns = 0;
+  /// Each shard's writer commits one version at a time, each taking commit_delay_ns
+  /// (a disk of bounded bandwidth): versions queue behind each other. Default: each
+  /// commit takes commit_delay_ns however many are in flight.
+  bool serial_commits = false;
   /// A joining learner fetches the fragments it still misses again after this
   /// (a fetch or its reply was lost, or its shard was down); a learner whose
   /// broker fell silent sends Join again this often.

@@ -356,6 +356,75 @@ TEST_CASE("tau bounds the rounds in flight per shard, a full shard's or an undur
   CHECK(h.core.counters().rounds_skipped == 4);
 }
 
+TEST_CASE("back-pressure: a shard with storage_backlog versions not yet durable has its turns held, counted once each") {
+  // Two shards (fragments 0 and 2 on shard 0, 1 and 3 on shard 1), one version each may wait for storage.
+  auto cfg = make_config(4, 2, 1);
+  cfg.adaptive_grace = false;
+  cfg.storage_backlog = 1;
+  harness h(cfg);
+  h.join(0);
+  h.step(0, 1, 10 * ms);
+  h.tick(0);  // round 0: fragment 0
+  h.contribute(0, 0);
+  h.tick(10 * ms);  // round 1: fragment 1
+  h.contribute(1, 0);
+  REQUIRE(h.all<close_round>().size() == 2);
+  CHECK(h.core.undurable_versions(0, h.now()) == 1);
+  CHECK(h.core.undurable_versions(1, h.now()) == 1);
+  h.tick(20 * ms);  // turn 2 (fragment 2, shard 0) and turn 3 (fragment 3, shard 1): held, passed
+  h.tick(30 * ms);
+  h.tick(35 * ms);  // looked at again: counted once per turn
+  CHECK(h.all<open_round>().size() == 2);
+  CHECK(h.core.counters().rounds_held_for_storage == 2);
+  h.at(41 * ms);
+  h.core.on_published(R(0), fragment_index{0}, 1, h.now());  // shard 0's version durable
+  CHECK(h.core.undurable_versions(0, h.now()) == 0);
+  h.tick(40 * ms + 2 * ms);  // turn 4: fragment 0 itself, free again
+  h.tick(50 * ms);           // turn 5: fragment 1, not durable yet: passes (not a storage hold)
+  h.tick(60 * ms);           // turn 6: fragment 2, shard 0 free
+  const auto opens = h.all<open_round>();
+  REQUIRE(opens.size() == 4);
+  CHECK(opens[2].fragment.value == 0);
+  CHECK(opens[3].fragment.value == 2);
+  CHECK(h.core.counters().rounds_held_for_storage == 2);
+
+  // One shard: its held turn is waited for, not passed; counted once however long it waits.
+  auto one = make_config(2, 2, 1);
+  one.adaptive_grace = false;
+  one.shard_of_fragment = round_robin_shards(2, 1);
+  one.storage_backlog = 1;
+  harness h1(one);
+  h1.join(0);
+  h1.step(0, 1, 10 * ms);
+  h1.tick(0);
+  h1.contribute(0, 0);
+  for (nanos t = 1 * ms; t <= 40 * ms; t += 1 * ms) h1.tick(t);
+  CHECK(h1.all<open_round>().size() == 1);
+  CHECK(h1.core.counters().rounds_held_for_storage == 1);
+  CHECK(h1.core.counters().rounds_skipped == 0);
+  h1.at(41 * ms);
+  h1.core.on_published(R(0), fragment_index{0}, 1, h1.now());
+  h1.tick(42 * ms);
+  REQUIRE(h1.all<open_round>().size() == 2);
+  CHECK(h1.all<open_round>().back().round.value == 1);  // the waiting turn
+
+  // storage_backlog 0: never held.
+  auto off = make_config(4, 2, 1);
+  off.adaptive_grace = false;
+  harness h0(off);
+  h0.join(0);
+  h0.step(0, 1, 10 * ms);
+  h0.tick(0);
+  h0.contribute(0, 0);
+  h0.tick(10 * ms);
+  h0.tick(20 * ms);  // fragment 2 on shard 0 opens although fragment 0's version is not durable
+  CHECK(h0.all<open_round>().size() == 3);
+  CHECK(h0.core.counters().rounds_held_for_storage == 0);
+  auto bad = make_config();
+  bad.storage_backlog = -1;
+  CHECK_FALSE(broker_core::create(bad).has_value());
+}
+
 TEST_CASE("one shard's turns wait for its slot, a silent shard's fragments pause while the others keep their pace") {
   // One shard: a full τ holds its next turn (it holds nobody else back).
   auto one = make_config(2, 1, 1);

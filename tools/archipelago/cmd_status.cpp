@@ -84,9 +84,10 @@ std::string render(const nlohmann::json& d) {
   out += line;
   const auto& l = d["ledger"];
   std::snprintf(line, sizeof line,
-                "rounds: %llu opened, %llu closed, %llu open, %llu late contributions; grace %.1f ms; goodput %.1f %%\n",
+                "rounds: %llu opened, %llu closed, %llu open, %llu late contributions, %llu held for storage; grace %.1f ms; "
+                "goodput %.1f %%\n",
                 u64(d["rounds_opened"]), u64(d["rounds_closed"]), u64(d["rounds_open"]), u64(d["late"]),
-                num(d["grace_ms"]), 100 * num(d["goodput"]));
+                d.value("rounds_held_for_storage", 0ULL), num(d["grace_ms"]), 100 * num(d["goodput"]));
   out += line;
   std::string last;  // the newest settled rounds: merged / live
   if (d.contains("participation_recent")) {
@@ -108,10 +109,10 @@ std::string render(const nlohmann::json& d) {
                   u64(m["steps"]), num(m["step_ms"]), u64(m["merged_tokens"]), m.value("endpoint", "").c_str());
     out += line;
   }
-  out += "\nshard  incarnation     last seen   endpoint\n";
+  out += "\nshard  incarnation     last seen   not durable  endpoint\n";
   for (const auto& s : d["shards"]) {
-    std::snprintf(line, sizeof line, "%5llu  %-14llu  %10s   %s\n", u64(s["shard"]), u64(s["incarnation"]),
-                  seconds_ago(s["last_seen_s"]).c_str(), s.value("endpoint", "").c_str());
+    std::snprintf(line, sizeof line, "%5llu  %-14llu  %10s   %11llu  %s\n", u64(s["shard"]), u64(s["incarnation"]),
+                  seconds_ago(s["last_seen_s"]).c_str(), s.value("undurable_versions", 0ULL), s.value("endpoint", "").c_str());
     out += line;
   }
   out += "\nfragment versions:";
