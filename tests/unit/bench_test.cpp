@@ -579,6 +579,27 @@ TEST_CASE("bench snapshot: commits and a restore of the nano model against plain
   std::filesystem::remove(layout);
   CHECK(std::filesystem::is_empty(dir.path()));
 
+  // One shard's memory: its real wire layer, writer and store through rounds of every fragment it owns.
+  o.parts = {"shard"};
+  o.write_model = "nano";
+  o.fragments = 0;
+  o.learners = 2;
+  bench_hooks logged;
+  logged.log = &archipelago::test_logging::test_log();
+  auto shard = run_snapshot_bench(o, logged);
+  REQUIRE(shard);
+  REQUIRE(shard->shard);
+  const shard_memory_result& m = *shard->shard;
+  CHECK(m.fragments_owned > 0);
+  CHECK(m.owned_params > 0);
+  CHECK(m.rounds == 2 * m.fragments_owned);
+  CHECK(m.versions_committed == m.rounds);  // every round merged, and its version made durable
+  CHECK(finite_positive(m.initial_mb));
+  CHECK(std::isfinite(m.peak_bytes_per_param));
+  CHECK(std::filesystem::is_empty(dir.path()));
+  CHECK_FALSE(run_snapshot_bench(o, {}));  // it needs a logger
+
+  o.parts = {"write"};
   o.write_model = dir.file("none.json");
   auto missing = run_snapshot_bench(o, {});
   REQUIRE_FALSE(missing);

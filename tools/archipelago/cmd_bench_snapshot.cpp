@@ -50,8 +50,9 @@ latency_figures figures_of(const latency_result& lat) {
   for (const auto& r : lat.on) {
     x.versions += r.mesh_version;
     x.disk += r.disk_bytes;
-    x.snapshot_errors += r.snapshot_errors;
   }
+  for (const auto* side : {&lat.off, &lat.on})  // the sync figure snapshots on both sides
+    for (const auto& r : *side) x.snapshot_errors += r.snapshot_errors;
   x.runs_on = static_cast<double>(lat.on.size());
   return x;
 }
@@ -153,6 +154,78 @@ void report_write(json_line& j, const snapshot_options& o, const write_result& w
       .add("write_store_disk_mb", median(wr.store_disk_mb));
 }
 
+void report_sync(json_line& j, const snapshot_options& o, const sync_result& s) {
+  const latency_figures x = figures_of(s.latency);
+  std::printf("  sync            model %s, %d learners x %lld steps, snapshots on in every run; %d pair%s of runs "
+              "(storage.sync false/true, then true/false)\n",
+              o.model.c_str(), o.learners, static_cast<long long>(o.steps), o.pairs, o.pairs == 1 ? "" : "s");
+  std::printf("                  close -> published, %zu rounds unsynced, %zu synced (pooled):\n", x.off.size(),
+              x.on.size());
+  std::printf("                    p50  false %.3f ms, true %.3f ms: true/false = %.3f (per pair: %s)\n", x.p50_off,
+              x.p50_on, x.p50_ratio, listed(s.latency.p50_ratio, "%.3f").c_str());
+  std::printf("                    p99  false %.3f ms, true %.3f ms: true/false = %.3f (per pair: %s)\n", x.p99_off,
+              x.p99_on, x.p99_ratio, listed(s.latency.p99_ratio, "%.3f").c_str());
+  std::printf("                  tokens/s: false %.0f, true %.0f: true/false = %.3f (per pair: %s)\n", x.tok_off,
+              x.tok_on, x.tok_ratio, listed(s.latency.tokens_ratio, "%.3f").c_str());
+  const double off = median(s.commit_mbps_off), on = median(s.commit_mbps_on), ratio = median(s.commit_ratio);
+  std::printf("                  commits of model %s (%d per round, %d rounds): false %.0f MB/s, true %.0f MB/s: "
+              "true/false = %.3f (per round: %s)\n",
+              o.write_model.c_str(), o.commits, o.rounds, off, on, ratio, listed(s.commit_ratio, "%.3f").c_str());
+  std::printf("                  commit latency p50 false %.1f ms, true %.1f ms; p99 false %.1f ms, true %.1f ms\n",
+              percentile(s.commit_ms_off, 0.5), percentile(s.commit_ms_on, 0.5), percentile(s.commit_ms_off, 0.99),
+              percentile(s.commit_ms_on, 0.99));
+  j.add("sync_latency_p50_ms_false", x.p50_off)
+      .add("sync_latency_p50_ms_true", x.p50_on)
+      .add("sync_latency_p50_ratio", x.p50_ratio)
+      .add_raw("sync_latency_p50_ratio_per_pair", json_array(s.latency.p50_ratio))
+      .add("sync_latency_p99_ms_false", x.p99_off)
+      .add("sync_latency_p99_ms_true", x.p99_on)
+      .add("sync_latency_p99_ratio", x.p99_ratio)
+      .add_raw("sync_latency_p99_ratio_per_pair", json_array(s.latency.p99_ratio))
+      .add("sync_open_to_published_p50_ms_false", x.o50_off)
+      .add("sync_open_to_published_p50_ms_true", x.o50_on)
+      .add("sync_tokens_per_s_false", x.tok_off)
+      .add("sync_tokens_per_s_true", x.tok_on)
+      .add("sync_tokens_per_s_ratio", x.tok_ratio)
+      .add("sync_snapshot_errors", x.snapshot_errors)
+      .add("sync_commit_mbps_false", off)
+      .add("sync_commit_mbps_true", on)
+      .add("sync_commit_ratio", ratio)
+      .add_raw("sync_commit_ratio_per_round", json_array(s.commit_ratio))
+      .add("sync_commit_p50_ms_false", percentile(s.commit_ms_off, 0.5))
+      .add("sync_commit_p50_ms_true", percentile(s.commit_ms_on, 0.5))
+      .add("sync_commit_p99_ms_false", percentile(s.commit_ms_off, 0.99))
+      .add("sync_commit_p99_ms_true", percentile(s.commit_ms_on, 0.99));
+}
+
+void report_shard(json_line& j, const snapshot_options& o, const shard_memory_result& s) {
+  std::printf("  shard memory    model %s, shard 0 owns %zu fragments, %zu parameters; %d learners, %zu rounds, %zu "
+              "versions committed, %.0f s\n",
+              o.write_model.c_str(), s.fragments_owned, s.owned_params, o.learners, s.rounds, s.versions_committed,
+              s.seconds);
+  std::printf("                  resident above the process before: start peak %.0f MB (%.2f bytes per owned "
+              "parameter; the whole model's initial values, %.0f MB, then freed)\n",
+              s.start_peak_mb, s.start_peak_bytes_per_param, s.initial_mb);
+  std::printf("                  in the rounds: peak %.0f MB (%.2f bytes per owned parameter), at the end %.0f MB "
+              "(%.2f); the bench's own delta buffer, counted: %.0f MB\n",
+              s.peak_mb, s.peak_bytes_per_param, s.end_mb, s.end_bytes_per_param, s.bench_buffer_mb);
+  j.add("shard_model", o.write_model)
+      .add("shard_owned_params", static_cast<std::uint64_t>(s.owned_params))
+      .add("shard_fragments_owned", static_cast<std::uint64_t>(s.fragments_owned))
+      .add("shard_learners", o.learners)
+      .add("shard_rounds", static_cast<std::uint64_t>(s.rounds))
+      .add("shard_versions_committed", static_cast<std::uint64_t>(s.versions_committed))
+      .add("shard_initial_mb", s.initial_mb)
+      .add("shard_bench_buffer_mb", s.bench_buffer_mb)
+      .add("shard_start_peak_mb", s.start_peak_mb)
+      .add("shard_peak_mb", s.peak_mb)
+      .add("shard_end_mb", s.end_mb)
+      .add("shard_start_peak_bytes_per_param", s.start_peak_bytes_per_param)
+      .add("shard_peak_bytes_per_param", s.peak_bytes_per_param)
+      .add("shard_end_bytes_per_param", s.end_bytes_per_param)
+      .add("shard_seconds", s.seconds);
+}
+
 void report_restore_layout(json_line& j, const restore_layout& layout, bool flushed) {
   const double store = median(layout.store_s), plain = median(layout.plain_s), ratio = median(layout.ratio);
   std::printf("                  %s\n", flushed ? "after flushing the memtables to table files (no log to replay):"
@@ -219,6 +292,11 @@ int run_snapshot(logger& log) {
   }
   if (r->write) report_write(j, o, *r->write);
   if (r->restore) report_restore(j, o, *r->restore);
+  if (r->shard) report_shard(j, o, *r->shard);
+  if (r->sync) {
+    report_sync(j, o, *r->sync);
+    snapshot_errors += figures_of(r->sync->latency).snapshot_errors;
+  }
   if (snapshot_errors > 0)
     log.error("bench.snapshot_errors",
               "archipelago: %llu snapshot versions failed or were skipped in the runs with snapshots on",
@@ -234,11 +312,14 @@ void add_bench_snapshot(CLI::App& bench) {
   snapshot_options& o = f.bench;
   CLI::App* cmd = f.command = bench.add_subcommand(
       "snapshot", "Snapshots' cost: round latency on vs off, commit throughput vs plain RocksDB, restore time");
-  cmd->add_option("--parts", o.parts, "Which figures, comma-separated: latency,write,restore (default: all)")
+  cmd->add_option("--parts", o.parts,
+                  "Which figures, comma-separated: latency,write,restore,sync,shard (default: latency,write,restore; "
+                  "sync: storage.sync true against false; shard: one shard's memory per owned parameter)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"latency", "write", "restore"}));
+      ->check(CLI::IsMember({"latency", "write", "restore", "sync", "shard"}));
   cmd->add_option("--model", o.model, "Model of the mesh runs (default nano)");
-  cmd->add_option("--learners", o.learners, "Learners of the mesh runs (default 4)")->check(CLI::Range(1, 64));
+  cmd->add_option("--learners", o.learners, "Learners of the mesh runs and of the shard part (default 4)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--steps", o.steps, "Inner steps per learner in each mesh run (default 300)")
       ->check(CLI::Range(std::int64_t{5}, std::int64_t{1000000}));
   cmd->add_option("--pairs", o.pairs, "Pairs of mesh runs, one with snapshots and one without (default 2)")
@@ -251,6 +332,8 @@ void add_bench_snapshot(CLI::App& bench) {
       ->check(CLI::Range(1, 100));
   cmd->add_option("--restore-model", o.restore_model, "Model restored: a preset or a layout file (default mini)");
   cmd->add_option("--fragments", o.fragments, "Fragments P of the write and restore models (default: mesh.fragments)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--shards", o.shards, "Shards of the write model in the shard part, which runs shard 0 (default: mesh.shards)")
       ->check(CLI::Range(1, 4096));
   cmd->add_flag("--sync", o.sync, "fsync every write, the store's and the baseline's (storage.sync = true)");
   cmd->add_option("--dir", o.dir, "Where the temporary stores go (default: $TMPDIR or /tmp); removed at the end");

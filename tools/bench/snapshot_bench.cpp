@@ -5,11 +5,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <deque>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <sstream>
 
 #include "bench/bench_mesh.hpp"
@@ -21,7 +25,9 @@
 #include "core/prng.hpp"
 #include "node/mesh_snapshots.hpp"
 #include "parameter_shard/shard_snapshots.hpp"
+#include "parameter_shard/shard_wire.hpp"
 #include "storage/snapshot_store.hpp"
+#include "storage/snapshot_writer.hpp"
 
 namespace archipelago {
 namespace {
@@ -116,22 +122,64 @@ expected<mesh_run> run_mesh(const config& cfg, const std::string& db, const benc
 }
 
 /// One run of a pair: with snapshots into a fresh store, or without.
-expected<mesh_run> run_side(const config& cfg, bool on, int number, int runs, const std::string& parent,
+expected<mesh_run> run_side(const config& cfg, bool snapshots, const std::string& label, const std::string& parent,
                             const bench_hooks& hooks) {
-  const std::string label = "mesh run " + std::to_string(number) + "/" + std::to_string(runs) +
-                            (on ? " (snapshots on)" : " (snapshots off)");
   hooks.begin("bench snapshot: " + label);
   std::unique_ptr<scratch_dir> dir;
-  if (on) {
+  if (snapshots) {
     auto d = scratch_dir::make(parent, "mesh");
     if (!d) return d.err();
     dir = std::move(*d);
   }
   auto r = run_mesh(cfg, dir ? dir->sub("db") : std::string(), hooks, label);
   if (!r) return r.err();
-  if (on && r->mesh_version < 2)
+  if (snapshots && r->mesh_version < 2)
     return make_error(errc::internal, label + ": no snapshot beyond the initial one was committed");
   return r;
+}
+
+/// The mesh of the latency figures (--model, decoupled, --learners, --steps).
+expected<config> latency_config(const snapshot_options& o) {
+  config cfg;
+  cfg.model.size = o.model;
+  cfg.mesh.mode = "decoupled";
+  cfg.mesh.learners = o.learners;
+  cfg.train.steps = o.steps;
+  cfg.storage.sync = o.sync;
+  if (auto ok = validate_mesh(cfg); !ok) return ok.err();
+  return cfg;
+}
+
+/// Pairs of mesh runs, one side with `on` set and one without, in the order off,
+/// on; then on, off; ... `side(on)` says how a side runs: its configuration, whether
+/// it snapshots, its label.
+struct side_setup {
+  config cfg;
+  bool snapshots = false;
+  std::string label;
+};
+expected<latency_result> run_pairs(int pairs, const std::function<side_setup(bool on)>& side,
+                                   const std::string& parent, const bench_hooks& hooks) {
+  latency_result out;
+  for (int pair = 0; pair < pairs; ++pair) {
+    mesh_run sides[2];  // off, on
+    for (int k = 0; k < 2; ++k) {
+      if (hooks.stopped()) return interrupted();
+      const bool on = (k == 0) == (pair % 2 == 1);
+      const side_setup s = side(on);
+      const std::string label = "mesh run " + std::to_string(2 * pair + k + 1) + "/" + std::to_string(2 * pairs) +
+                                " (" + s.label + ")";
+      auto r = run_side(s.cfg, s.snapshots, label, parent, hooks);
+      if (!r) return r.err();
+      sides[on] = std::move(*r);
+    }
+    out.p50_ratio.push_back(percentile(sides[1].close_ms, 0.5) / percentile(sides[0].close_ms, 0.5));
+    out.p99_ratio.push_back(percentile(sides[1].close_ms, 0.99) / percentile(sides[0].close_ms, 0.99));
+    out.tokens_ratio.push_back(sides[1].tokens_per_s / sides[0].tokens_per_s);
+    out.off.push_back(std::move(sides[0]));
+    out.on.push_back(std::move(sides[1]));
+  }
+  return out;
 }
 
 // ---- 2. write throughput --------------------------------------------------------------
@@ -147,11 +195,12 @@ struct model_fixture {
 /// A model option: a layout file (a path ending in .json) or a preset name.
 bool is_layout_file(const std::string& model) { return model.size() > 5 && model.ends_with(".json"); }
 
-expected<model_fixture> make_fixture(const std::string& model, int fragments) {
+expected<model_fixture> make_fixture(const std::string& model, int fragments, int shards = 0) {
   model_fixture f;
   if (is_layout_file(model)) f.cfg.model.layout = model;
   else f.cfg.model.size = model;
   if (fragments > 0) f.cfg.mesh.fragments = fragments;
+  if (shards > 0) f.cfg.mesh.shards = shards;
   f.cfg.mesh.mode = "decoupled";
   auto policy = resolve_policy(f.cfg);
   if (!policy) return policy.err();
@@ -170,6 +219,7 @@ struct store_sample_out {
   double seconds = 0;         // in commit() plus the final flushes (log, then memtables)
   double kv_seconds = 0;      // of that, in RocksDB's write and flushes
   std::uint64_t written = 0;  // bytes the process wrote to disk meanwhile
+  std::vector<double> commit_s;  // each timed commit's seconds
   std::uint64_t peak_rss_kb = 0;  // the peak resident set above the sample's start
   std::uint64_t disk_bytes = 0;   // the store's directory at the end
 };
@@ -178,13 +228,16 @@ struct store_sample_out {
 /// a shard hands it over ready.
 storage::commit_job nth_commit(const storage::commit_job& initial, int k) {
   const std::size_t fragments = initial.fragments.size();
-  storage::commit_job job;
-  job.fragments.push_back(initial.fragments[static_cast<std::size_t>(k) % fragments]);
-  storage::fragment_state& s = job.fragments.back();
+  const storage::fragment_write& from = initial.fragments[static_cast<std::size_t>(k) % fragments];
+  storage::fragment_state s{from.fragment, 0, 0, 0, {from.theta.begin(), from.theta.end()},
+                            {from.momentum.begin(), from.momentum.end()}, {from.adam_m.begin(), from.adam_m.end()},
+                            {from.adam_v.begin(), from.adam_v.end()}, from.adam_steps};
   s.version = static_cast<std::uint64_t>(k) / fragments + 1;
   s.round = static_cast<std::uint64_t>(k) + 1;
   s.theta[0] += 1e-3f * static_cast<float>(k);  // each version differs
+  storage::commit_job job;
   job.time_ns = s.time_ns = wall_clock_ns();
+  job.fragments.push_back(storage::owned_write(std::move(s)));
   return job;
 }
 
@@ -216,11 +269,11 @@ expected<store_sample_out> store_sample(const model_fixture& f, const storage::c
     if (hooks.stopped()) return interrupted();
     if (k % 8 == 0) hooks.update(label + ": commit " + std::to_string(k + 1) + "/" + std::to_string(commits));
     const storage::commit_job job = nth_commit(initial, k);
-    const storage::fragment_state& s = job.fragments.back();
-    out.payload += (s.theta.size() + s.momentum.size() + s.adam_m.size() + s.adam_v.size()) * sizeof(float);
+    out.payload += job.fragments.back().bytes();
     const auto t0 = seconds_clock::now();
     auto v = (*store)->commit(job);
-    out.seconds += since(t0);
+    out.commit_s.push_back(since(t0));
+    out.seconds += out.commit_s.back();
     if (!v) return v.err();
   }
   const auto t0 = seconds_clock::now();
@@ -381,6 +434,97 @@ status restore_rounds(restore_layout& layout, bool flushed, const snapshot_optio
   return {};
 }
 
+// ---- 5. a shard's memory --------------------------------------------------------------
+
+/// A port whose messages go nowhere (their bytes are counted).
+class discard_port final : public transport::message_port {
+ public:
+  explicit discard_port(node_address self) : self_(self) {}
+  node_address self() const override { return self_; }
+  const std::string& endpoint() const override { return endpoint_; }
+  status add_peer(node_address, const std::string&) override { return {}; }
+  transport::envelope_builder make_envelope(std::uint64_t round) override {
+    return transport::envelope_builder(self_, incarnation{1}, ++sequence_, round, epoch_);
+  }
+  status send(node_address, transport::encoded_message&& m) override {
+    sent_bytes += m.total_bytes();
+    return {};
+  }
+  status broadcast(const std::vector<node_address>& peers, transport::encoded_message&& m) override {
+    sent_bytes += m.total_bytes() * peers.size();
+    return {};
+  }
+  status set_link(node_address, const link_profile&) override { return {}; }
+  const link_profile& default_link() const override { return link_; }
+  std::uint64_t broker_epoch() const override { return epoch_; }
+  void raise_broker_epoch(std::uint64_t epoch) override { epoch_ = std::max(epoch_, epoch); }
+  std::uint64_t sent_bytes = 0;
+
+ private:
+  node_address self_;
+  std::string endpoint_;
+  link_profile link_;
+  std::uint64_t sequence_ = 0, epoch_ = 0;
+};
+
+/// The shard's versions through the snapshot writer, as the actor shell hands
+/// them over; the writer's answers wait in a queue for the bench's thread.
+class writer_store final : public shard_store {
+ public:
+  /// The writer it goes through (set once made; it must go before the store does).
+  storage::snapshot_writer* writer = nullptr;
+
+  void commit(shard_commit c) override {
+    storage::commit_job job;
+    job.time_ns = wall_clock_ns();
+    const published_fragment p = c.published;
+    job.fragments.push_back(stored_write(p.fragment, std::move(c.state), job.time_ns));
+    auto done = [this, p](const expected<std::uint64_t>& v) { answer_with(p, v.has_value()); };
+    if (!writer->submit(std::move(job), std::move(done))) answer_with(p, false);  // refused: the queue was full
+  }
+
+  struct answer {
+    fragment_index fragment;
+    std::uint64_t version;
+    round_number round;
+    bool ok;
+  };
+  /// The answers so far; waits up to `bound` for one when `wait`.
+  std::deque<answer> take(bool wait, std::chrono::milliseconds bound) {
+    std::unique_lock lock(mutex_);
+    if (wait) ready_.wait_for(lock, bound, [&] { return !answers_.empty(); });
+    return std::exchange(answers_, {});
+  }
+
+ private:
+  void answer_with(const published_fragment& p, bool ok) {
+    std::lock_guard lock(mutex_);
+    answers_.push_back({p.fragment, p.version, p.round, ok});
+    ready_.notify_all();
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<answer> answers_;
+};
+
+/// The frames of a message, as the receiving transport holds them.
+struct received {
+  transport::encoded_message message;
+  std::unique_ptr<transport::decoded_envelope> envelope;
+};
+expected<received> receive(transport::encoded_message m) {
+  received r{std::move(m), nullptr};
+  std::vector<transport::frame_view> frames;
+  frames.push_back({reinterpret_cast<const std::uint8_t*>(r.message.envelope.begin()),
+                    r.message.envelope.size() * sizeof(capnp::word)});
+  for (const auto& t : r.message.tensors) frames.push_back({t.data(), t.size()});
+  auto decoded = transport::decode_envelope(frames);
+  if (!decoded) return make_error(errc::internal, "bench shard: a message it built does not decode: " + decoded.message());
+  r.envelope = decoded.take();
+  return r;
+}
+
 /// --dir, or $TMPDIR, or /tmp; it must be a directory.
 expected<std::string> parent_dir(const snapshot_options& o) {
   std::string parent = o.dir;
@@ -415,28 +559,51 @@ double latency_result::tokens(bool snapshots) const {
 }
 
 expected<latency_result> measure_latency(const snapshot_options& o, const std::string& parent, const bench_hooks& hooks) {
-  config cfg;
-  cfg.model.size = o.model;
-  cfg.mesh.mode = "decoupled";
-  cfg.mesh.learners = o.learners;
-  cfg.train.steps = o.steps;
-  cfg.storage.sync = o.sync;
-  if (auto ok = validate_mesh(cfg); !ok) return ok.err();
-  latency_result out;
-  for (int pair = 0; pair < o.pairs; ++pair) {
-    mesh_run sides[2];  // off, on
+  auto cfg = latency_config(o);
+  if (!cfg) return cfg.err();
+  return run_pairs(
+      o.pairs, [&](bool on) { return side_setup{*cfg, on, on ? "snapshots on" : "snapshots off"}; }, parent, hooks);
+}
+
+expected<sync_result> measure_sync(const snapshot_options& o, const std::string& parent, const bench_hooks& hooks) {
+  auto cfg = latency_config(o);
+  if (!cfg) return cfg.err();
+  sync_result out;
+  auto latency = run_pairs(
+      o.pairs,
+      [&](bool on) {
+        config c = *cfg;
+        c.storage.sync = on;
+        return side_setup{c, true, on ? "storage.sync = true" : "storage.sync = false"};
+      },
+      parent, hooks);
+  if (!latency) return latency.err();
+  out.latency = std::move(*latency);
+  // Commits of the write model, not synced and synced, the order alternating.
+  auto f = make_fixture(o.write_model, o.fragments);
+  if (!f) return f.err();
+  const storage::commit_job initial = initial_commit(f->setup, f->params);
+  for (int round = 0; round < o.rounds; ++round) {
+    double mbps[2] = {};
     for (int k = 0; k < 2; ++k) {
       if (hooks.stopped()) return interrupted();
-      const bool on = (k == 0) == (pair % 2 == 1);  // off, on; then on, off; ...
-      auto r = run_side(cfg, on, 2 * pair + k + 1, 2 * o.pairs, parent, hooks);
-      if (!r) return r.err();
-      sides[on] = std::move(*r);
+      const bool sync = (k == 0) == (round % 2 == 1);
+      const std::string label = "bench snapshot: sync round " + std::to_string(round + 1) + "/" +
+                                std::to_string(o.rounds) + (sync ? " (storage.sync = true)" : " (storage.sync = false)");
+      hooks.begin(label);
+      auto dir = scratch_dir::make(parent, "sync");
+      if (!dir) return dir.err();
+      auto s = store_sample(*f, initial, o.commits, sync, (*dir)->sub("db"), hooks, label);
+      if (!s) return s.err();
+      std::uint64_t bytes = 0;
+      for (const auto& b : s->timed_batches) bytes += b.bytes();
+      mbps[sync] = static_cast<double>(bytes) / s->seconds * 1e-6;
+      auto& ms = sync ? out.commit_ms_on : out.commit_ms_off;
+      for (double c : s->commit_s) ms.push_back(c * 1e3);
     }
-    out.p50_ratio.push_back(percentile(sides[1].close_ms, 0.5) / percentile(sides[0].close_ms, 0.5));
-    out.p99_ratio.push_back(percentile(sides[1].close_ms, 0.99) / percentile(sides[0].close_ms, 0.99));
-    out.tokens_ratio.push_back(sides[1].tokens_per_s / sides[0].tokens_per_s);
-    out.off.push_back(std::move(sides[0]));
-    out.on.push_back(std::move(sides[1]));
+    out.commit_mbps_off.push_back(mbps[0]);
+    out.commit_mbps_on.push_back(mbps[1]);
+    out.commit_ratio.push_back(mbps[1] / mbps[0]);
   }
   return out;
 }
@@ -487,6 +654,129 @@ expected<restore_result> measure_restore(const snapshot_options& o, const std::s
   return out;
 }
 
+expected<shard_memory_result> measure_shard_memory(const snapshot_options& o, const std::string& parent,
+                                                   const bench_hooks& hooks) {
+  if (!hooks.log) return make_error(errc::internal, "bench snapshot: the shard part needs a logger");
+  logger& log = *hooks.log;
+  hooks.begin("bench snapshot: shard memory (" + o.write_model + ")");
+  reset_peak_rss();
+  const double rss_start = static_cast<double>(status_kb("VmRSS")) * 1024;
+  const auto started = seconds_clock::now();
+  auto fixture = make_fixture(o.write_model, o.fragments, o.shards);  // the whole model's initial values
+  if (!fixture) return fixture.err();
+  const mesh_setup& setup = fixture->setup;
+  const std::uint32_t index = 0;
+  shard_memory_result out;
+  out.initial_mb = static_cast<double>(fixture->params.size()) * 4e-6;
+  auto dir = scratch_dir::make(parent, "shard");
+  if (!dir) return dir.err();
+  auto opened = open_mesh_store((*dir)->sub("db"), setup);
+  if (!opened) return opened.err();
+  writer_store store;  // before the writer: its answers reach the store until the writer is gone
+  storage::snapshot_writer writer(opened->store, log,
+                                  storage::writer_options{static_cast<std::size_t>(setup.cfg.storage.queue_mb) << 20});
+  store.writer = &writer;
+  discard_port port({role::parameter_shard, index});
+  shard_wire shard(setup, index, incarnation{1}, port, log, &store, shard_settings(setup), fixture->params.data());
+  std::vector<float>().swap(fixture->params);  // as a node process does once its shard holds its fragments
+  const std::vector<fragment_index>& owned = shard.owned();
+  for (fragment_index p : owned) out.owned_params += shard.core().value(p).size();
+  if (auto ok = writer.submit(initial_writes(shard.core(), owned, wall_clock_ns())); !ok) return ok.err();
+  shard.start();
+  // The start's peak holds the whole model's initial values; the rounds' peak is the steady state.
+  out.start_peak_mb = (static_cast<double>(status_kb("VmHWM")) * 1024 - rss_start) * 1e-6;
+  reset_peak_rss();
+
+  // Rounds go to the owned fragments in turn, τ = 2 open at once; the next waits
+  // while `backlog` versions are not durable (the broker's back-pressure).
+  const int tau = 2, backlog = std::max(1, static_cast<int>(setup.cfg.storage.backlog));
+  const int rounds = 2 * static_cast<int>(owned.size());
+  const std::uint64_t epoch = broker_epoch_of(1, 0);
+  int undurable = 0;
+  std::size_t largest = 0;
+  for (fragment_index p : owned) largest = std::max(largest, shard.core().value(p).size());
+  auto delta = std::make_shared<std::vector<float>>(largest);  // the bench's own: one learner's at a time
+  out.bench_buffer_mb = static_cast<double>(largest) * 4e-6;
+  auto settle = [&](bool wait) -> status {
+    for (const auto& a : store.take(wait, std::chrono::milliseconds(200))) {
+      if (!a.ok) return make_error(errc::io_error, "bench shard: a commit failed or was refused (see the log)");
+      shard.on_committed(a.fragment, a.version, a.round);
+      --undurable;
+      ++out.versions_committed;
+    }
+    return {};
+  };
+  auto contribute = [&](int r) -> status {
+    const fragment_index p = owned[static_cast<std::size_t>(r) % owned.size()];
+    const std::size_t n = shard.core().value(p).size();
+    for (int m = 0; m < o.learners; ++m) {
+      std::vector<float>& d = *delta;
+      d.resize(n);
+      const auto salt = static_cast<std::uint32_t>(97 * m + 31 * r);
+      for (std::size_t i = 0; i < n; ++i)
+        d[i] = static_cast<float>(((static_cast<std::uint32_t>(i) * 2654435761u + salt) >> 20) & 1023) * 1e-6f - 5e-4f;
+      transport::envelope_builder b({role::learner, static_cast<std::uint32_t>(m)}, incarnation{1},
+                                    static_cast<std::uint64_t>(r) + 1, static_cast<std::uint64_t>(r));
+      auto c = b.body().initContribution();
+      c.setFragment(p.value);
+      c.setSteps(1);
+      c.setTokens(1000);
+      c.setBrokerEpoch(epoch);
+      b.add_fp32("fragment/" + std::to_string(p.value), delta);
+      auto got = receive(b.finish());
+      if (!got) return got.err();
+      (void)shard.on_message(*got->envelope, 0);
+    }
+    return {};
+  };
+  auto close = [&](int r) -> status {
+    const fragment_index p = owned[static_cast<std::size_t>(r) % owned.size()];
+    transport::envelope_builder b(broker_address, incarnation{1}, static_cast<std::uint64_t>(r) + 1,
+                                  static_cast<std::uint64_t>(r), epoch);
+    auto close = b.body().initRoundClose();
+    close.setFragment(p.value);
+    close.setQuorumNs(1);
+    auto members = close.initMembers(static_cast<unsigned>(o.learners));
+    for (int m = 0; m < o.learners; ++m) {
+      members[static_cast<unsigned>(m)].setLearner(static_cast<std::uint32_t>(m));
+      members[static_cast<unsigned>(m)].setIncarnation(1);
+      members[static_cast<unsigned>(m)].setWeight(1000.0 * 1000.0);
+      members[static_cast<unsigned>(m)].setTokens(1000);
+      members[static_cast<unsigned>(m)].setSteps(1);
+    }
+    auto got = receive(b.finish());
+    if (!got) return got.err();
+    (void)shard.on_message(*got->envelope, 0);
+    ++undurable;
+    return {};
+  };
+  for (int r = 0; r < rounds + tau - 1; ++r) {
+    if (hooks.stopped()) return interrupted();
+    hooks.update("bench snapshot: shard memory, round " + std::to_string(r + 1) + "/" + std::to_string(rounds));
+    if (r < rounds) {
+      while (undurable >= backlog)
+        if (auto ok = settle(true); !ok) return ok.err();
+      if (auto ok = contribute(r); !ok) return ok.err();
+    }
+    if (r >= tau - 1)
+      if (auto ok = close(r - (tau - 1)); !ok) return ok.err();
+    if (auto ok = settle(false); !ok) return ok.err();
+  }
+  if (auto ok = writer.drain(std::chrono::minutes(10)); !ok) return ok.err();
+  if (auto ok = settle(false); !ok) return ok.err();
+  out.rounds = static_cast<std::size_t>(rounds);
+  out.seconds = since(started);
+  const auto per_param = [&](double mb) { return mb * 1e6 / static_cast<double>(out.owned_params); };
+  out.peak_mb = (static_cast<double>(status_kb("VmHWM")) * 1024 - rss_start) * 1e-6;
+  out.end_mb = (static_cast<double>(status_kb("VmRSS")) * 1024 - rss_start) * 1e-6;
+  out.start_peak_bytes_per_param = per_param(out.start_peak_mb);
+  out.peak_bytes_per_param = per_param(out.peak_mb);
+  out.end_bytes_per_param = per_param(out.end_mb);
+  out.fragments_owned = owned.size();
+  out.sent_mb = static_cast<double>(port.sent_bytes) * 1e-6;
+  return out;
+}
+
 expected<snapshot_result> run_snapshot_bench(const snapshot_options& o, const bench_hooks& hooks) {
   auto parent = parent_dir(o);
   if (!parent) return parent.err();
@@ -514,6 +804,16 @@ expected<snapshot_result> run_snapshot_bench(const snapshot_options& o, const be
     auto x = measure_restore(o, *parent, hooks);
     if (!x) return x.err();
     r.restore = std::move(*x);
+  }
+  if (wants(o, "sync")) {
+    auto x = measure_sync(o, *parent, hooks);
+    if (!x) return x.err();
+    r.sync = std::move(*x);
+  }
+  if (wants(o, "shard")) {
+    auto x = measure_shard_memory(o, *parent, hooks);
+    if (!x) return x.err();
+    r.shard = std::move(*x);
   }
   r.load_after = load_average();
   r.wall_s = since(started);

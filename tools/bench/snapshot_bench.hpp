@@ -22,7 +22,18 @@
 //      manifest (reading and verifying every fragment state once), lay the
 //      states out as parameters (params_from) vs opening the same
 //      directory with plain RocksDB and copying the same value bytes out; once
-//      as the writer left it (its tail in RocksDB's log) and once flushed.
+//      as the writer left it (its tail in RocksDB's log) and once flushed;
+//   4. (part `sync`, not among the default parts) what storage.sync = true costs
+//      against false: the round latency pairs of 1. with snapshots on in both
+//      runs, one fsyncing every commit; and the write model's commits, each
+//      commit's latency and their throughput, synced and not, alternating;
+//   5. (part `shard`, not among the default parts) what one parameter shard holds
+//      per parameter it owns: its wire layer and core, the writer and a RocksDB
+//      store, --learners contributions per round of the write model's fragments
+//      it owns (shard 0 of --shards), τ = 2 rounds open, storage.backlog versions
+//      (at least 1) not yet durable at most; the resident set's peak at the start (the whole
+//      model's initial values, freed once the shard holds its own), in the
+//      rounds and at the end, above the process's before, per owned parameter.
 // Temporary stores live under snapshot_options::dir and are removed.
 
 #include <cstddef>
@@ -37,7 +48,7 @@
 namespace archipelago {
 
 struct snapshot_options {
-  std::vector<std::string> parts{"latency", "write", "restore"};
+  std::vector<std::string> parts{"latency", "write", "restore"};  // also: sync, shard
   std::string dir;  // parent of the temporary stores; empty: $TMPDIR or /tmp
   bool sync = false;  // fsync every write, the store's and the baseline's
   // 1. latency
@@ -48,6 +59,7 @@ struct snapshot_options {
   // 2. write; a model is a preset name or a layout file (model.layout, a path ending in .json)
   std::string write_model = "mini";
   int commits = 96;  // one-fragment commits per sample
+  int shards = 0;     // 5. shards of the write model (the bench is shard 0); 0: mesh.shards
   int fragments = 0;  // P of the write and restore models; 0: the configuration's default
   // 2. and 3.
   int rounds = 3;
@@ -103,8 +115,27 @@ struct restore_result {
   restore_layout logged, flushed;  // as the writer left it; memtables flushed to table files
 };
 
+/// One parameter shard's memory (part `shard`); MB are 10^6 bytes above the process's before it.
+struct shard_memory_result {
+  std::size_t owned_params = 0, fragments_owned = 0, rounds = 0, versions_committed = 0;
+  double initial_mb = 0;       // the whole model's initial values (freed once the shard holds its own)
+  double bench_buffer_mb = 0;  // the bench's own delta buffer (one learner's contribution), counted in the figures
+  double start_peak_mb = 0, peak_mb = 0, end_mb = 0;
+  double start_peak_bytes_per_param = 0, peak_bytes_per_param = 0, end_bytes_per_param = 0;
+  double sent_mb = 0, seconds = 0;
+};
+
+/// storage.sync = true (on) against false (off), both with snapshots.
+struct sync_result {
+  latency_result latency;  // off: storage.sync = false; on: true
+  std::vector<double> commit_mbps_off, commit_mbps_on, commit_ratio;  // per round; ratio: on / off
+  std::vector<double> commit_ms_off, commit_ms_on;  // every timed commit's latency, pooled
+};
+
 struct snapshot_result {
   std::optional<latency_result> latency;
+  std::optional<sync_result> sync;
+  std::optional<shard_memory_result> shard;
   std::optional<write_result> write;
   std::optional<restore_result> restore;
   double load_before = 0, load_after = 0, wall_s = 0;
@@ -118,5 +149,8 @@ expected<latency_result> measure_latency(const snapshot_options& o, const std::s
 expected<write_result> measure_writes(const snapshot_options& o, const std::string& parent, const bench_hooks& hooks);
 expected<restore_result> measure_restore(const snapshot_options& o, const std::string& parent,
                                          const bench_hooks& hooks);
+expected<sync_result> measure_sync(const snapshot_options& o, const std::string& parent, const bench_hooks& hooks);
+expected<shard_memory_result> measure_shard_memory(const snapshot_options& o, const std::string& parent,
+                                                   const bench_hooks& hooks);
 
 }  // namespace archipelago
