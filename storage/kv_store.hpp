@@ -56,7 +56,7 @@ class kv_store {
   /// Applies the batch atomically. io_error when the write failed (nothing applied
   /// unless the implementation says otherwise, see faulty_kv).
   virtual status write(const write_batch& batch) = 0;
-  /// The same without RocksDB's log: bulk data written once, to table and blob files,
+  /// The same without RocksDB's log: bulk data written once, to table files,
   /// instead of twice. It survives no crash until flush_memtables() returns, so
   /// nothing may refer to it before that (a commit's pieces, then its manifest).
   virtual status write_unlogged(const write_batch& batch) = 0;

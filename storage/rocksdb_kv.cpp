@@ -19,9 +19,9 @@ namespace archipelago::storage {
 
 // Modest on a 2-core machine: two background jobs, small memtables, bounded
 // total memtable memory, one shared block cache. Parameters are floats, which
-// barely compress, so compression would cost CPU for nothing. Values are large
-// (fragment pieces, merge records): those of the bulk columns go to blob files,
-// so compactions move keys and blob references, never the floats again.
+// barely compress, so compression would cost CPU for nothing. Not blob files
+// for the large values: RocksDB 7.8's secondary instance (every reader) crashes
+// reading a blob (SIGSEGV in BlobSource::GetBlob).
 rocksdb::DBOptions db_options(open_mode mode) {
   rocksdb::DBOptions o;
   o.create_if_missing = mode == open_mode::create;
@@ -34,7 +34,7 @@ rocksdb::DBOptions db_options(open_mode mode) {
   // (a large one flushes; a full memtable stalls the next write), so at a lower
   // one a busy machine starved them: on 2 cores at a load of 19, one 125 MB
   // memtable took 12 minutes to flush at nice 19 while the writer waited behind
-  // it (bench snapshot). With blob files they cost little CPU.
+  // it (bench snapshot).
   // A reader is a secondary instance (RocksDB's supported way to read beside a
   // live primary in another process); it must keep every table file open
   // (RocksDB requires it), so files the writer compacts away stay readable.
@@ -42,7 +42,7 @@ rocksdb::DBOptions db_options(open_mode mode) {
   return o;
 }
 
-rocksdb::ColumnFamilyOptions family_options(column c) {
+rocksdb::ColumnFamilyOptions family_options(column) {
   static const std::shared_ptr<rocksdb::Cache> block_cache = rocksdb::NewLRUCache(32 << 20);
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = block_cache;
@@ -50,21 +50,8 @@ rocksdb::ColumnFamilyOptions family_options(column c) {
   o.write_buffer_size = 16 << 20;
   o.compression = rocksdb::kNoCompression;
   o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  if (c == column::pieces || c == column::contributions) {
-    // Without blob files every compaction rewrote the floats (write amplification
-    // of several times the payload). No blob garbage collection: a blob file goes
-    // once every blob in it is deleted, which retention does by whole fragment
-    // versions (a large commit's flush writes blob files of its own).
-    o.enable_blob_files = true;
-    o.min_blob_size = 4096;
-    o.blob_file_size = 256 << 20;
-    o.blob_compression_type = rocksdb::kNoCompression;
-    o.enable_blob_garbage_collection = false;
-  }
   return o;
 }
-
-
 namespace {
 
 namespace fs = std::filesystem;
@@ -220,6 +207,7 @@ class rocksdb_kv final : public kv_store {
       return make_error(errc::unsupported, "rocksdb at " + path_ + ": opened read-only, write refused");
     rocksdb::WriteBatch wb;
     for (const auto& o : batch.ops) {
+      if (o.range_end && o.key >= *o.range_end) continue;  // an empty range (RocksDB refuses it)
       if (!handle(o.col))
         return make_error(errc::unsupported, "rocksdb at " + path_ + ": opened without the " +
                                                  std::string(to_string(o.col)) + " column family (a format 1 store)");

@@ -10,7 +10,7 @@
 namespace archipelago::storage {
 
 rocksdb::DBOptions db_options(open_mode mode);
-/// A column's family options (the bulk columns keep their values in blob files).
+/// A column's family options (today the same for every column).
 rocksdb::ColumnFamilyOptions family_options(column c);
 /// The same by RocksDB family name ("default" is meta's; an unknown name gets meta's).
 rocksdb::ColumnFamilyOptions family_options(const std::string& name);

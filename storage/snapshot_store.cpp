@@ -612,7 +612,7 @@ expected<std::uint64_t> snapshot_store::commit(const commit_job& job) {
   for (const auto& f : job.fragments) payload += f.bytes();
   for (const auto& m : job.merges)
     for (const auto& c : m.contributions) payload += 4 * c.delta.size();
-  // A large commit's floats bypass RocksDB's log: written once (to table and blob
+  // A large commit's floats bypass RocksDB's log: written once (to table
   // files), flushed to disk before the batch that names them. A small one goes
   // whole into that one batch, as atomic as ever.
   const bool unlogged = payload >= tuning_.unlogged_from_bytes;

@@ -166,7 +166,7 @@ struct retention {
 
 /// How a commit writes a fragment state (readers follow the records, so these
 /// never change the format): in pieces of `piece_floats`, and — a commit at least
-/// `unlogged_from_bytes` large — past RocksDB's log into table and blob files
+/// `unlogged_from_bytes` large — past RocksDB's log into table files
 /// (written once, not twice), flushed to disk before its manifest is written.
 struct write_tuning {
   std::size_t piece_floats = std::size_t{2} << 20;          // 8 MiB

@@ -32,7 +32,8 @@ struct process_roles {
   status_board& board;
   const dataset* data = nullptr;               // learners
   const std::vector<float>* initial = nullptr;  // shards: the initial global model
-  std::function<void()> initial_used;  // shards: called once one has taken its fragments from `initial`
+  // shards: called once one has taken its fragments from `initial`
+  std::function<void()> initial_used = {};
   // snapshots (null writer: none)
   storage::snapshot_writer* writer = nullptr;
   bool record_contributions = false;

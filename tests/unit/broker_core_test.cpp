@@ -380,8 +380,8 @@ TEST_CASE("back-pressure: a shard with storage_backlog versions not yet durable 
   h.core.on_published(R(0), fragment_index{0}, 1, h.now());  // shard 0's version durable
   CHECK(h.core.undurable_versions(0, h.now()) == 0);
   h.tick(40 * ms + 2 * ms);  // turn 4: fragment 0 itself, free again
-  h.tick(50 * ms);           // turn 5: fragment 1, not durable yet: passes (not a storage hold)
-  h.tick(60 * ms);           // turn 6: fragment 2, shard 0 free
+  h.tick(52 * ms);           // turn 5: fragment 1, not durable yet: passes (not a storage hold)
+  h.tick(62 * ms);           // turn 6: fragment 2, shard 0 free
   const auto opens = h.all<open_round>();
   REQUIRE(opens.size() == 4);
   CHECK(opens[2].fragment.value == 0);

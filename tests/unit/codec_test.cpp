@@ -171,7 +171,8 @@ TEST_CASE("an fp32 frame added with add_fp32 is the caller's buffer itself, kept
   REQUIRE(m.tensors.size() == 1);
   CHECK(m.tensors[0].data() == at);  // no copy
   CHECK(m.tensors[0].size() == expected.size() * sizeof(float));
-  auto r = decode(owned_message(m));
+  const owned_message frames(m);  // outlives the decoded views
+  auto r = decode(frames);
   REQUIRE(r.ok());
   std::vector<float> out(expected.size());
   REQUIRE(r.value().decode_tensor_values(0, out.data()));

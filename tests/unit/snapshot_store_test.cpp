@@ -432,7 +432,9 @@ TEST_CASE("snapshot store: recovery removes the pieces of commits that never com
 TEST_CASE("snapshot store: retention in bytes drops the oldest kept snapshots, whatever kept them") {
   auto kv = std::shared_ptr<kv_store>(make_memory_kv());
   // Each state is 2 × 16 floats = 128 bytes; at most 5 of them.
-  auto s = *snapshot_store::create(kv, test_info(), {100, 2, 5 * 128}, write_tuning{8, 1 << 20, 1 << 20});
+  store_info info = test_info();
+  info.param_floats = 400;  // the last state below has 400 floats
+  auto s = *snapshot_store::create(kv, info, {100, 2, 5 * 128}, write_tuning{8, 1 << 20, 1 << 20});
   REQUIRE(s->commit(job_of({state(0, 0, 1), state(1, 0, 2)})));
   for (std::uint64_t v = 1; v <= 12; ++v) {
     REQUIRE(s->commit(job_of({state(v % 2, v, 100 + v)})));

@@ -47,7 +47,7 @@ expected<std::unique_ptr<plain_db>> open_plain(const std::string& path, bool rea
       return rocksdb_error("list column families of " + path, s);
   }
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  // One family: the options of the store's bulk column (its floats' blob files); else each its own.
+  // One family: the options of the store's bulk column; else each its own.
   for (const auto& n : out->names)
     families.emplace_back(n, store_families || read_only ? storage::family_options(n)
                                                           : storage::family_options(storage::column::pieces));
@@ -155,22 +155,25 @@ expected<double> plain_restore_sample(const std::string& path, std::vector<char>
   auto db = open_plain(path, true);
   if (!db) return db.err();
   const double opened = since(t0);
-  const auto family = std::find((*db)->names.begin(), (*db)->names.end(), "fragments");
-  if (family == (*db)->names.end()) return make_error(errc::internal, path + " has no fragments column family");
-  rocksdb::ColumnFamilyHandle* handle = (*db)->handles[static_cast<std::size_t>(family - (*db)->names.begin())];
   std::uint64_t at = 0;
   rocksdb::ReadOptions ro;
   ro.verify_checksums = true;
-  std::unique_ptr<rocksdb::Iterator> it((*db)->db->NewIterator(ro, handle));
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    const rocksdb::Slice v = it->value();
-    if (at + v.size() > buffer.size())
-      return make_error(errc::internal, "plain RocksDB read more fragment record bytes than the store wrote (" +
-                                            std::to_string(buffer.size()) + ")");
-    std::memcpy(buffer.data() + at, v.data(), v.size());
-    at += v.size();
+  for (const char* name : {"fragments", "pieces"}) {  // the states' heads and their floats
+    const auto family = std::find((*db)->names.begin(), (*db)->names.end(), name);
+    if (family == (*db)->names.end())
+      return make_error(errc::internal, path + " has no " + name + " column family");
+    rocksdb::ColumnFamilyHandle* handle = (*db)->handles[static_cast<std::size_t>(family - (*db)->names.begin())];
+    std::unique_ptr<rocksdb::Iterator> it((*db)->db->NewIterator(ro, handle));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      const rocksdb::Slice v = it->value();
+      if (at + v.size() > buffer.size())
+        return make_error(errc::internal, "plain RocksDB read more fragment record bytes than the store wrote (" +
+                                              std::to_string(buffer.size()) + ")");
+      std::memcpy(buffer.data() + at, v.data(), v.size());
+      at += v.size();
+    }
+    if (!it->status().ok()) return rocksdb_error("read", it->status());
   }
-  if (!it->status().ok()) return rocksdb_error("read", it->status());
   const double seconds = since(t0);
   if (at != buffer.size())
     return make_error(errc::internal, "plain RocksDB read " + std::to_string(at) +

@@ -408,7 +408,7 @@ status write_one_snapshot(restore_result& out, const model_fixture& f, bool sync
   if (auto ok = recorder->flush(); !ok) return ok.err();
   for (const auto& b : recorder->take())
     for (const auto& p : b.puts)
-      if (p.col == storage::column::fragments) out.fragment_bytes += p.value_bytes;
+      if (p.col == storage::column::fragments || p.col == storage::column::pieces) out.fragment_bytes += p.value_bytes;
   return {};
 }
 

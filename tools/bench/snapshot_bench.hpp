@@ -110,7 +110,7 @@ struct restore_layout {
 
 struct restore_result {
   std::size_t params = 0, fragments = 0;
-  std::uint64_t fragment_bytes = 0;  // the fragment records' values in the store
+  std::uint64_t fragment_bytes = 0;  // the fragment records' values in the store (heads and pieces)
   std::uint64_t disk_bytes = 0;
   restore_layout logged, flushed;  // as the writer left it; memtables flushed to table files
 };
