@@ -143,6 +143,8 @@ struct Progress {
   step @0 :UInt64;         # inner steps done by this incarnation
   stepTimeNs @1 :UInt64;   # duration of the last step
   tokens @2 :UInt64;       # tokens processed by this incarnation
+  finished @3 :Bool;       # its last step is done: it stays only to flush its work (mesh.flush), and
+                           # answers rounds only of fragments it stepped on since it last contributed
 }
 
 struct RoundOpen {

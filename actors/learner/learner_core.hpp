@@ -100,6 +100,7 @@ class learner_core {
   /// No step follows (a flush): a round is answered with whatever work its
   /// fragment holds, fewer steps than contribute_after included (diloco's H).
   void on_last_step() { last_step_done_ = true; }
+  bool last_step_done() const { return last_step_done_; }
 
   /// The broker restarted (a higher incarnation): the rounds it had opened are
   /// gone, and the new one may number its rounds from 0 again. Pending rounds

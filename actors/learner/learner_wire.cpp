@@ -266,12 +266,14 @@ void learner_wire::send_progress() {
   p.setStep(core_->steps_done());  // this incarnation's steps (the ledger counts from 1)
   p.setStepTimeNs(static_cast<std::uint64_t>(last_step_ns_));
   p.setTokens(counts_.tokens);
+  p.setFinished(core_->last_step_done());
   (void)port_.send(broker_.leader(), b.finish());
 }
 
 bool learner_wire::begin_flush() {
   if (!setup_.cfg.mesh.flush) return false;
   core_->on_last_step();
+  send_progress();  // finished: the broker waits for it only in rounds of fragments it holds work on
   send_contributions();
   flushing_ = core_->fragments_with_unmerged_work() != 0;
   return flushing_;

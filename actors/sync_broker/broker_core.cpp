@@ -178,11 +178,15 @@ void broker_core::bound_members(std::vector<round_member>& members) {
 }
 
 void broker_core::on_progress(learner_index learner, incarnation inc, std::uint64_t steps_done,
-                              nanos step_time_ns, nanos now, std::uint64_t tokens_done) {
+                              nanos step_time_ns, nanos now, std::uint64_t tokens_done, bool finished) {
   learner_state* st = admit(learner, inc, now);
   if (st == nullptr) return;
   st->steps_done = std::max(st->steps_done, steps_done);
   st->tokens_done = std::max(st->tokens_done, tokens_done);
+  if (finished && !st->finished) {
+    st->finished = true;
+    check_closes(now);  // rounds it held no work for wait for it no longer
+  }
   if (step_time_ns < 0) return;
   const auto sample = static_cast<double>(step_time_ns);
   update_ema(st->step_ema_ns, st->has_step_ema, sample);
@@ -210,6 +214,21 @@ std::vector<member_view> broker_core::members() const {
   return out;
 }
 
+bool broker_core::may_contribute(const learner_state& st, std::uint32_t fragment) {
+  if (!st.finished) return true;
+  auto it = st.contributed_step.find(fragment);
+  return st.steps_done > (it == st.contributed_step.end() ? 0 : it->second);
+}
+
+void broker_core::on_contributed(learner_index learner, incarnation inc, fragment_index p, std::uint64_t step,
+                                 nanos now) {
+  auto it = learners_.find(learner);
+  if (it == learners_.end() || it->second.inc != inc || p.value >= static_cast<std::uint32_t>(cfg_.fragments)) return;
+  std::uint64_t& latest = it->second.contributed_step[p.value];
+  latest = std::max(latest, step);
+  if (it->second.finished) check_closes(now);
+}
+
 bool broker_core::is_eligible(learner_index learner) const {
   auto it = learners_.find(learner);
   return is_live(learner) && it->second.steps_done >= 1;
@@ -220,6 +239,12 @@ std::vector<learner_ref> broker_core::eligible_now() const {
   for (const auto& [index, st] : learners_) {
     if (is_eligible(index)) out.push_back({index, st.inc});
   }
+  return out;
+}
+
+std::vector<learner_ref> broker_core::eligible_for(std::uint32_t fragment) const {
+  std::vector<learner_ref> out = eligible_now();
+  std::erase_if(out, [&](const learner_ref& l) { return !may_contribute(learners_.at(l.learner), fragment); });
   return out;
 }
 
@@ -307,12 +332,23 @@ void broker_core::reach_quorum(round_state& rs, nanos now) {
   rs.grace_ns = std::llround(std::clamp(raw, 0.0, step));
 }
 
+bool broker_core::anyone_may_answer(const round_state& rs) const {
+  return std::any_of(rs.eligible.begin(), rs.eligible.end(), [&](const learner_ref& e) {
+    // Only one that left, or finished without work on the fragment, cannot: a dead
+    // learner may come back (a partition heals) and answer, as before its timeout.
+    auto it = learners_.find(e.learner);
+    return it == learners_.end() || it->second.inc != e.inc ||
+           (!it->second.departed && may_contribute(it->second, rs.fragment));
+  });
+}
+
 bool broker_core::all_eligible_in(const round_state& rs) const {
   for (const auto& e : rs.eligible) {
     auto it = learners_.find(e.learner);
-    // Dead, departed or reincarnated learners are no longer waited for.
+    // Dead, departed or reincarnated learners are no longer waited for, nor finished
+    // ones without work on the fragment.
     const bool awaited = it != learners_.end() && it->second.inc == e.inc && it->second.live &&
-                         !it->second.departed;
+                         !it->second.departed && may_contribute(it->second, rs.fragment);
     if (!awaited) continue;
     const bool in = std::any_of(rs.members.begin(), rs.members.end(),
                                 [&](const round_member& m) { return same(m, e.learner, e.inc); });
@@ -329,6 +365,12 @@ void broker_core::check_closes(nanos now) {
     } else if (rs.quorum_ns >= 0 && !cfg_.wait_for_all && now >= rs.quorum_ns + rs.grace_ns) {
       it = close(it, close_reason::grace_expired, now);
     } else if (now - rs.opened_ns >= cfg_.round_timeout_ns) {
+      it = close(it, close_reason::timeout, now);
+    } else if (rs.quorum_ns < 0 && !anyone_may_answer(rs)) {
+      // Every learner it waits for left, or finished without work on its fragment:
+      // held to its timeout, it would keep its shard's fragments with work (a
+      // flushing learner's last steps) from their turns until that learner gives up.
+      ++counters_.rounds_unanswerable;
       it = close(it, close_reason::timeout, now);
     } else if (auto merged = newest_merged_.find(rs.fragment);
                rs.quorum_ns < 0 && merged != newest_merged_.end() && merged->second > rs.round) {
@@ -400,6 +442,7 @@ broker_core::turn broker_core::turn_of(std::uint32_t fragment, std::uint32_t sha
     return turn::storage_busy;
   const auto in_flight = std::count_if(open_.begin(), open_.end(), [&](const auto& r) { return r.second.shard == shard; });
   if (!cfg_.wait_for_all && in_flight >= cfg_.rounds_in_flight) return turn::shard_busy;
+  if (eligible_for(fragment).size() < static_cast<std::size_t>(cfg_.quorum)) return turn::no_work;
   return turn::open;
 }
 
@@ -424,9 +467,8 @@ void broker_core::open_due_rounds(nanos now) {
   for (int skipped = 0; skipped < cfg_.fragments;) {
     // The synchronous modes keep τ rounds in flight in all; decoupled τ per shard (turn_of).
     if (cfg_.wait_for_all && open_.size() >= static_cast<std::size_t>(cfg_.rounds_in_flight)) return;
-    std::vector<learner_ref> eligible = eligible_now();
     // Rounds go on while at least K learners can contribute; below that they pause.
-    if (eligible.size() < static_cast<std::size_t>(cfg_.quorum)) return;
+    if (eligible_now().size() < static_cast<std::size_t>(cfg_.quorum)) return;
     const std::optional<nanos> step = xi_step_ns();
     if (!step) return;
     if (any_opened_ && now < last_open_ns_ + std::llround(static_cast<double>(*step) * cfg_.steps_per_round)) return;
@@ -436,7 +478,7 @@ void broker_core::open_due_rounds(nanos now) {
       // the others meanwhile, and once it can open again it is the stalest, so it goes first.
       const std::optional<std::uint32_t> fragment = stalest_open_fragment(now);
       if (!fragment) return;
-      open_round_for(*fragment, std::move(eligible), now);
+      open_round_for(*fragment, now);
       continue;
     }
     const std::uint32_t fragment = fragment_of_turn(next_round_);
@@ -454,7 +496,7 @@ void broker_core::open_due_rounds(nanos now) {
       ++skipped;
       continue;
     }
-    open_round_for(fragment, std::move(eligible), now);
+    open_round_for(fragment, now);
   }
 }
 
@@ -488,7 +530,8 @@ std::optional<std::uint32_t> broker_core::stalest_open_fragment(nanos now) {
   return std::nullopt;
 }
 
-void broker_core::open_round_for(std::uint32_t fragment, std::vector<learner_ref> eligible, nanos now) {
+void broker_core::open_round_for(std::uint32_t fragment, nanos now) {
+  std::vector<learner_ref> eligible = eligible_for(fragment);
   round_state rs;
   rs.round = next_round_++;
   rs.fragment = fragment;

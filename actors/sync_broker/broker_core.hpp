@@ -155,6 +155,9 @@ struct broker_counters {
   std::uint64_t learners_dead = 0;
   std::uint64_t rounds_aborted = 0;  // closed without a merge because their shard restarted or fell silent
   std::uint64_t rounds_superseded = 0;  // closed without quorum once a younger round of their fragment merged
+  /// Closed without quorum once every learner it waited for had left, or had finished
+  /// (flushing) without work on its fragment: nobody could answer it any more.
+  std::uint64_t rounds_unanswerable = 0;
   /// A fragment's turn passed without a round: its shard silent, its shard's τ rounds
   /// in flight, its last merge not yet durable, or its shard's storage behind.
   /// The other fragments keep their pace.
@@ -195,11 +198,18 @@ class broker_core {
   void on_join(learner_index learner, incarnation inc, nanos now);
   void on_leave(learner_index learner, incarnation inc, nanos now);
   /// `tokens_done`: the tokens this incarnation reports (Progress.tokens); it bounds
-  /// the claims of its contributions (bound_claim), as steps_done does.
+  /// the claims of its contributions (bound_claim), as steps_done does. `finished`
+  /// (Progress.finished): it takes no more steps and stays only to flush (mesh.flush),
+  /// so it can answer a round only of a fragment it stepped on since it last
+  /// contributed to it (on_contributed): it is waited for in no other.
   void on_progress(learner_index learner, incarnation inc, std::uint64_t steps_done,
-                   nanos step_time_ns, nanos now, std::uint64_t tokens_done = 0);
+                   nanos step_time_ns, nanos now, std::uint64_t tokens_done = 0, bool finished = false);
   void on_contribution(round_number round, learner_index learner, incarnation inc,
                        std::uint64_t tokens, std::uint64_t steps, nanos now);
+  /// A shard's notice of a contribution of `learner` to fragment p taken at its step
+  /// `step`, whatever the shard did with it (buffered, late, rejected): the learner
+  /// never sends that work again.
+  void on_contributed(learner_index learner, incarnation inc, fragment_index p, std::uint64_t step, nanos now);
   void on_published(round_number round, fragment_index fragment, std::uint64_t version, nanos now);
   /// The transport found the learner silent (no message, not even a heartbeat,
   /// for its liveness timeout): it is dead now. Its next message revives it.
@@ -267,7 +277,12 @@ class broker_core {
     std::uint64_t tokens_done = 0; // of this incarnation, as its Progress reported
     double step_ema_ns = 0;
     bool has_step_ema = false;
+    bool finished = false;  // its last step is done (Progress.finished): flushing
+    std::map<std::uint32_t, std::uint64_t> contributed_step;  // fragment → its step at its latest contribution
   };
+  /// Whether the learner may still contribute to fragment p: one that takes more
+  /// steps always may; a finished one only with steps since its last contribution to p.
+  static bool may_contribute(const learner_state& st, std::uint32_t fragment);
   std::uint64_t tokens_per_step_max(learner_index learner) const;
   /// At close: every member's counts cut to what the broker saw (bound_claim).
   void bound_members(std::vector<round_member>& members);
@@ -290,13 +305,17 @@ class broker_core {
   void update_ema(double& ema, bool& has, double sample) const;
   void reach_quorum(round_state& rs, nanos now);
   bool all_eligible_in(const round_state& rs) const;
+  /// Whether any learner the round waits for may still contribute to it (dead ones may come back).
+  bool anyone_may_answer(const round_state& rs) const;
   void check_closes(nanos now);
   /// Emits the close effect, records the round, returns the next open round.
   std::map<std::uint64_t, round_state>::iterator close(
       std::map<std::uint64_t, round_state>::iterator it, close_reason reason, nanos now);
   void open_due_rounds(nanos now);
   /// Whether fragment p's turn can open a round now, and if not, why.
-  enum class turn : std::uint8_t { open, shard_silent, not_durable, shard_busy, storage_busy };
+  /// no_work: fewer than K live learners may contribute to it (finished ones flushing
+  /// hold no work on it).
+  enum class turn : std::uint8_t { open, shard_silent, not_durable, shard_busy, storage_busy, no_work };
   turn turn_of(std::uint32_t fragment, std::uint32_t shard, nanos now) const;
   /// Whether a turn that cannot open is waited for (true) or passed to the next fragment.
   bool waits_for(turn t) const;
@@ -306,9 +325,11 @@ class broker_core {
   std::uint32_t fragment_of_turn(std::uint64_t round);
   /// stalest: the fragment to open now (nullopt: none can, or the stalest one is waited for).
   std::optional<std::uint32_t> stalest_open_fragment(nanos now);
-  void open_round_for(std::uint32_t fragment, std::vector<learner_ref> eligible, nanos now);
+  void open_round_for(std::uint32_t fragment, nanos now);
   void abort_rounds_of(std::uint32_t shard, nanos now);
   std::vector<learner_ref> eligible_now() const;
+  /// eligible_now(), less the finished learners holding no work on the fragment.
+  std::vector<learner_ref> eligible_for(std::uint32_t fragment) const;
   round_record* find_record_mut(std::uint64_t round);
 
   broker_config cfg_;

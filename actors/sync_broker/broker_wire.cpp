@@ -463,7 +463,8 @@ void broker_wire::on_message(const transport::decoded_envelope& env, nanos now) 
       // went nowhere. The ledger counts it (Progress is cumulative); a learner follows
       // every Join with its latest Progress, which the core then hears.
       if (std::find(learners_.begin(), learners_.end(), from) != learners_.end())
-        core_->on_progress(who.learner, who.inc, p.getStep(), static_cast<nanos>(p.getStepTimeNs()), now, p.getTokens());
+        core_->on_progress(who.learner, who.inc, p.getStep(), static_cast<nanos>(p.getStepTimeNs()), now, p.getTokens(),
+                           p.getFinished());
       ledger_.on_progress(who, p.getStep(), p.getTokens(), static_cast<nanos>(p.getStepTimeNs()));
       break;
     }
@@ -563,6 +564,8 @@ void broker_wire::on_arrival(const transport::decoded_envelope& env, nanos now) 
       ledger_.on_outcome(who, p, c.getStep(), c.getSteps(), ledger_bucket::rejected);
       break;
   }
+  // After the contribution took its place: a round it completes closes with it.
+  core_->on_contributed(who.learner, who.inc, p, c.getStep(), now);
 }
 
 /// A shard published a new version: durable (committed: the tape records its round)

@@ -31,10 +31,13 @@ void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
   for (const auto& [reason, n] : closed)
     page.counter("archipelago_rounds_closed_total", "Rounds closed, by why they closed.", static_cast<double>(n),
                  with("reason", reason));
-  page.counter("archipelago_rounds_dropped_total", "Rounds closed without a merge (their shard restarted, or a younger round merged).",
-               static_cast<double>(c.rounds_aborted + c.rounds_superseded), l);
+  page.counter("archipelago_rounds_dropped_total",
+               "Rounds closed without a merge (their shard restarted, a younger round merged, or nobody was left to "
+               "answer them).",
+               static_cast<double>(c.rounds_aborted + c.rounds_superseded + c.rounds_unanswerable), l);
   page.counter("archipelago_rounds_skipped_total",
-               "Fragment turns passed without a round: its shard silent or busy, or its last merge not durable yet.",
+               "Fragment turns passed without a round: its shard silent or busy, its last merge not durable yet, or "
+               "no learner left with work on it (the others finished, flushing).",
                static_cast<double>(c.rounds_skipped), l);
   page.counter("archipelago_rounds_held_for_storage_total",
                "Fragment turns held (passed, or waited for) because the fragment's shard had storage.backlog versions "

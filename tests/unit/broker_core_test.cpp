@@ -872,6 +872,72 @@ TEST_CASE("a round without quorum closes once a younger round of its fragment me
   CHECK(h.core.rounds_open() == 2);  // round 0's slot went to a new round (rounds are paced one step apart)
 }
 
+// mesh.flush: a learner done with its steps (Progress.finished) stays only to have its
+// last work merged. A round of a fragment it holds no work on (it contributed at its
+// last step) can never hear from it: held to its timeout, it kept the shard's slots
+// from the fragment whose last steps it still had to send, until its flush gave up
+// and those steps were lost (CI's python_learner_train).
+TEST_CASE("a finished learner is waited for only in rounds of fragments it holds work on") {
+  auto cfg = make_config(4, 2, 1);  // fragments 0 and 2 on shard 0, 1 and 3 on shard 1; tau = 2 per shard
+  cfg.adaptive_grace = false;
+  cfg.round_timeout_ns = 1000 * ms;
+  harness h(cfg);
+  h.join(0);
+  h.step(0, 10, 10 * ms);
+  for (nanos t = 0; t <= 30 * ms; t += 10 * ms) h.tick(t);
+  REQUIRE(h.all<open_round>().size() == 4);
+  auto contribute_at = [&](std::uint64_t r, std::uint32_t p, std::uint64_t step) {
+    h.contribute(r, 0, 100, 1);
+    h.core.on_contributed(L(0), I(1), fragment_index{p}, step, h.now());
+    h.core.on_published(R(r), fragment_index{p}, 1, h.now());
+    h.drain();
+  };
+  // Its last contributions: fragments 0, 2 and 3 at its last step (10), fragment 1 at step 8.
+  contribute_at(0, 0, 10);
+  contribute_at(1, 1, 8);
+  contribute_at(2, 2, 10);
+  contribute_at(3, 3, 10);
+  for (nanos t = 40 * ms; t <= 70 * ms; t += 10 * ms) h.tick(t);  // before it says it finished: every turn opens
+  REQUIRE(h.all<open_round>().size() == 8);
+  h.core.on_progress(L(0), I(1), 10, 10 * ms, h.now(), 0, true);
+  h.drain();
+  for (std::uint64_t r : {4u, 6u, 7u}) {  // fragments 0, 2, 3: nobody can answer them
+    CAPTURE(r);
+    REQUIRE(h.closes_of(r).size() == 1);
+    CHECK_FALSE(h.closes_of(r)[0].merge());
+  }
+  CHECK(h.closes_of(5).empty());  // fragment 1: its last two steps are still to come
+  CHECK(h.core.counters().rounds_unanswerable == 3);
+  const std::uint64_t skipped = h.core.counters().rounds_skipped;
+  for (nanos t = 80 * ms; t <= 150 * ms; t += 10 * ms) h.tick(t);
+  const auto opened = h.all<open_round>();
+  REQUIRE(opened.size() == 9);  // one more round of fragment 1 (its shard's second slot), no other
+  CHECK(opened.back().fragment.value == 1);
+  CHECK(h.core.counters().rounds_skipped > skipped);
+  contribute_at(5, 1, 10);
+  REQUIRE(h.closes_of(5).size() == 1);
+  CHECK(h.closes_of(5)[0].merge());
+  CHECK(h.closes_of(5)[0].reason == close_reason::all_eligible);
+  const std::uint64_t spare = opened.back().round.value;  // answered nowhere now: it closes too
+  REQUIRE(h.closes_of(spare).size() == 1);
+  CHECK_FALSE(h.closes_of(spare)[0].merge());
+  // A learner that still steps is awaited in every round, with or without new steps since it contributed.
+  harness g(cfg);
+  g.join(0);
+  g.step(0, 10, 10 * ms);
+  g.tick(0);
+  g.contribute(0, 0);
+  g.core.on_contributed(L(0), I(1), fragment_index{0}, 10, g.now());
+  g.core.on_published(R(0), fragment_index{0}, 1, g.now());  // durable: fragment 0's next turn may open
+  g.tick(10 * ms);
+  g.tick(20 * ms);
+  g.tick(30 * ms);
+  g.tick(40 * ms);  // fragment 0's second round
+  REQUIRE(g.all<open_round>().size() == 5);
+  CHECK(g.closes_of(4).empty());
+  CHECK(g.core.counters().rounds_unanswerable == 0);
+}
+
 TEST_CASE("a restarted broker numbers after its predecessor and takes in learners it never saw join") {
   // The old broker ran a few rounds with learners 0 and 1 (incarnation 1 each), then died.
   harness old = two_learners(make_config(3, 2, 1));
