@@ -153,6 +153,9 @@ struct RoundOpen {
   shardIncarnation @2 :UInt64;  # that shard's incarnation as the broker last heard it; 0: unknown.
                                 # A learner that sees it grow re-fetches the shard's fragments
                                 # (the shard restarted from its snapshot and lost their endpoints).
+  version @3 :UInt64;      # the fragment's newest version the broker saw published; 0: unknown. A
+                           # learner holding an older one (cut off, its broadcasts lost) fetches it and
+                           # contributes only once it has it (learner_core::on_round_open)
 }
 
 struct Contribution {

@@ -325,6 +325,14 @@ std::vector<knob> make_knobs() {
                 "it received: it answers rounds until then (bounded by mesh.round_timeout_s), so the "
                 "last steps are merged instead of lost. The synchronous modes wait for that anyway. "
                 "Default: false."),
+      bool_knob("mesh.catch_up", h, &mesh_config::catch_up,
+                "Decoupled only: a learner holding an older version of a fragment than the one a round "
+                "opens on (it was cut off, or broadcasts were lost) fetches the newest and contributes "
+                "to it only from there: its local progress stays, its anchor becomes the mesh's value "
+                "and its step and token counts are divided by 1 + the versions it missed (the steps "
+                "dropped are booked overwritten). Without it, its first delta is measured from the "
+                "old anchor, over every step since, and is merged onto the newer value. "
+                "Default: false."),
       number_knob("mesh.warm_start", h, &mesh_config::warm_start, I{0}, I{1} << 40,
                   "A synchronous warm start: the first N steps of the schedule run as dp (the learners' "
                   "gradients averaged every step), then the mode runs the rest of the schedule from dp's "
@@ -676,6 +684,7 @@ expected<sync_policy> resolve_policy(const config& cfg) {
     p.quorum = m.quorum;
     p.wait_for_all = false;
     p.adaptive_grace = m.grace;
+    p.catch_up = m.catch_up;
   }
   if (m.mix >= 0) p.mix = m.mix;
   // dp's learners never move θ between a contribution and the update.

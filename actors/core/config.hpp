@@ -84,6 +84,7 @@ struct mesh_config {
   double mix = -1;                 // α_mix; -1: the mode's (0, streaming 0.5)
   bool rebase = false;             // on receipt keep the progress not yet contributed (excludes mix)
   bool flush = false;              // a learner done with its steps leaves once all its work is merged
+  bool catch_up = false;           // decoupled: a learner that missed versions of a fragment fetches first
   // A synchronous warm start: the schedule's first this many steps run as dp,
   // then the mode starts from dp's model at that step (the one-process mesh only).
   std::int64_t warm_start = 0;
@@ -214,6 +215,7 @@ struct sync_policy {
   int wait_slack = -1;           // ... and stops stepping this many steps later without an update; -1: never
   double mix = 0;                // α_mix
   bool rebase = false;           // learners keep their uncontributed progress on receipt
+  bool catch_up = false;         // decoupled: learners behind on a fragment catch up before contributing
   bool send_gradients = false;   // dp: learners send gradients, the shards run AdamW
 };
 

@@ -36,6 +36,7 @@ bool learner_core::install(fragment_index p, std::uint64_t version, std::span<co
   scatter(p, global.data(), params);
   s.version = version;
   s.steps = s.tokens = s.contributed_steps = 0;
+  s.behind = 0;
   s.installed = true;
   return true;
 }
@@ -48,6 +49,7 @@ void learner_core::reanchor(fragment_index p, std::uint64_t version, std::span<c
   s.contributed_steps = 0;
   s.contributed_theta.clear();  // contributed to the dead incarnation: not merged
   s.awaited_round.reset();      // ...and its rounds were aborted: the work goes again
+  s.behind = 0;                 // the restarted shard's value is the newest there is
 }
 
 void learner_core::on_step(std::uint64_t tokens) {
@@ -58,22 +60,30 @@ void learner_core::on_step(std::uint64_t tokens) {
   }
 }
 
-void learner_core::on_round_open(round_number r, fragment_index p) {
-  if (p.value >= state_.size()) return;
+bool learner_core::on_round_open(round_number r, fragment_index p, std::uint64_t latest) {
+  if (p.value >= state_.size()) return false;
+  fragment_state& s = state_[p.value];
+  // Behind: two versions or more, or one it had no part in (with a contribution of its
+  // own in it, the version is likely on its way, as a round of p may open right after
+  // p's last one published when P is small). Asked again at each of p's rounds while
+  // it waits: a fetch or its answer may be lost.
+  const bool behind = config_.catch_up && s.installed && (latest > s.version + 1 || (latest > s.version && !s.awaited_round));
+  if (behind) s.behind = std::max(s.behind, latest);
   for (const auto& pending : pending_)
-    if (pending.round == r) return;  // a duplicate RoundOpen
+    if (pending.round == r) return behind;  // a duplicate RoundOpen
   if (pending_.size() >= config_.max_pending_rounds) {
     pending_.pop_front();
     ++dropped_rounds_;
   }
   pending_.push_back({r, p});
+  return behind;
 }
 
 std::optional<contribution_plan> learner_core::next_contribution(const float* params, const float* gradient) {
   const std::uint64_t enough = last_step_done_ ? 1 : config_.contribute_after;
   for (auto it = pending_.begin(); it != pending_.end(); ++it) {
     fragment_state& s = state_[it->fragment.value];
-    if (!s.installed || s.steps < enough || s.steps <= s.contributed_steps) continue;
+    if (!s.installed || s.behind > s.version || s.steps < enough || s.steps <= s.contributed_steps) continue;
     s.contributed_steps = s.steps;
     s.awaited_round = std::max(s.awaited_round.value_or(it->round), it->round);
     contribution_plan c;
@@ -137,7 +147,13 @@ bool learner_core::on_fragment_update(fragment_index p, std::uint64_t version, s
   fragment_state& s = state_[p.value];
   if (global.size() != s.anchor.size() || (s.installed && version <= s.version)) return false;
   std::uint64_t kept_steps = 0, kept_tokens = 0;
-  if (s.installed && (config_.rebase || config_.mix > 0)) {
+  if (config_.catch_up && s.installed && (version > s.version + 1 || s.behind > s.version)) {
+    // θ_p and the work in it stay; the counters shrink by 1 + the versions missed.
+    const std::uint64_t divisor = 1 + (version - s.version);
+    kept_steps = (s.steps + divisor - 1) / divisor;
+    kept_tokens = s.tokens / divisor;
+    s.behind = 0;
+  } else if (s.installed && (config_.rebase || config_.mix > 0)) {
     std::vector<float> local(s.anchor.size());
     gather(p, params, local.data());
     if (config_.rebase) {

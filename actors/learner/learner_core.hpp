@@ -36,6 +36,11 @@ struct learner_sync_config {
   /// none; the counters keep those steps, so the next contribution carries them.
   /// Excludes mix.
   bool rebase = false;
+  /// A learner that missed versions of a fragment (cut off, its broadcasts lost)
+  /// catches up before it contributes to it (on_round_open, on_fragment_update).
+  /// Decoupled only (mesh.catch_up): the synchronous policies wait for every
+  /// version anyway, and take it as it is.
+  bool catch_up = false;
 };
 
 /// What the learner sends the owning shard for one round.
@@ -69,9 +74,13 @@ class learner_core {
   /// One inner step of `tokens` tokens finished.
   void on_step(std::uint64_t tokens);
 
-  /// The broker opened round r for fragment p. Bounded: beyond
-  /// max_pending_rounds the oldest pending round is dropped (it would be late).
-  void on_round_open(round_number r, fragment_index p);
+  /// The broker opened round r for fragment p, whose newest version it saw
+  /// published is `latest` (0: unknown). Bounded: beyond max_pending_rounds the
+  /// oldest pending round is dropped (it would be late). Returns true when the
+  /// learner holds an older version of p (it missed some: cut off, or their
+  /// broadcasts lost): it contributes to p only once a newer one arrived (fetch it
+  /// now), so that it never sends a delta from a value the mesh has moved on from.
+  bool on_round_open(round_number r, fragment_index p, std::uint64_t latest = 0);
 
   /// The next contribution to send: the oldest pending round whose fragment has
   /// contribute_after steps of work since its anchor, and new work since its
@@ -89,6 +98,17 @@ class learner_core {
   /// duplicate versions are ignored (false). Pending rounds of p numbered at or
   /// below from_round are closed already and are dropped: work done since this
   /// anchor must go to a round still open.
+  /// A learner that missed versions of p (this one is more than one past its
+  /// anchor, or it waits for it after on_round_open) catches up instead (with
+  /// catch_up): Θ_p becomes its anchor and θ_p stays, so its next delta is
+  /// θ_p − Θ_p, its progress against the value the mesh holds now. Had it sent
+  /// θ_p − its old anchor, the merge would add its progress on top of the
+  /// mesh's over the same stretch — both descents from the old anchor, counted
+  /// twice — with a weight grown with all its steps: two learners back from an
+  /// 8 s partition set the mesh back 32 %. Its counters are divided by 1 + the
+  /// versions it missed, so the merge weighs it like a learner with one round's
+  /// work (c_tokens² / c_steps falls by that factor); the steps the division drops
+  /// the ledger books overwritten.
   bool on_fragment_update(fragment_index p, std::uint64_t version, std::span<const float> global,
                           float* params, round_number from_round = round_number{0});
   /// Fragments holding steps no contribution has carried into a received
@@ -141,6 +161,8 @@ class learner_core {
     // (empty: none yet).
     std::vector<float> contributed_theta;
     std::uint64_t contributed_tokens = 0;
+    // catch_up: a newer version exists (a RoundOpen said so); no contribution until one arrives.
+    std::uint64_t behind = 0;
   };
   struct pending_round {
     round_number round;

@@ -13,6 +13,7 @@ learner_sync_config learner_settings(const mesh_setup& setup) {
   sync.rebase = setup.policy.rebase;
   sync.contribute_after = static_cast<std::uint64_t>(setup.policy.contribute_after);
   sync.wait_slack = setup.policy.wait_slack;
+  sync.catch_up = setup.policy.catch_up;
   return sync;
 }
 
@@ -36,14 +37,16 @@ void learner_wire::start() {
 
 /// Clone pattern: (re)subscribe with every shard (or just `only_shard`) and fetch its fragments.
 void learner_wire::fetch(std::optional<std::uint32_t> only_shard) {
-  for (std::uint32_t p = 0; p < setup_.fragments(); ++p) {
-    if (only_shard && setup_.shard_of_fragment[p] != *only_shard) continue;
-    auto b = port_.make_envelope();
-    auto f = b.body().initFetchFragment();
-    f.setFragment(p);
-    f.setReplyEndpoint(port_.endpoint());
-    (void)port_.send({role::parameter_shard, setup_.shard_of_fragment[p]}, b.finish());
-  }
+  for (std::uint32_t p = 0; p < setup_.fragments(); ++p)
+    if (!only_shard || setup_.shard_of_fragment[p] == *only_shard) fetch_fragment(p);
+}
+
+void learner_wire::fetch_fragment(std::uint32_t p) {
+  auto b = port_.make_envelope();
+  auto f = b.body().initFetchFragment();
+  f.setFragment(p);
+  f.setReplyEndpoint(port_.endpoint());
+  (void)port_.send({role::parameter_shard, setup_.shard_of_fragment[p]}, b.finish());
 }
 
 /// Announces this incarnation to the broker (first start, and again whenever the
@@ -314,7 +317,12 @@ learner_event learner_wire::on_message(const transport::decoded_envelope& env, n
     case wire::Envelope::Body::ROUND_OPEN: {
       auto open = body.getRoundOpen();
       if (shard_restarted(open.getShard(), open.getShardIncarnation())) fetch(open.getShard());
-      core_->on_round_open(round_number{env.header().getRound()}, {open.getFragment()});
+      // Behind on the fragment (cut off, or its broadcasts lost): its newest value first.
+      if (core_->on_round_open(round_number{env.header().getRound()}, {open.getFragment()}, open.getVersion()) &&
+          open.getFragment() < setup_.fragments()) {
+        ++counts_.refetches;
+        fetch_fragment(open.getFragment());
+      }
       send_contributions(true);
       break;
     }

@@ -113,6 +113,7 @@ class learner_wire {
 
  private:
   void fetch(std::optional<std::uint32_t> only_shard = std::nullopt);
+  void fetch_fragment(std::uint32_t p);
   void send_join();
   void send_progress();
   bool shard_restarted(std::uint32_t shard, std::uint64_t inc);

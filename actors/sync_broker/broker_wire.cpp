@@ -395,6 +395,7 @@ void broker_wire::dispatch(nanos now) {
       body.setFragment(o->fragment.value);
       body.setShard(o->shard);
       if (o->shard < shard_incarnations_.size()) body.setShardIncarnation(shard_incarnations_[o->shard]);
+      if (o->fragment.value < fragment_versions_.size()) body.setVersion(fragment_versions_[o->fragment.value]);
       (void)port_.broadcast(learners_, b.finish());
     } else if (auto* c = std::get_if<close_round>(&effect)) {
       auto b = port_.make_envelope(c->round.value);

@@ -296,6 +296,7 @@ class mesh {
   // -- measurement ------------------------------------------------------------
   std::vector<float> global_theta() const;
   double loss(const std::vector<float>& theta) const;
+  void sample_loss();
   void collect(sim_result& r) const;
 
   sim_config cfg_;
@@ -404,7 +405,7 @@ mesh::mesh(const sim_config& c) : cfg_(c), setup_(sim_setup(c)), rng_(derive_see
     l.params.assign(setup_.layout.total_floats, 0.f);
     l.target = target_;
     prng bias(derive_seed(c.seed, 100 + i));
-    for (auto& x : l.target) x += 0.3f * static_cast<float>(bias.normal());  // non-IID data
+    for (auto& x : l.target) x += c.target_spread * static_cast<float>(bias.normal());  // non-IID data
     l.step_ns = i < static_cast<int>(c.step_ns.size()) ? c.step_ns[i] : 10'000'000;
   }
   brokers_.resize(static_cast<std::size_t>(1 + c.standbys));
@@ -419,6 +420,7 @@ mesh::mesh(const sim_config& c) : cfg_(c), setup_(sim_setup(c)), rng_(derive_see
     if (f.rejoin_at_ns >= 0) at(f.rejoin_at_ns, [this, f] { start_learner(f.learner, f.rejoin_at_ns); });
   }
   at(0, [this] { broker_tick(); });
+  if (c.loss_every_ns > 0) at(0, [this] { sample_loss(); });
   for (int n = 0; n < nodes(); ++n) at(0, [this, n] { heartbeat(n); });
   for (const auto& f : c.broker_pauses) at(f.at_ns, [this, f] { pause_broker(f.broker, f.for_ns); });
   for (const auto& [t, settings] : c.reconfigures)
@@ -810,11 +812,12 @@ void mesh::step(std::uint32_t i, incarnation inc) {
   constexpr float noise = 0.01f * 3.4641016f / 65536.f;  // σ · √12 spans a unit-variance uniform
   float* params = l.params.data();
   const float* target = l.target.data();
+  const float rate = cfg_.inner_rate;
   for (std::size_t k = 0; k < l.params.size(); k += 4) {
     const std::uint64_t bits = rng_.next();
     for (std::size_t j = 0; j < 4 && k + j < l.params.size(); ++j) {
       const auto u = static_cast<float>(static_cast<std::int32_t>((bits >> (16 * j)) & 0xffff) - 32768);
-      params[k + j] -= 0.05f * (params[k + j] - target[k + j]) + noise * u;
+      params[k + j] -= rate * (params[k + j] - target[k + j]) + noise * u;
     }
   }
   ++result_.learner_steps[i];
@@ -972,6 +975,7 @@ std::unique_ptr<shard_wire> mesh::make_shard(std::uint32_t s,
   shard_process& proc = shards_[s];
   shard_config sc;
   sc.robust = cfg_.robust;
+  sc.outer = cfg_.outer;
   return std::make_unique<shard_wire>(setup_, s, proc.port->inc, *proc.port, log_, proc.store.get(), sc,
                                       init.data(), std::move(restored));
 }
@@ -1152,6 +1156,11 @@ double mesh::loss(const std::vector<float>& theta) const {
   for (const auto& t : setup_.layout.tensors)
     for (std::size_t k = t.offset; k < t.offset + t.size(); ++k) sum += std::pow(theta[k] - target_[k], 2);
   return sum / static_cast<double>(setup_.layout.param_count);
+}
+
+void mesh::sample_loss() {
+  result_.loss_curve.emplace_back(now_, loss(global_theta()));
+  at(now_ + cfg_.loss_every_ns, [this] { sample_loss(); });
 }
 
 void mesh::collect(sim_result& r) const {

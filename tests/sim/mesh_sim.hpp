@@ -117,6 +117,12 @@ struct sim_config {
   int fragments = 4;
   std::vector<nanos> step_ns;  // per learner; default 10 ms each
   std::uint64_t tokens_per_step = 1024;
+  /// The learners' quadratic: each inner step moves θ this fraction of the way to
+  /// the learner's target; the targets spread around the common one by this
+  /// standard deviation (non-IID data). A small rate keeps learners far from
+  /// their targets for thousands of steps, as a language model's are.
+  float inner_rate = 0.05f;
+  float target_spread = 0.3f;
   broker_config broker;        // fragments and shard_of_fragment are filled in
   learner_sync_config sync;    // the learners' policy (default: decoupled, never waits)
   link_profile link;           // every directed link
@@ -170,9 +176,14 @@ struct sim_config {
   nanos drain_ns = 0;
   /// The shards' robust merge (mesh.robust): off by default, as in the product.
   robust_config robust;
+  /// The shards' outer step (default: DiLoCo's 0.7 and 0.9; the mesh's are mesh.outer_lr and
+  /// mesh.outer_momentum).
+  nesterov_config outer;
   /// An operator's live changes (`archipelago set`): at each time, a Reconfigure from
   /// an admin straight to the primary broker's wire; its answer lands in sim_result::admin_replies.
   std::vector<std::pair<nanos, std::vector<live_setting>>> reconfigures;
+  /// Sample the global model's loss this often (sim_result::loss_curve); 0: never.
+  nanos loss_every_ns = 0;
 };
 
 /// A shard's fragment version as it changes: merged (handed to the store),
@@ -189,6 +200,7 @@ struct version_event {
 
 struct sim_result {
   double initial_loss = 0, final_loss = 0;   // mean squared distance of Θ to the target
+  std::vector<std::pair<nanos, double>> loss_curve;  // (time, loss of Θ) every sim_config::loss_every_ns
   std::vector<float> final_theta;            // the global parameters, gathered from the shards
   std::vector<round_record> history;         // the broker's closed rounds, every broker incarnation's in turn
   broker_counters broker;                    // the last broker incarnation's

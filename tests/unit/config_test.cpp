@@ -139,6 +139,10 @@ TEST_CASE("every mode resolves to the policy of docs/design/algorithm.md §8") {
   CHECK(rebased_streaming.rebase);
   CHECK(rebased_streaming.mix == 0);  // streaming's default α gives way
   CHECK_FALSE(policy_of({"mesh.mode=dp", "mesh.rebase=true"}).rebase);  // no local progress in dp
+  CHECK_FALSE(decoupled.catch_up);
+  CHECK(policy_of({"mesh.catch_up=true"}).catch_up);
+  for (const char* mode : {"mesh.mode=dp", "mesh.mode=diloco", "mesh.mode=streaming"})  // they wait for every version
+    CHECK_FALSE(policy_of({mode, "mesh.catch_up=true"}).catch_up);
   {
     config both;
     REQUIRE(set_knob_assignment(both, "mesh.rebase=true"));

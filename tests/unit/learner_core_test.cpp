@@ -16,8 +16,8 @@ struct fixture {
   std::vector<float> params = std::vector<float>(layout.total_floats, 0.f);
   learner_core core;
 
-  explicit fixture(double mix = 0, bool rebase = false)
-      : core(layout, *make_fragment_plan(layout, 4), {mix, 3, 1, -1, rebase}) {}
+  explicit fixture(double mix = 0, bool rebase = false, bool catch_up = false)
+      : core(layout, *make_fragment_plan(layout, 4), {mix, 3, 1, -1, rebase, catch_up}) {}
 
   std::vector<float> global(fragment_index p, float value) const {
     return std::vector<float>(core.fragment_floats(p), value);
@@ -376,6 +376,64 @@ TEST_CASE("learner core: a re-anchor keeps the local progress and contributes it
   // From there on, versions are ordered again: a duplicate 0 is ignored, 1 is installed.
   CHECK_FALSE(f.core.on_fragment_update({2}, 0, f.global({2}, 9.0f), f.params.data()));
   CHECK(f.core.on_fragment_update({2}, 1, f.global({2}, 3.0f), f.params.data()));
+}
+
+// A learner back from a partition held deltas from an anchor the mesh had moved on from,
+// over all its steps since: merged as they were, they added its progress on top of the
+// mesh's over the same stretch, weighted by all those steps (the partition drill: eval
+// +32 %). It catches up first, and weighs like a learner with one round's work.
+TEST_CASE("learner core: a learner that missed versions catches up before it contributes") {
+  fixture f(0, false, true);
+  f.install_all(1.0f);
+  for (int k = 0; k < 6; ++k) f.core.on_step(64);
+  f.move({2}, 0.6f);  // θ_2 = 1.6 after 6 steps; versions 2 and 3 of it never arrived
+  CHECK(f.core.on_round_open(round_number{20}, {2}, 3));  // behind: fetch version 3
+  CHECK_FALSE(f.core.next_contribution(f.params.data()));  // nothing from the old anchor
+  CHECK(f.core.pending_rounds() == 1);
+  REQUIRE(f.core.on_fragment_update({2}, 3, f.global({2}, 1.4f), f.params.data()));
+  std::vector<float> got(f.core.fragment_floats({2}));
+  f.core.gather({2}, f.params.data(), got.data());
+  for (float x : got) CHECK(x == doctest::Approx(1.6f));  // its progress stays
+  CHECK(f.core.version({2}) == 3);
+  CHECK(f.core.steps_since_anchor({2}) == 2);    // 6 / (1 + 2 versions missed)
+  CHECK(f.core.tokens_since_anchor({2}) == 128);  // 384 / 3
+  auto c = f.core.next_contribution(f.params.data());
+  REQUIRE(c);
+  CHECK(c->round == round_number{20});
+  CHECK(c->anchor_version == 3);
+  CHECK(c->steps == 2);
+  for (float d : c->delta) CHECK(d == doctest::Approx(0.2f));  // θ_local − Θ_now
+
+  // One version missed, with nothing of its own in it: behind too.
+  f.move({1}, 0.3f);
+  CHECK(f.core.on_round_open(round_number{21}, {1}, 2));
+  CHECK_FALSE(f.core.next_contribution(f.params.data()));
+  REQUIRE(f.core.on_fragment_update({1}, 2, f.global({1}, 1.1f), f.params.data()));
+  CHECK(f.core.steps_since_anchor({1}) == 3);  // 6 / 2
+  got.resize(f.core.fragment_floats({1}));
+  f.core.gather({1}, f.params.data(), got.data());
+  for (float x : got) CHECK(x == doctest::Approx(1.3f));
+  // One version past a contribution of its own is on its way, not missed: no hold.
+  f.core.on_step(64);
+  f.core.on_round_open(round_number{22}, {0});
+  while (f.core.next_contribution(f.params.data())) {}  // rounds 21 (fragment 1) and 22 (fragment 0)
+  CHECK_FALSE(f.core.on_round_open(round_number{26}, {0}, 2));
+  // A broadcast that skips versions (the one between was lost) catches up as well.
+  f.move({3}, 0.5f);
+  REQUIRE(f.core.on_fragment_update({3}, 4, f.global({3}, 0.0f), f.params.data()));
+  got.resize(f.core.fragment_floats({3}));
+  f.core.gather({3}, f.params.data(), got.data());
+  for (float x : got) CHECK(x == doctest::Approx(1.5f));
+  CHECK(f.core.steps_since_anchor({3}) == 2);  // 7 / (1 + 3), rounded up
+
+  // Without mesh.catch_up (and in the synchronous policies) every version is taken as it is.
+  learner_core strict(f.layout, *make_fragment_plan(f.layout, 4), {0, 3, 1, 0, false});
+  std::vector<float> params(f.layout.total_floats, 0.f);
+  REQUIRE(strict.install({2}, 1, f.global({2}, 1.0f), params.data()));
+  strict.on_step(64);
+  CHECK_FALSE(strict.on_round_open(round_number{5}, {2}, 3));
+  REQUIRE(strict.on_fragment_update({2}, 3, f.global({2}, 2.0f), params.data()));
+  CHECK(strict.steps_since_anchor({2}) == 0);
 }
 
 TEST_CASE("learner core: a fragment not installed from the mesh is never contributed, the others are") {
