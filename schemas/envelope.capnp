@@ -239,6 +239,7 @@ enum AttackKind {
   signFlip @2;     # −delta
   random @3;       # Gaussian noise with the delta's RMS, seeded by (learner, round, fragment)
   stale @4;        # a replay of the learner's first delta to that fragment under attack
+  sideways @5;     # the honest norm along a fixed direction per fragment: cosine factor with the honest delta
 }
 
 struct LinkShape {

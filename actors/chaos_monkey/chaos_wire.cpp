@@ -147,7 +147,8 @@ void chaos_wire::carry_out(const chaos_action& a, nanos since_start) {
     case fault_kind::attack_scaled:
     case fault_kind::attack_sign_flip:
     case fault_kind::attack_random:
-    case fault_kind::attack_stale: shape(f, inject, std::nullopt); break;
+    case fault_kind::attack_stale:
+    case fault_kind::attack_sideways: shape(f, inject, std::nullopt); break;
     case fault_kind::storage_errors:
       for (const auto& t : f.targets) {
         chaos_order o;
@@ -189,6 +190,7 @@ void chaos_wire::shape(const planned_fault& f, bool inject, std::optional<node_a
     case fault_kind::attack_sign_flip:
     case fault_kind::attack_random:
     case fault_kind::attack_stale:
+    case fault_kind::attack_sideways:
       for (node_address n : with(addresses(setup_, f.targets))) {
         chaos_order o;
         o.kind = chaos_order::what::attack;
@@ -196,7 +198,8 @@ void chaos_wire::shape(const planned_fault& f, bool inject, std::optional<node_a
                    : f.kind == fault_kind::attack_scaled    ? contribution_attack::scaled
                    : f.kind == fault_kind::attack_sign_flip ? contribution_attack::sign_flip
                    : f.kind == fault_kind::attack_random    ? contribution_attack::random
-                                                            : contribution_attack::stale;
+                   : f.kind == fault_kind::attack_stale     ? contribution_attack::stale
+                                                            : contribution_attack::sideways;
         o.factor = f.factor;
         command(n, o);
       }
@@ -285,7 +288,8 @@ std::string describe(const planned_fault& f) {
     out += list(f.targets);
   }
   if (f.kind == fault_kind::impersonate) out += " as " + f.as.to_string();
-  if (f.kind == fault_kind::slow || f.kind == fault_kind::lie_tokens || f.kind == fault_kind::attack_scaled) {
+  if (f.kind == fault_kind::slow || f.kind == fault_kind::lie_tokens || f.kind == fault_kind::attack_scaled ||
+      f.kind == fault_kind::attack_sideways) {
     char factor[24];
     std::snprintf(factor, sizeof factor, " x%g", f.factor);
     out += factor;

@@ -25,6 +25,7 @@ constexpr kind_name kind_names[] = {
     {"impersonate", fault_kind::impersonate}, {"lie_tokens", fault_kind::lie_tokens},
     {"attack_scaled", fault_kind::attack_scaled}, {"attack_sign_flip", fault_kind::attack_sign_flip},
     {"attack_random", fault_kind::attack_random}, {"attack_stale", fault_kind::attack_stale},
+    {"attack_sideways", fault_kind::attack_sideways},
 };
 
 std::string known_kinds() {
@@ -170,6 +171,11 @@ struct reader {
           return at(value, "factor must be a number in [-1e6, 1e6]");
         f.factor = *v;
         factor_given = true;
+      } else if (k == "factor" && f.kind == fault_kind::attack_sideways) {
+        const auto v = value.value<double>();
+        if (!v || !(*v >= 0 && *v < 1)) return at(value, "factor (the cosine with the honest delta) must be in [0, 1)");
+        f.factor = *v;
+        factor_given = true;
       } else if (f.kind == fault_kind::link &&
                  (k == "loss" || k == "duplicate" || k == "reorder" || k == "corrupt" || k == "delay_ms" ||
                   k == "bandwidth_mbit")) {
@@ -198,6 +204,7 @@ struct reader {
       }
     }
     if (f.kind == fault_kind::attack_scaled && !factor_given) f.factor = 1000;
+    if (f.kind == fault_kind::attack_sideways && !factor_given) f.factor = 0.1;
     if (f.kind == fault_kind::partition ? f.groups.empty() : f.targets.empty())
       return at(t, std::string("a ") + to_string(f.kind) + " fault needs " +
                        (f.kind == fault_kind::partition ? "groups = [[...], [...]]" : "target = \"...\""));

@@ -16,7 +16,8 @@
 //                              # learners (each one), storage/N
 //   for = "5s"                 # until it is repaired (the process restarted, the link healed)
 //   every = "60s"              # optional: again every 60 s until the safety phase ends
-//   factor = 2.0               # slow: step time × factor; attack_scaled: the delta × factor (default 1000)
+//   factor = 2.0               # slow: step time × factor; attack_scaled: the delta × factor (default 1000);
+//                              # attack_sideways: its cosine with the honest delta, in [0, 1) (default 0.1)
 //   loss = 0.1                 # link: loss, duplicate, reorder, corrupt (probabilities),
 //                              #       delay_ms, bandwidth_mbit
 //   groups = [["learner/0", "learner/1"], ["learner/2", "shard/0"]]   # partition
@@ -65,17 +66,20 @@ enum class fault_kind : std::uint8_t {
   lie_tokens,      // its contributions claim factor × their tokens
   // A malicious learner (mesh.robust's drills): its contributions, for `for`, are
   // scaled by `factor` (default 1000), sign-flipped, replaced by Gaussian noise of
-  // the same RMS, or replays of its first contribution to each fragment (stale).
+  // the same RMS, replays of its first contribution to each fragment (stale), or
+  // of the honest norm along a fixed direction per fragment, at cosine `factor`
+  // (default 0.1) with the honest delta (sideways: compounds through momentum).
   attack_scaled,
   attack_sign_flip,
   attack_random,
   attack_stale,
+  attack_sideways,
 };
 const char* to_string(fault_kind k);
-/// The four attacker kinds: a learner that poisons its own contributions.
+/// The attacker kinds of a learner that poisons its own contributions.
 inline bool is_attack(fault_kind k) {
   return k == fault_kind::attack_scaled || k == fault_kind::attack_sign_flip || k == fault_kind::attack_random ||
-         k == fault_kind::attack_stale;
+         k == fault_kind::attack_stale || k == fault_kind::attack_sideways;
 }
 
 struct fault_target {

@@ -20,7 +20,12 @@ class contribution_attacker {
   /// - scaled: × factor;  sign_flip: × −1;
   /// - random: Gaussian noise with the delta's RMS (so its norm is about the honest one's);
   /// - stale: the first delta to fragment p seen under this attack, replayed
-  ///   (the first one is kept and sent as it is).
+  ///   (the first one is kept and sent as it is);
+  /// - sideways: the delta's norm along a direction fixed per fragment (drawn from
+  ///   (seed, fragment)), tilted towards the honest delta to cosine `factor` with
+  ///   it: near-orthogonal, the same way every round, so it compounds through the
+  ///   outer momentum, and with factor > 0 its cosine with the honest members stays
+  ///   positive (a screen that only rejects deltas pointing against them lets it pass).
   /// none: unchanged. Returns true when the delta was changed.
   bool apply(contribution_attack kind, double factor, round_number r, fragment_index p, std::vector<float>& delta);
 

@@ -15,6 +15,7 @@ const char* to_string(contribution_attack a) {
     case contribution_attack::sign_flip: return "sign_flip";
     case contribution_attack::random: return "random";
     case contribution_attack::stale: return "stale";
+    case contribution_attack::sideways: return "sideways";
   }
   return "?";
 }
@@ -115,7 +116,7 @@ expected<chaos_order> decode_chaos_order(const decoded_envelope& env) {
       break;
     case wire::ChaosKind::ATTACK:
       o.kind = chaos_order::what::attack;
-      if (static_cast<std::uint16_t>(c.getAttack()) > static_cast<std::uint16_t>(wire::AttackKind::STALE))
+      if (static_cast<std::uint16_t>(c.getAttack()) > static_cast<std::uint16_t>(wire::AttackKind::SIDEWAYS))
         return make_error(errc::invalid_input, "ChaosCommand of an unknown attack kind");
       o.attack = static_cast<contribution_attack>(c.getAttack());
       o.factor = c.getFactor();

@@ -22,7 +22,7 @@
 namespace archipelago {
 
 /// A learner's attack on its own contributions (the chaos monkey's attacker kinds).
-enum class contribution_attack : std::uint8_t { none, scaled, sign_flip, random, stale };
+enum class contribution_attack : std::uint8_t { none, scaled, sign_flip, random, stale, sideways };
 const char* to_string(contribution_attack a);
 
 struct chaos_order {
@@ -34,7 +34,7 @@ struct chaos_order {
   node_address peer;          // shape_link: the link from the receiver to this peer; impersonate: whom to claim to be
   link_profile link;          // shape_link
   double factor = 1;          // slow_down: step time × factor (1: normal); lie_tokens: claims × factor (1: honest);
-                              // attack scaled: delta × factor
+                              // attack scaled: delta × factor; sideways: cosine with the honest delta
   contribution_attack attack = contribution_attack::none;  // attack
   nanos duration_ns = 0;      // storage_fault: writes fail this long; impersonate: > 0 on, 0 off
 };
@@ -49,7 +49,7 @@ struct chaos_receiver {
   bool accept = false;                 // wire.accept_chaos
   double slowdown = 1;                 // step time × this (learners)
   contribution_attack attack = contribution_attack::none;  // learners: how they poison their contributions
-  double attack_factor = 1;            // attack scaled: delta × this
+  double attack_factor = 1;            // attack scaled: delta × this; sideways: cosine with the honest delta
   nanos storage_failing_until = 0;     // snapshot writes fail before this time (shards)
   std::set<node_address> shaped;       // links shaped by the chaos monkey, reset by heal
   std::uint64_t obeyed = 0, refused = 0;

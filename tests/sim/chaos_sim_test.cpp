@@ -412,7 +412,8 @@ void check_faults_took_effect(const sim_result& r, const std::vector<planned_fau
       case fault_kind::attack_scaled:  // the model's damage is measured by drills, not here
       case fault_kind::attack_sign_flip:
       case fault_kind::attack_random:
-      case fault_kind::attack_stale: break;
+      case fault_kind::attack_stale:
+      case fault_kind::attack_sideways: break;
       case fault_kind::broker_crash:  // the closes it sent before still publish at once (default link: no delay)
         ++broker_crashes;
         CHECK(versions_between(version_event::what::published, 0, true, f.at_ns + 10 * ms, f.at_ns + c.restart_ns) == 0);

@@ -134,7 +134,7 @@ TEST_CASE("fault plan: an unknown fault, target, negative duration or malformed 
   const std::string head = "duration = \"60s\"\n[[fault]]\n";  // the fault's keys start on line 3
   CHECK(error_of(head + "at = \"1s\"\nkind = \"explode\"\ntarget = \"learner/0\"\nfor = \"1s\"\n") ==
         "plan.toml:4: unknown fault kind 'explode' (crash, pause, slow, partition, link, shard_crash, broker_crash, "
-        "storage_errors, broker_host_lost, impersonate, lie_tokens, attack_scaled, attack_sign_flip, attack_random, attack_stale)");
+        "storage_errors, broker_host_lost, impersonate, lie_tokens, attack_scaled, attack_sign_flip, attack_random, attack_stale, attack_sideways)");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"learner/9\"\nfor = \"1s\"\n") ==
         "plan.toml:5: unknown target 'learner/9': the mesh has 4 learners");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"shard_crash\"\ntarget = \"shard/2\"\nfor = \"1s\"\n") ==
@@ -346,7 +346,7 @@ TEST_CASE("fault plan: the attacker kinds impersonate and lie_tokens target one 
                                "plan.toml", 4, 2));
 }
 
-TEST_CASE("fault plan: the attacker kinds target a learner, attack_scaled takes a factor (default 1000)") {
+TEST_CASE("fault plan: the attacker kinds target a learner, attack_scaled and attack_sideways take a factor") {
   const std::string head = "duration = \"60s\"\n[[fault]]\n";
   auto plan = parse_fault_plan(head + "at = \"1s\"\nkind = \"attack_scaled\"\ntarget = \"learner/3\"\nfor = \"5s\"\n",
                                "plan.toml", 4, 2);
@@ -362,4 +362,12 @@ TEST_CASE("fault plan: the attacker kinds target a learner, attack_scaled takes 
         "plan.toml:5: a attack_stale fault cannot target 'shard/0'");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"attack_random\"\ntarget = \"learner/0\"\nfor = \"1s\"\n"
                         "factor = 2.0\n") == "plan.toml:7: 'factor' is not a setting of a attack_random fault");
+  // sideways: the factor is its cosine with the honest delta, in [0, 1), 0.1 when not given
+  plan = parse_fault_plan(head + "at = \"1s\"\nkind = \"attack_sideways\"\ntarget = \"learner/3\"\nfor = \"5s\"\n",
+                          "plan.toml", 4, 2);
+  REQUIRE(plan.has_value());
+  CHECK(is_attack(plan->schedule[0].kind));
+  CHECK(plan->schedule[0].factor == doctest::Approx(0.1));
+  CHECK(error_of(head + "at = \"1s\"\nkind = \"attack_sideways\"\ntarget = \"learner/3\"\nfor = \"1s\"\n"
+                        "factor = 1.0\n") == "plan.toml:7: factor (the cosine with the honest delta) must be in [0, 1)");
 }
