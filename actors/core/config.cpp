@@ -272,17 +272,19 @@ std::vector<knob> make_knobs() {
                   return "unknown merge '" + std::string(v) + "' (rda or mean)";
                 }),
       bool_knob("mesh.robust", h, &mesh_config::robust,
-                "Robust merge on the shards: every member of a round is screened by its delta's norm per sqrt(step) "
-                "against mesh.robust_norm_factor x the lower median of the fragment's recent norms "
-                "(rejected or clipped, mesh.robust_screen) and by its direction (mesh.robust_min_cosine); "
-                "mesh.robust_trim > 0 makes the merge's means coordinate-wise trimmed. Default: false."),
+                "Robust merge on the shards: every member of a round is screened for staleness (its anchor "
+                "version, mesh.robust_max_anchor_lag; a replayed delta), by its delta's norm per sqrt(step) "
+                "(mesh.robust_norm_factor; rejected or clipped, mesh.robust_screen) and by its direction "
+                "(mesh.robust_min_cosine, mesh.robust_cosine_ratio); mesh.robust_trim > 0 makes the merge's "
+                "means coordinate-wise trimmed. Default: false."),
       number_knob("mesh.robust_norm_factor", h, &mesh_config::robust_norm_factor, 1.0, 1e6,
                   "mesh.robust: a member whose delta norm per sqrt(step) exceeds this times the lower "
-                  "median of the round's members (3 or more; else of them and the last mesh.robust_window "
-                  "accepted of the fragment) is screened. Default: 3."),
+                  "median of the round's members (3 or more; else of them and the fragment's trusted ones, "
+                  "mesh.robust_window) is screened. Default: 3."),
       number_knob("mesh.robust_window", h, &mesh_config::robust_window, 1, 4096,
-                  "mesh.robust: accepted norms (per sqrt(step)) remembered per fragment, the reference of "
-                  "rounds of fewer than 3 members. Default: 32."),
+                  "mesh.robust: trusted figures (the members accepted in the fragment's latest rounds of 3 or "
+                  "more: norms per sqrt(step), cosines with its descent) remembered per fragment, the newest; "
+                  "the reference of rounds of fewer than 3 members. Default: 4."),
       text_knob("mesh.robust_screen", h, &mesh_config::robust_screen, "reject | clip",
                 "mesh.robust: what happens to a member above the norm bound: rejected (the ledger "
                 "counts it rejected, with the reason in the log) or clipped to the bound and merged. "
@@ -296,9 +298,17 @@ std::vector<knob> make_knobs() {
                   "means (at most (members - 1) / 2; 0: no trimming, screening only). Default: 0."),
       number_knob("mesh.robust_min_cosine", h, &mesh_config::robust_min_cosine, -1.0, 1.0,
                   "mesh.robust: a member whose delta's cosine with the reference direction (the coordinate-wise "
-                  "median of the round's unit deltas with 3 or more members, else the fragment's recent descent: "
+                  "median of the other members' unit deltas with 3 or more members, else the fragment's recent descent: "
                   "the opposite of its outer momentum) is below this is rejected: a sign-flipped delta of honest "
                   "norm points against the others. -1 turns the direction screen off. Default: 0."),
+      number_knob("mesh.robust_cosine_ratio", h, &mesh_config::robust_cosine_ratio, 0.0, 1.0,
+                  "mesh.robust: a member whose cosine with the reference direction is below this times the "
+                  "honest level (the lower median of the round's members' cosines with 3 or more, else of the "
+                  "fragment's trusted cosines with its descent) is rejected too: a random or steadily sideways "
+                  "delta of honest norm. 0: mesh.robust_min_cosine alone. Default: 0.5."),
+      number_knob("mesh.robust_max_anchor_lag", h, &mesh_config::robust_max_anchor_lag, I{1}, I{1} << 40,
+                  "mesh.robust: a contribution anchored more than this many versions behind its fragment (or on "
+                  "one not yet published) is rejected as stale. Default: 64."),
       text_knob("mesh.etcd", h, &mesh_config::etcd, "http://HOST:PORT[,http://HOST:PORT...]",
                 "etcd's client URLs: a broker leads only while it holds the mesh's lease there, in "
                 "an epoch etcd allocates, so two brokers never lead at once (brokers only; not part "

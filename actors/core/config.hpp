@@ -73,14 +73,16 @@ struct mesh_config {
   double outer_momentum = 0.6;     // μ
   std::int64_t outer_warmup = 0;   // outer steps per fragment over which η_out ramps up; 0: none
   std::string merge = "rda";       // shards' merge of deltas: rda | mean (the weighted-mean ablation)
-  // The robust merge (shards only; docs/guides/robust-merge.md): norm screening of each
-  // member against the lower median of recent norms, then a trimmed merge.
+  // The robust merge (shards only; docs/guides/robust-merge.md): staleness,
+  // norm and direction screening of each member at close, optionally a trimmed merge.
   bool robust = false;
-  double robust_norm_factor = 3;   // bound = lower median of recent norms × this
-  int robust_window = 32;          // accepted norms remembered per fragment
+  double robust_norm_factor = 3;   // norm bound = the lower median of the round's (and trusted) norms × this
+  int robust_window = 4;           // trusted figures remembered per fragment
   std::string robust_screen = "reject";  // reject | clip
   int robust_trim = 0;             // contributions trimmed per side per coordinate
   double robust_min_cosine = 0;    // direction screen: reject below this cosine; -1: off
+  double robust_cosine_ratio = 0.5;  // ... and below this × the honest members' cosine
+  std::int64_t robust_max_anchor_lag = 64;  // staleness: versions a contribution's anchor may lag
   double mix = -1;                 // α_mix; -1: the mode's (0, streaming 0.5)
   bool rebase = false;             // on receipt keep the progress not yet contributed (excludes mix)
   bool flush = false;              // a learner done with its steps leaves once all its work is merged

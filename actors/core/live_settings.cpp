@@ -23,7 +23,8 @@ const std::vector<std::string>& live_knobs() {
   static const std::vector<std::string> keys = {"mesh.quorum",         "mesh.grace_factor",
                                                 "mesh.robust",         "mesh.robust_norm_factor",
                                                 "mesh.robust_window",  "mesh.robust_screen",
-                                                "mesh.robust_trim",    "mesh.robust_min_cosine"};
+                                                "mesh.robust_trim",    "mesh.robust_min_cosine",
+                                                "mesh.robust_cosine_ratio", "mesh.robust_max_anchor_lag"};
   return keys;
 }
 

@@ -17,11 +17,7 @@ const char* to_string(contribution_verdict v) {
 }
 
 bool shard_core::set_robust(const robust_config& robust) {
-  const robust_config& was = config_.robust;
-  if (robust.enabled == was.enabled && robust.norm_factor == was.norm_factor && robust.window == was.window &&
-      robust.clip == was.clip && robust.trim == was.trim && robust.min_cosine == was.min_cosine &&
-      robust.screening == was.screening)
-    return false;
+  if (robust == config_.robust) return false;
   config_.robust = robust;
   for (auto& [p, f] : fragments_) {
     f.screen.reset();
@@ -37,17 +33,38 @@ std::string screened_contribution::reason() const {
                   "in %llu steps (its Progress, batch x context)", from.learner.value,
                   static_cast<unsigned long long>(tokens), static_cast<unsigned long long>(steps),
                   static_cast<unsigned long long>(bound_tokens), static_cast<unsigned long long>(bound_steps));
-  else if (decision.by_direction)
-    std::snprintf(text, sizeof text, "delta direction: cosine %.4f with the round's median direction (or the fragment's "
-                  "recent descent) below mesh.robust_min_cosine %.4g", decision.cosine, decision.bound);
+  else if (decision.why == screen_decision::cause::direction)
+    std::snprintf(text, sizeof text, "delta direction: cosine %.4f with the other members' median direction (or the fragment's "
+                  "recent descent) below the bound %.4g (mesh.robust_min_cosine, or mesh.robust_cosine_ratio x the "
+                  "honest members' cosine)", decision.cosine, decision.min_cosine);
+  else if (decision.why == screen_decision::cause::stale_anchor)
+    std::snprintf(text, sizeof text, "stale: anchored %lld versions behind the fragment's (a negative lag: a version "
+                  "not yet published; mesh.robust_max_anchor_lag)", static_cast<long long>(decision.anchor_lag));
+  else if (decision.why == screen_decision::cause::replay)
+    std::snprintf(text, sizeof text, "replay: its delta is bit for bit one this fragment already merged");
   else
     std::snprintf(text, sizeof text, "delta norm per sqrt(step) %.6g above the robust bound %.6g (mesh.robust_norm_factor "
-                  "x the lower median of the fragment's recent ones)", decision.norm, decision.bound);
+                  "x the lower median of the round's or the fragment's trusted ones)", decision.norm, decision.norm_bound);
   return text;
 }
 
 std::shared_ptr<const std::vector<float>> shared_floats(std::vector<float> v) {
   return std::make_shared<const std::vector<float>>(std::move(v));
+}
+
+std::string round_screening::describe() const {
+  std::string out = "round " + std::to_string(round.value) + " fragment " + std::to_string(fragment.value) + " v " +
+                    std::to_string(version) + ":";
+  char text[224];
+  for (const member& m : members) {
+    const screen_decision& d = m.decision;
+    std::snprintf(text, sizeof text, " learner/%u steps %llu lag %lld norm %.4g (bound %.4g) cos %.3f (bound %.3f) %s%s%s;",
+                  m.from.learner.value, static_cast<unsigned long long>(m.steps), static_cast<long long>(d.anchor_lag),
+                  d.norm, d.norm_bound, d.cosine, d.min_cosine, to_string(d.what),
+                  d.why == screen_decision::cause::none ? "" : " ", d.why == screen_decision::cause::none ? "" : to_string(d.why));
+    out += text;
+  }
+  return out;
 }
 
 shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, std::vector<fragment_index> owned,
@@ -86,7 +103,7 @@ shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, st
 contribution_verdict shard_core::on_contribution(round_number r, fragment_index p, learner_ref from,
                                                  std::uint64_t steps, std::uint64_t tokens,
                                                  std::vector<float> delta, std::string* reason,
-                                                 std::uint64_t learner_step) {
+                                                 std::uint64_t learner_step, std::optional<std::uint64_t> anchor_version) {
   auto reject = [&](std::string why) {
     ++ledger_.rejected;
     ledger_.rejected_tokens += tokens;
@@ -120,7 +137,7 @@ contribution_verdict shard_core::on_contribution(round_number r, fragment_index 
     }
   if (round->second.size() >= config_.max_contributions_per_round)
     return reject("round " + std::to_string(r.value) + " already holds the maximum of contributions");
-  round->second.push_back({from, steps, tokens, std::move(delta), learner_step});
+  round->second.push_back({from, steps, tokens, std::move(delta), learner_step, anchor_version});
   return contribution_verdict::buffered;
 }
 
@@ -172,20 +189,23 @@ expected<std::optional<published_fragment>> shard_core::on_round_decided(
     merged_tokens += c.tokens;
   }
   if (f.screen && !views.empty()) {
-    std::vector<double> norms;
-    for (const buffered_contribution* c : merged) {
-      double squares = 0;  // finite: on_contribution refused non-finite values
-      for (float x : c->delta) squares += static_cast<double>(x) * x;
-      // Per √step: a learner back from a pause contributes many steps at once, and
-      // its delta grows with them; a per-step figure would punish it for that.
-      norms.push_back(std::sqrt(squares / static_cast<double>(std::max<std::uint64_t>(1, c->steps))));
-    }
-    const auto decisions = f.screen->screen(norms);
+    std::vector<screen_member> screened;
+    for (const buffered_contribution* c : merged) screened.push_back({c->delta, c->steps, c->anchor_version});
+    // A small round's direction reference: the way this fragment has been descending,
+    // the opposite of its outer momentum (the outer step moves Θ along the members'
+    // deltas); the AdamW outer optimizer of send_gradients keeps none.
+    const auto decisions = f.screen->screen(
+        screened, f.version, config_.gradient_mode ? std::span<const float>{} : std::span<const float>(*f.momentum));
+    round_screening& screening = screenings_.emplace_back();
+    screening.round = r;
+    screening.fragment = p;
+    screening.version = f.version;
     std::vector<contribution_view> kept_views;
     std::vector<buffered_contribution*> kept;
     for (std::size_t m = 0; m < decisions.size(); ++m) {
       buffered_contribution& c = *merged[m];
       const screen_decision& d = decisions[m];
+      screening.members.push_back({c.from, c.steps, d});
       if (d.what != screen_decision::action::accept)
         screened_.push_back({c.from, r, p, c.tokens, c.steps, c.learner_step, screened_contribution::cause::robust, d, 0, 0});
       if (d.what == screen_decision::action::reject) {
@@ -193,6 +213,9 @@ expected<std::optional<published_fragment>> shard_core::on_round_decided(
         ledger_.rejected_tokens += c.tokens;
         ++ledger_.screened_out;
         ledger_.screened_out_tokens += c.tokens;
+        if (d.why == screen_decision::cause::direction) ++ledger_.screened_by_direction;
+        if (d.why == screen_decision::cause::stale_anchor || d.why == screen_decision::cause::replay)
+          ++ledger_.screened_stale;
         merged_tokens -= c.tokens;
         continue;
       }
@@ -206,7 +229,6 @@ expected<std::optional<published_fragment>> shard_core::on_round_decided(
     }
     views = std::move(kept_views);
     merged = std::move(kept);
-    if (config_.robust.min_cosine > -1 && !merged.empty()) screen_directions(f, r, p, views, merged, merged_tokens);
   }
   if (views.empty()) return std::optional<published_fragment>{};
 
@@ -235,43 +257,6 @@ expected<std::optional<published_fragment>> shard_core::on_round_decided(
   if (config_.record_merges)
     for (buffered_contribution* c : merged) out.merged.push_back({c->from, c->steps, c->tokens, std::move(c->delta)});
   return std::optional<published_fragment>(std::move(out));
-}
-
-void shard_core::screen_directions(const fragment_state& f, round_number r, fragment_index p,
-                                   std::vector<contribution_view>& views, std::vector<buffered_contribution*>& merged,
-                                   std::uint64_t& merged_tokens) {
-  std::vector<std::span<const float>> deltas;
-  for (const buffered_contribution* c : merged) deltas.emplace_back(c->delta);
-  // A small round's reference: the way this fragment has been descending, the
-  // opposite of its outer momentum (the outer step moves Θ along the members' deltas);
-  // the AdamW outer optimizer of send_gradients keeps none.
-  const direction_figures figures =
-      direction_cosines(deltas, config_.gradient_mode ? std::span<const float>{} : std::span<const float>(*f.momentum));
-  if (!figures.has_reference) return;
-  std::vector<contribution_view> kept_views;
-  std::vector<buffered_contribution*> kept;
-  for (std::size_t m = 0; m < merged.size(); ++m) {
-    buffered_contribution& c = *merged[m];
-    if (figures.cosines[m] >= config_.robust.min_cosine) {
-      kept_views.push_back(views[m]);
-      kept.push_back(&c);
-      continue;
-    }
-    screen_decision d;
-    d.what = screen_decision::action::reject;
-    d.by_direction = true;
-    d.cosine = figures.cosines[m];
-    d.bound = config_.robust.min_cosine;
-    screened_.push_back({c.from, r, p, c.tokens, c.steps, c.learner_step, screened_contribution::cause::robust, d, 0, 0});
-    ++ledger_.rejected;
-    ledger_.rejected_tokens += c.tokens;
-    ++ledger_.screened_out;
-    ledger_.screened_out_tokens += c.tokens;
-    ++ledger_.screened_by_direction;
-    merged_tokens -= c.tokens;
-  }
-  views = std::move(kept_views);
-  merged = std::move(kept);
 }
 
 void shard_core::drop_oldest_round() {

@@ -55,8 +55,9 @@ struct shard_ledger {
   /// Of the merged: contributions merged scaled down to the robust norm bound.
   /// Of the rejected: contributions the robust screening rejected at close.
   std::uint64_t clipped = 0, screened_out = 0, screened_out_tokens = 0;
-  /// Of the screened out: rejected by the direction screen (the rest by norm).
-  std::uint64_t screened_by_direction = 0;
+  /// Of the screened out: rejected by the direction screen, by the staleness screen
+  /// (anchor too old or a replayed delta); the rest by norm.
+  std::uint64_t screened_by_direction = 0, screened_stale = 0;
 };
 
 /// A member set apart at its round's close: its claim exceeded the broker's bound
@@ -76,6 +77,23 @@ struct screened_contribution {
   /// "delta norm per sqrt(step) 812.3 above the robust bound 2.41 (...)", or
   /// "learner/1 claims 300000 tokens in 3 steps; the broker bounds it to ...".
   std::string reason() const;
+};
+
+/// mesh.robust: what the screens saw at one round's close — every member's figures
+/// and verdict — for the shard's debug log (`shard.screen`, one line per round).
+struct round_screening {
+  round_number round;
+  fragment_index fragment;
+  std::uint64_t version = 0;  // the fragment's version the round merges into
+  struct member {
+    learner_ref from;
+    std::uint64_t steps = 0;
+    screen_decision decision;
+  };
+  std::vector<member> members;
+  /// "round 812 fragment 5 v 31: learner/0 steps 24 lag 0 norm 0.0123 (bound 0.037) cos 0.612 (bound 0.45)
+  /// accept; ..."
+  std::string describe() const;
 };
 
 /// One contribution as merged, in merge order (recorded for `replay verify`).
@@ -136,7 +154,8 @@ class shard_core {
   /// make room: a round that old was closed while this shard was away, or never will be.
   contribution_verdict on_contribution(round_number r, fragment_index p, learner_ref from,
                                        std::uint64_t steps, std::uint64_t tokens, std::vector<float> delta,
-                                       std::string* reason = nullptr, std::uint64_t learner_step = 0);
+                                       std::string* reason = nullptr, std::uint64_t learner_step = 0,
+                                       std::optional<std::uint64_t> anchor_version = std::nullopt);
 
   /// The broker closed round r of fragment p with these members: merge exactly
   /// them (those buffered), step, publish version + 1. Buffered contributions of
@@ -172,6 +191,8 @@ class shard_core {
   const shard_ledger& ledger() const { return ledger_; }
   /// The members set apart (claims refused, robust screening) since the last call, oldest first.
   std::vector<screened_contribution> take_screened() { return std::exchange(screened_, {}); }
+  /// mesh.robust: the screens' figures of every round closed since the last call, oldest first.
+  std::vector<round_screening> take_screenings() { return std::exchange(screenings_, {}); }
   /// mesh.robust* set live (`archipelago set`): used from the next round close on. A
   /// changed setting starts each fragment's norm window afresh; the same one keeps it.
   /// Returns whether anything changed.
@@ -184,6 +205,7 @@ class shard_core {
     std::uint64_t steps, tokens;
     std::vector<float> delta;
     std::uint64_t learner_step = 0;
+    std::optional<std::uint64_t> anchor_version;
   };
   struct fragment_state {
     std::vector<std::string> names;        // owned: tensors' name views point here
@@ -195,7 +217,7 @@ class shard_core {
     std::map<std::uint64_t, std::vector<buffered_contribution>> open;  // round → contributions
     std::uint64_t closed_through = 0;  // rounds below this are closed
     std::uint64_t round = 0;           // the round that produced the current version
-    std::optional<norm_screen> screen;  // mesh.robust
+    std::optional<fragment_screen> screen;  // mesh.robust
   };
 
   void drop_oldest_round();
@@ -206,13 +228,7 @@ class shard_core {
   shard_ledger ledger_;
   std::size_t open_rounds_ = 0;
   std::vector<screened_contribution> screened_;
-
-  /// mesh.robust's direction screen over the members the norm screen kept: a member
-  /// whose cosine with the reference direction is below robust.min_cosine is rejected
-  /// (booked like a norm rejection) and leaves `views`, `merged` and merged_tokens.
-  void screen_directions(const fragment_state& f, round_number r, fragment_index p,
-                         std::vector<contribution_view>& views, std::vector<buffered_contribution*>& merged,
-                         std::uint64_t& merged_tokens);
+  std::vector<round_screening> screenings_;
 };
 
 }  // namespace archipelago

@@ -21,6 +21,8 @@ robust_config robust_settings(const config& cfg) {
   r.clip = cfg.mesh.robust_screen == "clip";
   r.trim = static_cast<std::size_t>(cfg.mesh.robust_trim);
   r.min_cosine = cfg.mesh.robust_min_cosine;
+  r.cosine_ratio = cfg.mesh.robust_cosine_ratio;
+  r.max_anchor_lag = static_cast<std::uint64_t>(cfg.mesh.robust_max_anchor_lag);
   return r;
 }
 
@@ -172,7 +174,7 @@ void shard_wire::on_contribution(const transport::decoded_envelope& env) {
     if (env.decode_tensor_values(0, delta.data()))
       verdict = core_->on_contribution(round_number{env.header().getRound()}, p,
                                        {{from.index}, incarnation{env.header().getIncarnation()}}, c.getSteps(),
-                                       c.getTokens(), std::move(delta), &why, c.getStep());
+                                       c.getTokens(), std::move(delta), &why, c.getStep(), c.getAnchorVersion());
   }
   if (verdict == contribution_verdict::rejected) {
     // Counted for /metrics; the logger's rate limit keeps a bad learner from flooding the log.
@@ -261,6 +263,9 @@ void shard_wire::decide_deferred(fragment_index p) {
 /// broker as a rejected arrival (before the version it was left out of), so that
 /// its ledger credits that work as rejected and its tape does not list it as merged.
 void shard_wire::report_screened() {
+  for (const round_screening& s : core_->take_screenings())
+    if (log_.enabled(log_level::debug))
+      log_.debug("shard.screen", "archipelago shard %u: %s", index_, s.describe().c_str());
   for (const screened_contribution& s : core_->take_screened()) {
     const bool claim = s.why == screened_contribution::cause::claim_bound;
     if (claim) {
@@ -356,9 +361,10 @@ node_status shard_wire::status() const {
   refusals().add_to(s.counts.refused);
   // mesh.robust's screening: rejects are refusals; clipped members merged scaled down.
   const shard_ledger& led = core_->ledger();
-  if (led.screened_out > led.screened_by_direction)
-    s.counts.refused["robust_reject"] += led.screened_out - led.screened_by_direction;
+  if (const std::uint64_t by_norm = led.screened_out - led.screened_by_direction - led.screened_stale; by_norm != 0)
+    s.counts.refused["robust_reject"] += by_norm;
   if (led.screened_by_direction != 0) s.counts.refused["robust_direction"] += led.screened_by_direction;
+  if (led.screened_stale != 0) s.counts.refused["robust_stale"] += led.screened_stale;
   if (led.clipped != 0) s.counts.refused["robust_clip"] += led.clipped;
   s.published_versions.assign(setup_.fragments(), 0);
   for (fragment_index p : owned_) s.published_versions[p.value] = visible_version(p);
@@ -402,15 +408,18 @@ void shard_wire::add_metrics(prometheus_text& page) const {
     page.counter("archipelago_shard_contribution_tokens_total", "Tokens of the contributions received, by outcome.",
                  static_cast<double>(tokens), b);
   }
-  const std::pair<const char*, std::uint64_t> screened[] = {{"clip", led.clipped},
-                                                            {"reject", led.screened_out - led.screened_by_direction},
-                                                            {"reject_direction", led.screened_by_direction}};
+  const std::pair<const char*, std::uint64_t> screened[] = {
+      {"clip", led.clipped},
+      {"reject", led.screened_out - led.screened_by_direction - led.screened_stale},
+      {"reject_direction", led.screened_by_direction},
+      {"reject_stale", led.screened_stale}};
   for (const auto& [action, n] : screened) {
     metric_labels b = l;
     b.emplace_back("action", action);
     page.counter("archipelago_shard_screened_total",
                  "mesh.robust: members screened at close, by action: clip or reject (delta norm above the robust "
-                 "bound), reject_direction (cosine with the reference direction below mesh.robust_min_cosine); "
+                 "bound), reject_direction (cosine with the reference direction below its bound), reject_stale "
+                 "(anchored beyond mesh.robust_max_anchor_lag, or a replayed delta); "
                  "rejects are also in the rejected outcome, clipped ones merged scaled down.",
                  static_cast<double>(n), b);
   }

@@ -20,6 +20,14 @@
                             the crash storm under decoupled against a fault-free dp
                             reference (--reference-mode dp): the reference is dp, it
                             ran to the drill's tokens, and the gap is reported against it.
+  drill_test.py --robust=KIND
+                            the attacker plan deploy/drills/attacks/KIND.toml with
+                            mesh.robust on and its fault-free reference (robust on too)
+                            at DRILL_TIME_SCALE: the drill passed (no downtime, the ledger
+                            exact), the screen meant for the attacker rejected its work
+                            (ROBUST_SCREEN: the refusal reason), no honest learner's work
+                            was rejected, and the eval loss within ROBUST_MAX_GAP of the
+                            reference's at equal tokens.
 """
 
 import json
@@ -219,6 +227,34 @@ def dp_reference():
           f"({100 * s['eval_gap']:+.2f} %), tokens {tokens} and {reference_tokens}")
 
 
+def robust(kind):
+    reason = os.environ["ROBUST_SCREEN"]
+    max_gap = float(os.environ.get("ROBUST_MAX_GAP", "0.05"))
+    with tempfile.TemporaryDirectory(prefix="archipelago-drill-robust-") as out:
+        p, s, log = run_drill(os.path.join("attacks", kind), out,
+                              ["--time-scale", SCALE, "--set", "mesh.robust=true", "--max-eval-gap", str(max_gap),
+                               "--log-level", "warn"], 600)
+        print(p.stdout[-2000:])
+    if s["downtime_s"] > 0 or s["committed_rounds_lost"] != 0 or not s["ledger_exact"]:
+        fail(f"downtime {s['downtime_s']} s, {s['committed_rounds_lost']} versions lost, ledger exact "
+             f"{s['ledger_exact']}", log)
+    refused = s["refused"].get(reason, 0)
+    if refused <= 0:
+        fail(f"the robust screen rejected none of the attacker's contributions ({reason}: {s['refused']})", log)
+    # Every contribution the screens set apart is named in the shards' log: the attacker's.
+    honest = [l for l in log.splitlines() if "shard.screened_out" in l and "from learner/3:" not in l]
+    if honest:
+        fail(f"{len(honest)} honest contributions screened out, e.g. {honest[0]}", log)
+    if s["eval_gap"] is None or s["eval_gap"] > max_gap:
+        fail(f"eval loss {s['eval_loss']} vs the fault-free reference's {s['reference_eval_loss']}: "
+             f"gap {s['eval_gap']} above {max_gap}", log)
+    if p.returncode != 0:
+        fail(f"drill exited {p.returncode}", log)
+    print(f"ok: {kind} with mesh.robust: {refused} contributions rejected ({reason}), eval {s['eval_loss']:.4f} "
+          f"against {s['reference_eval_loss']:.4f} ({100 * s['eval_gap']:+.2f} %), tokens {s['tokens']} and "
+          f"{s['reference_tokens']}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -226,5 +262,7 @@ if __name__ == "__main__":
         bad_plans()
     elif sys.argv[1] == "--dp-reference":
         dp_reference()
+    elif sys.argv[1].startswith("--robust="):
+        robust(sys.argv[1].split("=", 1)[1])
     else:
         run_plan(sys.argv[1])

@@ -932,11 +932,15 @@ attack_losses run_attack(const std::string& kind) {
 
 // What the robust merge does here, measured (seed 19; the quadratic's learners have
 // non-IID targets, so leaving one learner out — its work rejected — itself moves the
-// optimum): it stops the scaled attacker (robust off: the loss explodes); it does not
-// stop a sign-flipped or random one of honest norm (docs/guides/robust-merge.md: known
-// limits). The defaults screen without trimming (rounds of 2 members, K = 2 here,
-// could not be trimmed anyway). The checks
-// pin what holds and bound the rest, so that a change that makes it worse fails.
+// optimum, about +26 %): it stops the scaled attacker (robust off: the loss explodes)
+// and the stale one (a replayed delta). Near the quadratic's optimum each learner's
+// delta points at its own target, against the others': the members share no
+// direction, the direction screen steps aside, and a sign-flipped, random or sideways
+// attacker of honest norm looks like one more non-IID learner (the drills of a real
+// model, whose learners' deltas agree, are where the direction screen is measured:
+// docs/guides/robust-merge.md).
+// The defaults screen without trimming. The checks pin what holds and bound the
+// rest, so that a change that makes it worse fails.
 TEST_CASE("sim: attack scaled x1000, the robust merge rejects it") {
   const attack_losses l = run_attack("scaled");
   CHECK(l.off > 1000 * l.clean);  // without it the mesh is wrecked
@@ -952,7 +956,8 @@ TEST_CASE("sim: attack scaled x1000, the robust merge rejects it") {
 TEST_CASE("sim: attack sign_flip takes effect, the robust merge bounds it no worse than off") {
   const attack_losses l = run_attack("sign_flip");
   CHECK(l.off > 1.5 * l.clean);  // the attack took effect
-  CHECK(l.on <= l.off);
+  CHECK(l.on <= (1 + loss_tolerance) * l.off);
+  CHECK(l.clean_on <= (1 + loss_tolerance) * l.clean);  // no honest member screened out
 }
 
 TEST_CASE("sim: attack random takes effect, the robust merge stays within 1.5x its fault-free loss") {
@@ -961,10 +966,27 @@ TEST_CASE("sim: attack random takes effect, the robust merge stays within 1.5x i
   CHECK(l.on < 1.5 * l.clean_on);
 }
 
-TEST_CASE("sim: attack stale, the robust merge stays within 10 percent of its fault-free loss") {
+// The stale attacker replays its first delta under attack: the shards know it by its
+// digest and reject it, so it costs what the scaled one does (its share missing).
+TEST_CASE("sim: attack stale, the robust merge rejects the replays") {
   const attack_losses l = run_attack("stale");
   CHECK(l.off != l.clean);
-  CHECK(std::abs(l.on - l.clean_on) <= loss_tolerance * l.clean_on);
+  CHECK(l.on < 1.5 * l.clean_on);
+  INFO("attacker: processed " << l.attacker_on.processed << ", merged " << l.attacker_on.merged << ", rejected "
+                              << l.attacker_on.rejected);
+  CHECK(l.attacker_on.rejected > l.attacker_on.processed / 2);
+  CHECK(l.attacker_on.merged < l.attacker_on.processed / 20);
+}
+
+// Sideways (deploy/drills/attacks/sideways.toml): the honest norm along a direction
+// fixed per fragment, at cosine 0.1 with the honest delta; it compounds through the
+// outer momentum. Here it is one more pull towards a target of its own, as each
+// non-IID learner's is: the robust merge must not make it worse, nor screen out honest work.
+TEST_CASE("sim: attack sideways takes effect, the robust merge does no harm") {
+  const attack_losses l = run_attack("sideways");
+  CHECK(l.off > 1.2 * l.clean);
+  CHECK(l.on <= (1 + loss_tolerance) * l.off);
+  CHECK(l.clean_on <= (1 + loss_tolerance) * l.clean);
 }
 
 // Churn at scale (deploy/drills/churn/churn_32.toml): 32 learners, about 125 crashes
