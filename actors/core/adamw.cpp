@@ -37,14 +37,16 @@ double global_norm(const float* data, std::size_t count) {
   return std::sqrt(total);
 }
 
-adamw::adamw(const param_layout& layout, const optimizer_config& opt)
+adamw::adamw(const param_layout& layout, const optimizer_config& opt, bool matrices)
     : opt_(opt), m_(layout.total_floats), v_(layout.total_floats) {
   // Runs of tensors with the same decay flag, padding included (its gradient is 0).
   for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
     const auto& t = layout.tensors[i];
+    if (!matrices && t.kind == tensor_kind::matrix) continue;
     const std::size_t end =
         i + 1 < layout.tensors.size() ? layout.tensors[i + 1].offset : layout.total_floats;
-    if (!segments_.empty() && segments_.back().decay == t.decays()) segments_.back().end = end;
+    if (!segments_.empty() && segments_.back().decay == t.decays() && segments_.back().end == t.offset)
+      segments_.back().end = end;
     else segments_.push_back({t.offset, end, t.decays()});
   }
 }

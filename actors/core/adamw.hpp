@@ -24,7 +24,9 @@ double global_norm(const float* data, std::size_t count);
 
 class adamw {
  public:
-  adamw(const param_layout& layout, const optimizer_config& opt);
+  /// `matrices` false: the matrix tensors (and their moments) are left alone, for
+  /// Muon (inner_optimizer) to update; the gradient norm still covers every tensor.
+  adamw(const param_layout& layout, const optimizer_config& opt, bool matrices = true);
 
   /// One update of `params` from `grads` at learning rate `lr`. Clips the
   /// gradient to opt.clip_norm first; returns the gradient norm before clipping.

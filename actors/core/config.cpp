@@ -188,6 +188,19 @@ std::vector<knob> make_knobs() {
                   "AdamW denominator epsilon. Default: 1e-8."),
       number_knob("optimizer.clip_norm", o, &optimizer_config::clip_norm, 0.0, 1e9,
                   "Global gradient-norm clip; 0 disables. Default: 1.0."),
+      text_knob("optimizer.kind", o, &optimizer_config::kind, "adamw | muon",
+                "The inner optimizer (dp: the shards' optimizer). adamw: AdamW on every tensor. muon: Muon on "
+                "the 2-D weight matrices (Newton-Schulz orthogonalised Nesterov momentum, the update scaled "
+                "to AdamW's RMS by 0.2 sqrt(max(rows, cols)), so optimizer.lr and weight_decay keep their "
+                "meaning), AdamW on embeddings, the unembedding, biases and norms. Default: adamw.",
+                [](std::string_view v) -> std::string {
+                  if (v == "adamw" || v == "muon") return "";
+                  return "unknown optimizer '" + std::string(v) + "' (adamw or muon)";
+                }),
+      number_knob("optimizer.muon_momentum", o, &optimizer_config::muon_momentum, 0.0, 0.9999,
+                  "optimizer.kind = muon: momentum of the matrices' gradient average. Default: 0.95."),
+      number_knob("optimizer.muon_ns_steps", o, &optimizer_config::muon_ns_steps, 1, 20,
+                  "optimizer.kind = muon: Newton-Schulz iterations per update. Default: 5."),
       // data
       text_knob("data.corpus", d, &data_config::corpus, "path or empty",
                 "Text file read as bytes; empty uses the built-in synthetic corpus. Default: empty."),

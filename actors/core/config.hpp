@@ -33,6 +33,11 @@ struct optimizer_config {
   double beta2 = 0.95;
   double eps = 1e-8;
   double clip_norm = 1.0;      // global gradient norm; 0 disables clipping
+  // adamw: AdamW on every tensor. muon: Muon on the 2-D weight matrices (Newton–Schulz
+  // orthogonalised Nesterov momentum), AdamW on embeddings, the unembedding and vectors.
+  std::string kind = "adamw";
+  double muon_momentum = 0.95;  // Muon's momentum (an EMA of the gradient)
+  int muon_ns_steps = 5;        // Newton–Schulz iterations per update
 };
 
 struct data_config {

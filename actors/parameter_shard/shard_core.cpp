@@ -95,7 +95,7 @@ shard_core::shard_core(const param_layout& layout, const fragment_plan& plan, st
     if (config.robust.enabled && config.robust.screening) f.screen.emplace(config.robust);
     if (config.gradient_mode) {
       fragment_layout.total_floats = fragment_layout.param_count = offset;
-      f.gradient_optimizer = std::make_unique<adamw>(fragment_layout, config.adamw_outer);
+      f.gradient_optimizer = std::make_unique<inner_optimizer>(fragment_layout, config.adamw_outer);
     }
   }
 }

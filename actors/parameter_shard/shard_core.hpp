@@ -17,7 +17,7 @@
 #include "core/ids.hpp"
 #include "core/config.hpp"
 #include "core/layout.hpp"
-#include "core/adamw.hpp"
+#include "core/inner_optimizer.hpp"
 #include "parameter_shard/merge.hpp"
 #include "parameter_shard/robust_merge.hpp"
 
@@ -212,7 +212,7 @@ class shard_core {
     std::vector<fragment_tensor> tensors;  // within the fragment's flat vector
     std::shared_ptr<const std::vector<float>> theta;  // replaced, never changed, by a merge
     std::shared_ptr<std::vector<float>> momentum;     // changed in place by a merge; empty in gradient mode
-    std::unique_ptr<adamw> gradient_optimizer;  // gradient_mode only
+    std::unique_ptr<inner_optimizer> gradient_optimizer;  // gradient_mode only
     std::uint64_t version = 0;
     std::map<std::uint64_t, std::vector<buffered_contribution>> open;  // round → contributions
     std::uint64_t closed_through = 0;  // rounds below this are closed

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -166,6 +167,55 @@ TEST_CASE("shard core: mesh.merge = mean takes the token-weighted mean on every 
   for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - start[i]));
   CHECK(worst < 1e-6);
   CHECK(mean_shard.value(p) != f.shard.value(p));  // RDA (the default) merges differently
+}
+
+TEST_CASE("shard core: under dp with optimizer.kind = muon the shard steps Muon on the merged gradient") {
+  const param_layout layout = make_layout({256, 4, 8, 1, 2, true});
+  const fragment_plan plan = *make_fragment_plan(layout, 1);
+  std::vector<float> init(layout.total_floats, 0.f);
+  prng rng(41);
+  for (auto& x : init) x = static_cast<float>(0.02 * rng.normal());
+  shard_config dp;
+  dp.gradient_mode = true;
+  dp.adamw_outer.kind = "muon";
+  dp.schedule_steps = 100;
+  const fragment_index p{0};
+  shard_core shard(layout, plan, {p}, dp, init.data());
+  const std::vector<float> start = shard.value(p);
+  std::vector<float> g1(start.size()), g2(start.size());
+  for (auto& x : g1) x = static_cast<float>(rng.normal());
+  for (auto& x : g2) x = static_cast<float>(rng.normal());
+  std::vector<float> d1 = g1, d2 = g2;  // learners send −gradient
+  for (auto& x : d1) x = -x;
+  for (auto& x : d2) x = -x;
+  REQUIRE(shard.on_contribution(round_number{0}, p, {{1}, {1}}, 1, 300, d1) == contribution_verdict::buffered);
+  REQUIRE(shard.on_contribution(round_number{0}, p, {{2}, {1}}, 1, 100, d2) == contribution_verdict::buffered);
+  REQUIRE(shard.on_round_close(round_number{0}, p, {{{1}, {1}}, {{2}, {1}}}));
+  // The fragment's own layout (its tensors back to back) and the token-weighted mean gradient.
+  param_layout fragment;
+  std::size_t offset = 0;
+  for (std::size_t t : plan.fragments[0].tensors) {
+    fragment.tensors.push_back(layout.tensors[t]);
+    fragment.tensors.back().offset = offset;
+    offset += layout.tensors[t].size();
+  }
+  fragment.total_floats = fragment.param_count = offset;
+  std::vector<float> mean(start.size()), theta = start;
+  for (std::size_t i = 0; i < mean.size(); ++i) mean[i] = static_cast<float>((300.0 * g1[i] + 100.0 * g2[i]) / 400);
+  inner_optimizer muon(fragment, dp.adamw_outer);
+  REQUIRE(muon.muon());
+  muon.step(theta.data(), mean.data(), scheduled_lr(dp.adamw_outer, 0, dp.schedule_steps));
+  const std::vector<float> got = shard.value(p);
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - theta[i]));
+  CHECK(worst < 1e-6);
+  // Muon's momentum is in the snapshot's first-moment buffer, the matrices' second moment stays 0.
+  const fragment_outer_state state = shard.outer_state(p);
+  for (const tensor_spec& t : fragment.tensors)
+    if (t.kind == tensor_kind::matrix) {
+      CHECK(state.adam_m[t.offset] != 0);
+      CHECK(state.adam_v[t.offset] == 0);
+    }
 }
 
 TEST_CASE("shard core: the robust merge set live takes effect, the same settings again change nothing") {

@@ -101,7 +101,13 @@ void print_json(const compute_flags& f, const compute_result& r) {
       .add("bf16_peak_gflops", r.bf16_peak_gflops())
       .add("share_of_fp32_peak", r.gflops() / r.fp32_peak_gflops())
       .add("bf16_share_of_bf16_peak", r.backend_gflops(dense_backend::bf16) / r.bf16_peak_gflops())
-      .add("thread_efficiency", r.thread_efficiency());
+      .add("thread_efficiency", r.thread_efficiency())
+      .add("adamw_ms_median", median(r.adamw_s) * 1e3)
+      .add("muon_ms_median", median(r.muon_s) * 1e3)
+      .add("newton_schulz_gflops", r.newton_schulz_gflops())
+      .add("muon_tokens_per_s", r.muon_tokens_per_s())
+      .add("muon_step_vs_adamw", median(r.round_muon_vs_adamw))
+      .add_raw("muon_step_vs_adamw_per_round", json_array(r.round_muon_vs_adamw));
   if (o.against_torch) {
     for (const auto& run : r.torch) j.add("torch_" + run.label + "_tokens_per_s", median(run.tokens_per_s));
     j.add("ratio_vs_torch", torch_ratio(r, "tuned", false))
@@ -155,6 +161,10 @@ int run_compute(const compute_flags& f, logger& log) {
                   100 * r->backend_gflops(dense_backend::bf16) / r->bf16_peak_gflops());
     std::printf("\n");
   }
+  std::printf("  optimizer AdamW %.2f ms, Muon %.2f ms per update (median; Newton-Schulz %.1f GFLOP/s on oneDNN); "
+              "engine with Muon %.0f tokens/s, step / with AdamW = %.3f (per round: %s)\n",
+              median(r->adamw_s) * 1e3, median(r->muon_s) * 1e3, r->newton_schulz_gflops(), r->muon_tokens_per_s(),
+              median(r->round_muon_vs_adamw), listed(r->round_muon_vs_adamw, "%.3f").c_str());
   if (!r->one_thread_step_s.empty())
     std::printf("  threads  1 -> %d: %.2f efficiency (%.0f tokens/s on one thread)\n", o.threads,
                 r->thread_efficiency(), static_cast<double>(r->tokens_per_step) / median(r->one_thread_step_s));

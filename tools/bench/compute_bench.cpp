@@ -8,7 +8,7 @@
 
 #include "bench/bench_stats.hpp"
 #include "bench/reference_script.hpp"
-#include "core/adamw.hpp"
+#include "core/inner_optimizer.hpp"
 #include "core/prng.hpp"
 #include "learner/model/dense_gemm.hpp"
 #include "learner/model/trainer.hpp"
@@ -18,6 +18,12 @@ namespace {
 
 using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+optimizer_config muon_config() {
+  optimizer_config opt;
+  opt.kind = "muon";
+  return opt;
+}
+
 /// One model and its optimizer, timed step by step.
 struct timed_model {
   timed_model(const param_layout& layout, dense_backend backend)
@@ -25,7 +31,8 @@ struct timed_model {
     model.init(1);
   }
   gpt<float> model;
-  adamw optim;
+  inner_optimizer optim;  // AdamW
+  double last_optimizer_s = 0;
 };
 
 /// The model on a fixed random batch, once per dense backend, and the matched
@@ -56,6 +63,8 @@ class compute_engine {
     gemm_flops_ = 2.0 * static_cast<double>(gn) * gk * gm;
     if (auto k = dense_gemm::make(gemm_precision::fp32)) sgemm_ = std::move(*k);
     if (auto k = dense_gemm::make(gemm_precision::bf16)) bf16_ = std::move(*k);
+    for (const tensor_spec& t : layout_.tensors)
+      if (t.kind == tensor_kind::matrix) muon_flops_ += newton_schulz_flops(t.rows, t.cols, muon_config().muon_ns_steps);
   }
 
   /// The timed backends: the engine (oneDNN fp32) first.
@@ -69,9 +78,27 @@ class compute_engine {
     m.model.forward_backward(in_.data(), out_.data(), batch_);
     const auto t1 = seconds_clock::now();
     m.optim.step(m.model.params(), m.model.grads(), 1e-3);
-    optimizer_s += since(t1);
+    m.last_optimizer_s = since(t1);
+    optimizer_s += m.last_optimizer_s;
     return since(t0);
   }
+  /// The AdamW update of the engine's last step, in seconds.
+  double last_adamw_s() const { return models_[0]->last_optimizer_s; }
+  /// Seconds of one Muon update (optimizer.kind = muon, its Newton–Schulz on
+  /// oneDNN as in the engine) on the engine's last gradients, applied to a copy
+  /// of its parameters so that the timed AdamW trajectory is not disturbed.
+  double muon_sample() {
+    gpt<float>& m = models_[0]->model;
+    if (!muon_) {
+      muon_ = std::make_unique<inner_optimizer>(layout_, muon_config(), onednn_gemm());
+      muon_params_.resize(m.buffer_size());
+    }
+    std::copy(m.params(), m.params() + m.buffer_size(), muon_params_.begin());
+    const auto t0 = seconds_clock::now();
+    muon_->step(muon_params_.data(), m.grads(), 1e-3);
+    return since(t0);
+  }
+  double muon_flops() const { return muon_flops_; }
 
   /// Seconds of one GEMM, repeated so that a sample lasts a few milliseconds at least.
   double gemm_sample() {
@@ -115,6 +142,9 @@ class compute_engine {
   row_matrix a_, b_, c_;
   double gemm_flops_ = 0;
   std::unique_ptr<dense_gemm> sgemm_, bf16_;
+  std::unique_ptr<inner_optimizer> muon_;
+  std::vector<float> muon_params_;
+  double muon_flops_ = 0;  // Newton–Schulz's per update
 };
 
 /// Runs the PyTorch reference once under its configuration; the last stdout line is JSON.
@@ -158,6 +188,8 @@ void run_round(compute_engine& engine, compute_result& r, const compute_options&
   const std::size_t first = r.step_s.size();
   for (int i = 0; i < steps && !hooks.stopped(); ++i) {
     r.step_s.push_back(engine.step(0, r.optimizer_s));
+    r.adamw_s.push_back(engine.last_adamw_s());
+    r.muon_s.push_back(engine.muon_sample());
     r.gemm_s.push_back(engine.gemm_sample());
     if (engine.has_sgemm()) r.sgemm_s.push_back(engine.sgemm_sample());
     if (engine.has_bf16_gemm()) r.bf16_gemm_s.push_back(engine.bf16_gemm_sample());
@@ -166,6 +198,13 @@ void run_round(compute_engine& engine, compute_result& r, const compute_options&
   if (r.step_s.size() == first) return;
   const double ours = round_tokens_per_s(r, r.step_s, first);
   r.round_tps.push_back(ours);
+  {
+    auto from = [first](const std::vector<double>& v) {
+      return median(std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(first), v.end()));
+    };
+    const double step = from(r.step_s);
+    r.round_muon_vs_adamw.push_back((step - from(r.adamw_s) + from(r.muon_s)) / step);
+  }
   r.round_vs_best_sgemm.push_back(r.gflops_at(ours) / r.best_sgemm_gflops(first));
   double ours_bf16 = std::nan("");
   double unused = 0;
@@ -252,8 +291,10 @@ expected<compute_result> run_compute_bench(const compute_options& o, const bench
   r.tokens_per_step = static_cast<std::size_t>(o.batch) * shape.context;
   r.simd = Eigen::SimdInstructionSetsInUse();
   engine.describe(r);
+  r.muon_flops_per_step = engine.muon_flops();
   for (int i = 0; i < o.warmup; ++i) {
     for (std::size_t b = 0; b < engine.backends(); ++b) engine.step(b, r.optimizer_s);
+    engine.muon_sample();
     engine.gemm_sample();
     if (engine.has_sgemm()) engine.sgemm_sample();
     if (engine.has_bf16_gemm()) engine.bf16_gemm_sample();
@@ -324,6 +365,10 @@ double compute_result::bf16_peak_gflops() const {
     if (p.bf16_best_gflops() > 0 && !(p.bf16_best_gflops() <= best)) best = p.bf16_best_gflops();
   return best;
 }
+double compute_result::muon_tokens_per_s() const {
+  return static_cast<double>(tokens_per_step) / (step_median_s() - median(adamw_s) + median(muon_s));
+}
+double compute_result::newton_schulz_gflops() const { return muon_flops_per_step / median(muon_s) * 1e-9; }
 double compute_result::thread_efficiency() const {
   if (one_thread_step_s.empty() || threads < 1) return std::nan("");
   return median(one_thread_step_s) / (step_median_s() * threads);

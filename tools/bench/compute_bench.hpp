@@ -8,6 +8,8 @@
 //     through oneDNN (fp32, and bf16 where native): the best single GEMM;
 //   - the CPU's fp32 FMA and bf16 dot-product peaks (cpu_peak.hpp);
 //   - the engine on one thread, for the 1 -> N thread efficiency;
+//   - Muon (optimizer.kind = muon) in AdamW's place, timed on the engine's
+//     gradients after each of its steps;
 //   - optionally, the PyTorch reference of the same architecture
 //     (tools/bench/torch_reference.py): tuned, as installed, and bf16 autocast.
 
@@ -84,6 +86,13 @@ struct compute_result {
   double flops_per_step = 0;
   long gemm_n = 0, gemm_k = 0, gemm_m = 0;  // the matched GEMM: [n x k] x [k x m]
   double optimizer_s = 0;  // AdamW's share of the timed steps
+  /// Per timed step of the engine: its AdamW update, and a Muon update
+  /// (optimizer.kind = muon) on the same gradients, timed right after it.
+  std::vector<double> adamw_s, muon_s;
+  double muon_flops_per_step = 0;  // Newton–Schulz's FLOPs per Muon update
+  /// Per round: the engine's step time with Muon in place of AdamW (the step's
+  /// median, minus AdamW's median, plus Muon's) over its time with AdamW: Muon's cost.
+  std::vector<double> round_muon_vs_adamw;
   step_profile profile;    // with compute_options::profile
   int rounds = 1;
   std::vector<backend_run> others;     // eigen, then bf16 where native (with compute_options::backends)
@@ -108,6 +117,10 @@ struct compute_result {
   double backend_gflops(dense_backend b) const;
   double fp32_peak_gflops() const;  // best over rounds; NaN if not measured
   double bf16_peak_gflops() const;  // NaN if not measured or not native
+  /// tokens/s of the engine with Muon in place of AdamW (medians).
+  double muon_tokens_per_s() const;
+  /// Newton–Schulz's GFLOP/s over the median Muon update (its element-wise part included).
+  double newton_schulz_gflops() const;
   /// tokens/s on `threads` threads over (threads x tokens/s on one); NaN if not measured.
   double thread_efficiency() const;
 };

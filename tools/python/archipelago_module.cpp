@@ -25,7 +25,7 @@
 #include <limits>
 #include <mutex>
 
-#include "core/adamw.hpp"
+#include "core/inner_optimizer.hpp"
 #include "core/config.hpp"
 #include "core/layout.hpp"
 #include "core/log.hpp"
@@ -615,7 +615,7 @@ py::tuple gpt_loss_and_gradients(const std::string& config_path, const std::vect
 
 /// The native learner's inner steps from `params` on the batches inputs[k] / targets[k]
 /// (int64 [steps, batch, context]), starting at schedule step `first_step`: forward,
-/// backward, AdamW at the scheduled rate (engine::step). Returns (losses, parameters after).
+/// backward, the inner optimizer at the scheduled rate (engine::step). Returns (losses, parameters after).
 py::tuple gpt_train_steps(const std::string& config_path, const std::vector<std::string>& overrides,
                           const py::dict& params, const py::array_t<std::int64_t>& inputs,
                           const py::array_t<std::int64_t>& targets, std::int64_t first_step) {
@@ -625,7 +625,7 @@ py::tuple gpt_train_steps(const std::string& config_path, const std::vector<std:
     throw py::value_error("inputs and targets must be [steps, batch, " + std::to_string(shape->context) + "]");
   set_compute_threads(1);
   gpt<float> model(make_layout(*shape));
-  adamw optimizer(model.layout(), cfg.optimizer);
+  inner_optimizer optimizer(model.layout(), cfg.optimizer, onednn_gemm());
   copy_params(params, model);
   const auto per_step = static_cast<std::size_t>(inputs.shape(1) * inputs.shape(2));
   std::vector<double> losses;

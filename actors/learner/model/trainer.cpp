@@ -20,6 +20,16 @@ void set_compute_threads(int threads) {
   Eigen::setNbThreads(0);
 }
 
+gemm_function onednn_gemm() {
+  auto made = dense_gemm::make(gemm_precision::fp32);
+  if (!made) return eigen_gemm();  // fp32 needs nothing of the CPU; kept for a oneDNN that refuses anyway
+  std::shared_ptr<dense_gemm> kernel = std::move(*made);
+  return [kernel](bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                  std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+    kernel->run(trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  };
+}
+
 dense_backend dense_backend_for(const train_config& train, std::string& note) {
   gemm_cpu cpu = detect_gemm_cpu();
   if (train.precision == "auto" && cpu.bf16 && !cpu.amx) {
@@ -60,7 +70,7 @@ engine::engine(const config& cfg, const model_shape& shape, const dataset& data,
     : cfg_(cfg),
       data_(data),
       model_(make_layout(shape), dense_backend_for(cfg.train, precision_note_)),
-      optimizer_(model_.layout(), cfg.optimizer),
+      optimizer_(model_.layout(), cfg.optimizer, onednn_gemm()),
       sampler_(data.text, data.split.shards.at(shard), shape.context,
                derive_seed(cfg.train.seed, 100 + static_cast<std::uint64_t>(shard))),
       eval_windows_(make_eval_windows(data.split.heldout, shape.context, cfg.data.eval_tokens)),

@@ -11,7 +11,7 @@
 
 #include "core/config.hpp"
 #include "core/error.hpp"
-#include "core/adamw.hpp"
+#include "core/inner_optimizer.hpp"
 #include "learner/model/corpus.hpp"
 #include "learner/model/gpt.hpp"
 
@@ -39,8 +39,8 @@ class engine {
   /// `shard` selects the learner's part of `data`; `data` must outlive the engine.
   engine(const config& cfg, const model_shape& shape, const dataset& data, int shard);
 
-  /// One inner step: sample a batch, forward, backward, AdamW at the scheduled
-  /// learning rate. Returns the batch's mean loss (nats/token).
+  /// One inner step: sample a batch, forward, backward, the inner optimizer
+  /// (optimizer.kind) at the scheduled learning rate. Returns the batch's mean loss (nats/token).
   double step();
 
   /// The dp policy's step: sample a batch, forward and backward, no update; the
@@ -51,7 +51,7 @@ class engine {
   eval_result evaluate();
 
   gpt<float>& model() { return model_; }
-  adamw& optimizer() { return optimizer_; }
+  inner_optimizer& optimizer() { return optimizer_; }
   std::int64_t steps_done() const { return steps_; }
   /// Resuming a run: the schedule (and the step budget) continue from `step`.
   void start_at_step(std::int64_t step) { steps_ = step; }
@@ -67,7 +67,7 @@ class engine {
   const dataset& data_;
   std::string precision_note_;  // before model_: its constructor fills it
   gpt<float> model_;
-  adamw optimizer_;
+  inner_optimizer optimizer_;
   batch_sampler sampler_;
   std::vector<eval_window> eval_windows_;
   int batch_;
@@ -83,6 +83,10 @@ std::vector<float> initial_global_params(const config& cfg, const model_shape& s
 /// The dense backend for train.precision on this CPU (dense_gemm.hpp's
 /// resolve_precision); `note` gets the one line of a fallback to fp32.
 dense_backend dense_backend_for(const train_config& train, std::string& note);
+
+/// oneDNN's fp32 GEMM (the dense layers' own) as a gemm_function: what Muon's
+/// Newton–Schulz iterations run on in the engine.
+gemm_function onednn_gemm();
 
 /// Applies the thread count to OpenMP and Eigen, for the calling thread.
 void set_compute_threads(int threads);
