@@ -423,6 +423,11 @@ std::vector<knob> make_knobs() {
                 }),
       number_knob("wire.block_size", w, &wire_config::block_size, 8, 65536,
                   "Values per quantisation block (int8/int4/int2). Default: 64."),
+      bool_knob("wire.error_feedback", w, &wire_config::error_feedback,
+                "Error feedback for the lossy encodings (bf16, int8, int4, int2): a learner keeps, per fragment, "
+                "what encoding its contribution dropped and adds it to its next contribution of that fragment, so "
+                "that the sum of what it sends follows the sum of its deltas (the gap stays within one "
+                "contribution's encoding error). No effect on fp32. Default: false."),
       bool_knob("wire.curve", w, &wire_config::curve,
                 "CURVE encryption and authentication on tcp:// endpoints. Default: true."),
       bool_knob("wire.accept_chaos", w, &wire_config::accept_chaos,

@@ -127,6 +127,7 @@ struct wire_config {
   double bulk_queue_target_ms = 50;           // the adaptive bulk window's queueing target; 0: the OS's autotuning
   std::string encoding = "fp32";              // outer-gradient encoding on the wire
   int block_size = 64;                        // quantisation block
+  bool error_feedback = false;                // lossy encodings: a learner adds what encoding dropped to its next contribution
   bool curve = true;                          // CURVE on tcp:// endpoints
   bool accept_chaos = false;                  // obey ChaosCommand messages (fault drills only)
   std::string key_file;                       // this node's keypair (archipelago keygen)

@@ -23,7 +23,8 @@ learner_wire::learner_wire(const mesh_setup& setup, learner_sync_config sync, st
       encoding_(*parse_tensor_encoding(setup.cfg.wire.encoding)),
       core_(std::make_unique<learner_core>(setup.layout, setup.plan, sync)),
       attacker_(derive_seed(setup.cfg.train.seed, 0xa77ac0000ULL + index)),
-      to_install_(setup.fragments()), shard_incarnations_(setup.shard_endpoints.size(), 0) {
+      to_install_(setup.fragments()), shard_incarnations_(setup.shard_endpoints.size(), 0),
+      residuals_(setup.cfg.wire.error_feedback ? setup.fragments() : 0) {
   chaos_.accept = setup.cfg.wire.accept_chaos;
 }
 
@@ -165,7 +166,6 @@ bool learner_wire::on_join_timer(nanos now) {
 /// Progress of steps taken while the broker was cut off never arrived.
 void learner_wire::send_contributions(bool with_progress) {
   const float* gradient = setup_.policy.send_gradients ? model_.gradients : nullptr;
-  const auto block = static_cast<std::uint32_t>(setup_.cfg.wire.block_size);
   while (auto c = core_->next_contribution(model_.params, gradient)) {
     if (with_progress && core_->steps_done() > 0) send_progress();
     with_progress = false;
@@ -182,8 +182,7 @@ void learner_wire::send_contributions(bool with_progress) {
                                          : static_cast<std::uint64_t>(static_cast<double>(c->tokens) * chaos_.token_lie));
     body.setStep(c->step);
     body.setBrokerEpoch(broker_.epoch());  // shards refuse rounds of an older epoch
-    if (!cb.add_tensor_values("delta/" + std::to_string(c->fragment.value), c->delta.data(), c->delta.size(),
-                              encoding_, block)) {  // a non-finite delta is never sent
+    if (!add_delta(cb, *c)) {  // a non-finite delta is never sent
       ++non_finite_;
       log_.warn("learner.non_finite", "archipelago learner/%u: contribution to round %llu held back: fragment %u's "
                 "delta is not finite (a NaN or Inf in the model)", index_,
@@ -195,6 +194,21 @@ void learner_wire::send_contributions(bool with_progress) {
     ++counts_.contributions;
     (void)port_.send({role::parameter_shard, setup_.shard_of_fragment[c->fragment.value]}, cb.finish());
   }
+}
+
+/// The contribution's delta as its tensor frame, at wire.encoding; with
+/// wire.error_feedback plus what quantising this fragment's earlier contributions
+/// dropped (encode_with_feedback). False: the delta is not finite.
+bool learner_wire::add_delta(transport::envelope_builder& b, const contribution_plan& c) {
+  const std::string name = "delta/" + std::to_string(c.fragment.value);
+  const auto block = static_cast<std::uint32_t>(setup_.cfg.wire.block_size);
+  if (!setup_.cfg.wire.error_feedback) return bool(b.add_tensor_values(name, c.delta.data(), c.delta.size(), encoding_, block));
+  std::vector<float>& residual = residuals_[c.fragment.value];
+  residual.resize(c.delta.size(), 0.f);
+  auto bytes = encode_with_feedback(c.delta.data(), c.delta.size(), encoding_, static_cast<int>(block), residual.data());
+  if (!bytes) return false;
+  b.add_tensor(name, encoding_, c.delta.size(), block, transport::shared_bytes(std::move(*bytes)));
+  return true;
 }
 
 bool learner_wire::wait_before_step(nanos now) {

@@ -119,6 +119,7 @@ class learner_wire {
   bool shard_restarted(std::uint32_t shard, std::uint64_t inc);
   bool follow_broker(const transport::decoded_envelope& env);
   void send_contributions(bool with_progress = false);
+  bool add_delta(transport::envelope_builder& b, const contribution_plan& c);
   void send_forged(node_address as);
   learner_event on_fragment_update(const transport::decoded_envelope& env, nanos now);
 
@@ -150,6 +151,9 @@ class learner_wire {
   bool welcomed_ = false;                          // the broker's first Welcome of this incarnation arrived
   std::string refusal_;
   std::set<std::uint32_t> reanchor_;  // fragments of a restarted shard: its next version re-anchors them
+  /// wire.error_feedback: per fragment, what quantising its contributions dropped so
+  /// far (empty until its first contribution; none without the knob).
+  std::vector<std::vector<float>> residuals_;
 };
 
 }  // namespace archipelago

@@ -411,4 +411,18 @@ status decode_tensor(const std::uint8_t* bytes, std::size_t byte_count, std::siz
   return corrupt("unknown tensor encoding");
 }
 
+expected<std::vector<std::uint8_t>> encode_with_feedback(const float* values, std::size_t count,
+                                                         tensor_encoding encoding, int block_size, float* residual) {
+  if (encoding == tensor_encoding::fp32) return encode_tensor(values, count, encoding, block_size);
+  std::vector<float> carried(count);
+  for (std::size_t i = 0; i < count; ++i) carried[i] = values[i] + residual[i];
+  auto bytes = encode_tensor(carried.data(), count, encoding, block_size);
+  if (!bytes) return bytes;
+  std::vector<float> sent(count);
+  if (auto ok = decode_tensor(bytes->data(), bytes->size(), count, encoding, block_size, sent.data()); !ok)
+    return ok.err();  // our own encoding: cannot fail
+  for (std::size_t i = 0; i < count; ++i) residual[i] = carried[i] - sent[i];
+  return bytes;
+}
+
 }  // namespace archipelago

@@ -82,6 +82,16 @@ status encode_tensor(const float* values, std::size_t count, tensor_encoding enc
 expected<std::vector<std::uint8_t>> encode_tensor(const float* values, std::size_t count,
                                                   tensor_encoding encoding, int block_size);
 
+/// Error feedback (wire.error_feedback): encodes values + residual and leaves in
+/// `residual` (count floats; zero before the first call) what the encoding
+/// dropped: residual ← (values + residual) − decode(bytes). Over successive calls
+/// the sum of what was sent then differs from the sum of the values by the last
+/// residual alone, which stays within the encoding's error bound of one call
+/// (above) instead of growing with the calls. fp32, exact, leaves residual as it
+/// is. Errors as encode_tensor's; on an error residual is unchanged.
+expected<std::vector<std::uint8_t>> encode_with_feedback(const float* values, std::size_t count,
+                                                         tensor_encoding encoding, int block_size, float* residual);
+
 /// Decodes count values from byte_count bytes into out (count floats).
 /// errc::corrupt_data when the bytes are not a valid encoding: a length other
 /// than encoded_bytes, a non-finite or negative block absmax, an invalid code,

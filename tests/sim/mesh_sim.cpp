@@ -53,6 +53,8 @@ mesh_setup sim_setup(const sim_config& c) {
   s.cfg.mesh.grace_factor = c.broker.grace_factor;
   s.cfg.mesh.robust = c.robust.enabled;
   s.cfg.mesh.flush = c.flush;
+  s.cfg.wire.encoding = c.encoding;
+  s.cfg.wire.error_feedback = c.error_feedback;
   s.policy.fragments = c.fragments;
   s.policy.shards = c.shards;
   s.policy.quorum = c.broker.quorum;

@@ -179,6 +179,9 @@ struct sim_config {
   /// The shards' outer step (default: DiLoCo's 0.7 and 0.9; the mesh's are mesh.outer_lr and
   /// mesh.outer_momentum).
   nesterov_config outer;
+  /// The learners' wire.encoding and wire.error_feedback.
+  std::string encoding = "fp32";
+  bool error_feedback = false;
   /// An operator's live changes (`archipelago set`): at each time, a Reconfigure from
   /// an admin straight to the primary broker's wire; its answer lands in sim_result::admin_replies.
   std::vector<std::pair<nanos, std::vector<live_setting>>> reconfigures;

@@ -490,3 +490,77 @@ TEST_CASE("decoding damaged or random bytes fails cleanly or yields bounded valu
     }
   }
 }
+
+TEST_CASE("error feedback: the sum of what was sent follows the sum of the deltas, the gap bounded by one call's error") {
+  constexpr std::size_t count = 300;  // four full blocks of 64 and a partial one
+  constexpr int bs = 64, calls = 400;
+  for (tensor_encoding e : {tensor_encoding::bf16, tensor_encoding::int8, tensor_encoding::int4, tensor_encoding::int2}) {
+    const std::uint64_t seed = 0xef00 + static_cast<std::uint64_t>(e);
+    const std::string encoding = to_string(e);
+    CAPTURE(encoding);
+    CAPTURE(seed);
+    prng rng(seed);
+    std::vector<float> residual(count, 0.f), carried(count);
+    std::vector<double> sum_deltas(count, 0), sum_sent(count, 0), sum_sent_plain(count, 0);
+    double largest_gap = 0, last_bound = 0;
+    for (int t = 0; t < calls; ++t) {
+      // Deltas with a drift per coordinate (what a learner's outer gradients share
+      // round after round) and a scale that varies between calls.
+      std::vector<float> d(count);
+      const double scale = 0.5 + rng.uniform();
+      for (std::size_t i = 0; i < count; ++i)
+        d[i] = static_cast<float>(scale * (0.05 * std::sin(static_cast<double>(i)) + rng.normal()));
+      for (std::size_t i = 0; i < count; ++i) carried[i] = d[i] + residual[i];
+      auto bytes = encode_with_feedback(d.data(), count, e, bs, residual.data());
+      REQUIRE(bytes);
+      const std::vector<float> sent = decode(*bytes, count, e, bs);
+      const std::vector<float> plain = decode(encode(d, e, bs), count, e, bs);
+      // The residual is exactly what this call's encoding dropped from d + the old residual.
+      for (std::size_t i = 0; i < count; ++i) REQUIRE(residual[i] == carried[i] - sent[i]);
+      // ... so it is within one call's error bound: half a step of the carried block's absmax.
+      last_bound = 0;
+      for (std::size_t b = 0; b < count; b += bs) {
+        float absmax = 0;
+        for (std::size_t i = b; i < std::min(count, b + bs); ++i) absmax = std::max(absmax, std::abs(carried[i]));
+        const double bound = e == tensor_encoding::bf16 ? std::ldexp(absmax, -8) : absmax / (2.0 * levels(e)) * (1 + 1e-6);
+        last_bound = std::max(last_bound, bound);
+        for (std::size_t i = b; i < std::min(count, b + bs); ++i) CHECK(std::abs(residual[i]) <= bound);
+      }
+      for (std::size_t i = 0; i < count; ++i) {
+        sum_deltas[i] += d[i];
+        sum_sent[i] += sent[i];
+        sum_sent_plain[i] += plain[i];
+        largest_gap = std::max(largest_gap, std::abs(sum_deltas[i] - sum_sent[i]));
+      }
+    }
+    double gap = 0, gap_plain = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      // Σ sent = Σ deltas − the last residual, up to fp32 rounding of the carries.
+      CHECK(std::abs(sum_deltas[i] - sum_sent[i] - residual[i]) < 1e-3);
+      gap = std::max(gap, std::abs(sum_deltas[i] - sum_sent[i]));
+      gap_plain = std::max(gap_plain, std::abs(sum_deltas[i] - sum_sent_plain[i]));
+    }
+    CAPTURE(gap);
+    CAPTURE(gap_plain);
+    CAPTURE(largest_gap);
+    // The gap never grows with the calls: at most one call's error, at every call.
+    CHECK(gap <= last_bound + 1e-3);
+    CHECK(largest_gap < 4 * last_bound + 1e-3);
+    // Without feedback the dropped parts add up: the gap grows like sqrt(calls) (or faster).
+    if (e != tensor_encoding::bf16) CHECK(gap_plain > 4 * gap);
+  }
+}
+
+TEST_CASE("error feedback: fp32 sends the values as they are and keeps no residual") {
+  const std::vector<float> d = {1.5f, -2.25f, 0.f, 3.f};
+  std::vector<float> residual(d.size(), 0.f);
+  auto bytes = encode_with_feedback(d.data(), d.size(), tensor_encoding::fp32, 64, residual.data());
+  REQUIRE(bytes);
+  CHECK(decode(*bytes, d.size(), tensor_encoding::fp32, 64) == d);
+  CHECK(residual == std::vector<float>(d.size(), 0.f));
+  // A non-finite value is refused and the residual left as it was.
+  residual = {0.25f, 0.f, 0.f, 0.f};
+  const std::vector<float> bad = {1.f, f_nan, 0.f, 0.f};
+  CHECK_FALSE(encode_with_feedback(bad.data(), bad.size(), tensor_encoding::int4, 64, residual.data()));
+  CHECK(residual == std::vector<float>{0.25f, 0.f, 0.f, 0.f});
+}
