@@ -53,5 +53,29 @@ else
   fail "bench parity failed: $(tail -5 "$work/parity.err")"
 fi
 
+# A staged sweep: two grid points screened on one seed, the better one on two fresh seeds.
+expect_error 2 "no KEY=V1" -- "$A" bench parity --modes dp --sweep x=diloco
+sweep=(--modes dp --sweep 'dl=diloco,mesh.inner_steps=5|10' --sweep-top 1 --learners 2 --seeds 2 --steps 20
+       --eval-every-s 0.5 --set data.batch=8 --set data.eval_tokens=4096 --set data.synthetic_bytes=1000000 --json)
+if timeout 150 "$A" bench parity "${sweep[@]}" >"$work/sweep.out" 2>"$work/sweep.err"; then
+  tail -n 1 "$work/sweep.out" | python3 -c '
+import json, sys
+s = json.loads(sys.stdin.read())
+assert s["screen_seeds"] == 1 and s["seeds"] == 2 and s["ledger_exact"] and s["screen_ledger_exact"], s
+points = s["sweep"]
+assert sorted(p["label"] for p in points) == ["dl:10", "dl:5"], points
+assert points[0]["screen_rel_pct"] <= points[1]["screen_rel_pct"], points  # best first
+assert [p["chosen"] for p in points] == [True, False], points
+modes = s["corpora"][0]["modes"]
+assert [m["mode"] for m in modes] == ["dp", points[0]["label"]], modes  # stage 2: dp and the winner
+assert all(len(m["eval_loss_per_seed"]) == 2 for m in modes), modes
+assert s["best"] == [{"corpus": "synthetic", "sweep": "dl", "best": points[0]["label"]}], s["best"]
+' || fail "bench parity --sweep --json: $(tail -n 1 "$work/sweep.out")"
+  grep -q "stage 1: 2 grid points" "$work/sweep.out" || fail "bench parity --sweep: no screen table: $(cat "$work/sweep.out")"
+  grep -q "best of sweep dl on synthetic" "$work/sweep.out" || fail "bench parity --sweep: no best line"
+else
+  fail "bench parity --sweep failed: $(tail -5 "$work/sweep.err")"
+fi
+
 if [[ $failures -gt 0 ]]; then echo "$failures failure(s)"; exit 1; fi
 echo "bench parity: all passed"

@@ -651,6 +651,38 @@ TEST_CASE("bench parity: a variant's own train.steps overrides --steps (a longer
   CHECK(longer->mesh.mode == "decoupled");
 }
 
+TEST_CASE("bench parity: a sweep is LABEL=MODE,KEY=V1|V2,..., expanded to every combination") {
+  auto s = parse_parity_sweep("dl=diloco,mesh.merge=mean,mesh.outer_lr=0.4|0.7,mesh.inner_steps=10|30|50");
+  REQUIRE(s);
+  CHECK(s->label == "dl");
+  CHECK(s->mode == "diloco");
+  REQUIRE(s->axes.size() == 3);
+  CHECK(s->axes[1].second == std::vector<std::string>{"0.4", "0.7"});
+  const auto arms = expand_sweep(*s, 1500, 32);
+  REQUIRE(arms.size() == 6);
+  CHECK(arms[0].label == "dl:mean:0.4:10");
+  CHECK(arms[5].label == "dl:mean:0.7:50");  // the last axis varies fastest
+  CHECK(arms[4].settings ==
+        std::vector<std::string>{"mesh.merge=mean", "mesh.outer_lr=0.7", "mesh.inner_steps=30"});
+  for (const auto& a : arms) CHECK(a.mode == "diloco");
+  // A batch axis keeps the tokens equal.
+  const auto batches = expand_sweep(*parse_parity_sweep("b=decoupled,data.batch=16|64"), 1500, 32);
+  REQUIRE(batches.size() == 2);
+  CHECK(batches[0].settings == std::vector<std::string>{"data.batch=16", "train.steps=3000"});
+  CHECK(batches[1].settings == std::vector<std::string>{"data.batch=64", "train.steps=750"});
+  CHECK_FALSE(parse_parity_sweep("x=diloco"));                    // no axis
+  CHECK_FALSE(parse_parity_sweep("x=diloco,mesh.outer_lr=0.4||1"));  // an empty value
+  CHECK_FALSE(parse_parity_sweep("x=diloco,mesh.outer_lr=|1"));
+  CHECK_FALSE(parse_parity_sweep("x=async,mesh.outer_lr=1"));     // not a mode
+  CHECK_FALSE(parse_parity_variant("x=decoupled,mesh.outer_lr="));  // an empty value in a variant too
+  // Each grid point is checked like a variant before any run.
+  parity_options o;
+  o.modes = {"dp"};
+  for (auto& a : expand_sweep(*parse_parity_sweep("m=decoupled,mesh.outer_momentum=0.5|1.5"), 1500, 32))
+    o.variants.push_back(a);
+  CHECK_FALSE(check_parity(o, config{}));  // μ 1.5 is out of bounds
+}
+
 TEST_CASE("bench kernels: a round's kernels per GB, each positive, the merge slower than a copy") {
   testing::temp_dir dir("kernel-costs");
   kernel_cost_options o;

@@ -3,6 +3,7 @@
 // the --json line.
 
 #include <cmath>
+#include <utility>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -21,6 +22,8 @@ struct parity_flags {
   bool json = false;
   std::string plot;
   std::vector<std::string> variants;
+  std::vector<std::string> sweeps;
+  sweep_options sweep;
   config_flags flags;
   CLI::App* command = nullptr;
 };
@@ -88,13 +91,13 @@ void print_table(const parity_flags& f, const config& base, const parity_result&
   for (const parity_corpus& c : r.corpora) {
     std::printf("  corpus %s", c.corpus.empty() ? "synthetic" : c.corpus.c_str());
     if (!std::isnan(c.entropy_floor_bpb)) std::printf(" (entropy floor %.4f bits/byte)", c.entropy_floor_bpb);
-    std::printf("\n  %-14s %-20s %-28s %-44s %-18s %-8s %s\n", "mode", "eval nats/byte", "vs dp",
+    std::printf("\n  %-22s %-20s %-28s %-44s %-18s %-8s %s\n", "mode", "eval nats/byte", "vs dp",
                 "tokens to dp's final loss (x dp's)", "excess bits/byte", "goodput", "wall s");
     const parity_outcome& dp = c.modes.front();
     for (const parity_outcome& m : c.modes) {
       std::vector<double> goodput_pct = m.goodput;
       for (double& x : goodput_pct) x *= 100;
-      std::printf("  %-14s %-20s %-28s %-44s %-18s %-8s %.0f%s\n", m.mode.c_str(), with_ci(m.loss, "%.4f").c_str(),
+      std::printf("  %-22s %-20s %-28s %-44s %-18s %-8s %.0f%s\n", m.mode.c_str(), with_ci(m.loss, "%.4f").c_str(),
                   &m == &dp ? "reference" : versus_dp(m, dp).c_str(),
                   reach_text(m).c_str(), with_ci(m.excess_bpb, "%.4f").c_str(),
                   (fmt("%.1f", mean(goodput_pct)) + "%").c_str(), mean(m.wall_s),
@@ -127,7 +130,46 @@ std::string mode_json(const parity_outcome& m, const parity_outcome& dp) {
   return j.str();
 }
 
-void print_json(const parity_flags& f, const config& base, const parity_result& r) {
+/// Stage 1 of a sweep: every grid point against dp, per sweep best first, and
+/// after stage 2 the best point of each sweep on the fresh seeds.
+void print_sweep(const parity_flags& f, const sweep_result& r) {
+  std::printf("bench parity --sweep, stage 1: %zu grid points on %d seed%s (train.seed +0...), ranked by the final loss "
+              "vs dp (paired by seed, mean over seeds and corpora); load average %.2f before, %.2f after, %.0f s\n",
+              r.points.size(), f.sweep.screen_seeds, f.sweep.screen_seeds == 1 ? "" : "s", r.screen.load_before,
+              r.screen.load_after, r.screen.wall_s);
+  std::printf("  %-28s %-12s %-16s %s\n", "arm", "vs dp", "eval nats/byte", "settings");
+  for (const sweep_point& p : r.points) {
+    std::string settings;
+    for (const std::string& kv : p.arm.settings) settings += (settings.empty() ? "" : ",") + kv;
+    std::printf("  %-28s %-12s %-16s %s%s\n", p.arm.label.c_str(), (fmt("%+.2f", p.rel_pct) + " %").c_str(),
+                fmt("%.4f", p.eval_loss).c_str(), settings.c_str(), p.chosen ? "  -> stage 2" : "");
+  }
+  std::printf("bench parity --sweep, stage 2: the modes, the variants and each sweep's best %d on %d fresh seed%s\n",
+              f.sweep.top, f.bench.seeds, f.bench.seeds == 1 ? "" : "s");
+}
+
+/// Per sweep, its best point in stage 2 (the lowest final loss vs dp); empty label: none ran.
+std::vector<std::pair<std::string, const parity_outcome*>> best_per_sweep(const parity_flags& f, const sweep_result& r,
+                                                                        const parity_corpus& c) {
+  std::vector<std::pair<std::string, const parity_outcome*>> out;
+  for (const parity_sweep& sweep : f.sweep.sweeps) {
+    const parity_outcome* best = nullptr;
+    double best_rel = INFINITY;
+    for (const sweep_point& p : r.points) {
+      if (p.sweep != sweep.label || !p.chosen) continue;
+      for (const parity_outcome& m : c.modes)
+        if (m.mode == p.arm.label) {
+          const double rel = mean(relative_pct(m, c.modes.front()));
+          if (rel < best_rel) best_rel = rel, best = &m;
+        }
+    }
+    out.emplace_back(sweep.label, best);
+  }
+  return out;
+}
+
+void print_json(const parity_flags& f, const config& base, const parity_result& r,
+                const sweep_result* sweep = nullptr) {
   std::string corpora = "[";
   for (std::size_t i = 0; i < r.corpora.size(); ++i) {
     const parity_corpus& c = r.corpora[i];
@@ -151,6 +193,37 @@ void print_json(const parity_flags& f, const config& base, const parity_result& 
       .add("wall_s", r.wall_s)
       .add("ledger_exact", r.ledger_exact)
       .add_raw("corpora", corpora + "]");
+  if (sweep) {
+    std::string points = "[";
+    for (std::size_t i = 0; i < sweep->points.size(); ++i) {
+      const sweep_point& p = sweep->points[i];
+      std::string settings;
+      for (const std::string& kv : p.arm.settings) settings += (settings.empty() ? "" : ",") + kv;
+      json_line one;
+      one.add("sweep", p.sweep)
+          .add("label", p.arm.label)
+          .add("mode", p.arm.mode)
+          .add("settings", settings)
+          .add("screen_rel_pct", p.rel_pct)
+          .add("screen_eval_loss", p.eval_loss)
+          .add("chosen", p.chosen);
+      points += (i ? "," : "") + one.str();
+    }
+    std::string best = "[";
+    for (const parity_corpus& c : r.corpora)
+      for (const auto& [label, m] : best_per_sweep(f, *sweep, c)) {
+        json_line one;
+        one.add("corpus", c.corpus.empty() ? "synthetic" : c.corpus).add("sweep", label).add("best", m ? m->mode : "");
+        best += (best.size() > 1 ? "," : "") + one.str();
+      }
+    j.add("screen_seeds", f.sweep.screen_seeds)
+        .add("screen_wall_s", sweep->screen.wall_s)
+        .add("screen_load_before", sweep->screen.load_before)
+        .add("screen_load_after", sweep->screen.load_after)
+        .add("screen_ledger_exact", sweep->screen.ledger_exact)
+        .add_raw("sweep", points + "]")
+        .add_raw("best", best + "]");
+  }
   std::printf("%s\n", j.str().c_str());
 }
 
@@ -168,8 +241,31 @@ int run_parity(logger& log) {
   defaults.model.size = f.model;
   auto base = f.flags.resolve(defaults);
   if (!base) return report(base.err());
+  f.sweep.sweeps.clear();
+  for (const std::string& spec : f.sweeps) {
+    auto s = parse_parity_sweep(spec);
+    if (!s) return report(s.err());
+    f.sweep.sweeps.push_back(*s);
+  }
   if (auto ok = check_parity(f.bench, *base); !ok) return report(ok.err());
   progress_line progress(log, 20);
+  if (!f.sweep.sweeps.empty()) {
+    auto s = run_parity_sweep(f.bench, f.sweep, *base, progress_hooks(progress, log));
+    progress.finish();
+    if (!s) return report(s.err());
+    print_sweep(f, *s);
+    print_table(f, *base, s->final);
+    for (const parity_corpus& c : s->final.corpora)
+      for (const auto& [label, m] : best_per_sweep(f, *s, c))
+        std::printf("  best of sweep %s on %s: %s\n", label.c_str(), c.corpus.empty() ? "synthetic" : c.corpus.c_str(),
+                    m ? (m->mode + ", " + versus_dp(*m, c.modes.front()) + " vs dp").c_str() : "none ran");
+    if (!f.plot.empty()) {
+      if (auto ok = write_text_file("--plot", f.plot, parity_plot(s->final)); !ok) return report(ok.err());
+      std::printf("plot: %s\n", f.plot.c_str());
+    }
+    if (f.json) print_json(f, *base, s->final, &*s);
+    return s->final.ledger_exact && s->screen.ledger_exact ? exit_ok : exit_failure;
+  }
   auto r = run_parity_bench(f.bench, *base, progress_hooks(progress, log));
   progress.finish();
   if (!r) return report(r.err());
@@ -196,6 +292,14 @@ void add_bench_parity(CLI::App& bench) {
                   "A mode with settings of its own, run beside the modes: LABEL=MODE,KEY=VALUE,... "
                   "(e.g. rebase=decoupled,mesh.rebase=true; a train.steps here overrides --steps, e.g. a 5 % longer "
                   "budget to measure tokens to dp's loss past dp's own); repeat for several");
+  cmd->add_option("--sweep", f.sweeps,
+                  "A grid of settings for a mode, LABEL=MODE,KEY=V1|V2|...,... (every combination is an arm; a "
+                  "data.batch axis scales train.steps to keep the tokens equal); repeat for several. Staged: every "
+                  "point on --sweep-seeds seeds, then each sweep's best --sweep-top beside the modes on --seeds fresh seeds");
+  cmd->add_option("--sweep-top", f.sweep.top, "--sweep: points per sweep carried to stage 2 (default 2)")
+      ->check(CLI::Range(0, 100));
+  cmd->add_option("--sweep-seeds", f.sweep.screen_seeds, "--sweep: seeds of stage 1, the screen (default 1)")
+      ->check(CLI::Range(1, 20));
   cmd->add_option("--corpus", o.corpora,
                   "A text file to train on; repeat for several (default: the synthetic corpus; 'synthetic' names it)")
       ->transform([](std::string s) { return s == "synthetic" ? std::string() : s; });

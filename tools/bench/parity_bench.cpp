@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <map>
 
 #include "bench/ablate_bench.hpp"
 #include "bench/bench_mesh.hpp"
@@ -60,10 +62,13 @@ double tokens_to_reach(const loss_curve& curve, double target) {
   return std::nan("");
 }
 
-expected<parity_variant> parse_parity_variant(std::string_view spec) {
+namespace {
+
+/// LABEL=MODE,KEY=VALUE,...: --variant's form, and --sweep's with VALUE = V1|V2|....
+expected<parity_variant> parse_arm(std::string_view spec, const char* flag, const char* form) {
   auto bad = [&](const std::string& why) {
-    return make_error(errc::invalid_input, "bench parity: --variant '" + std::string(spec) + "': " + why +
-                                               " (expected LABEL=MODE,KEY=VALUE,...)");
+    return make_error(errc::invalid_input, std::string("bench parity: ") + flag + " '" + std::string(spec) + "': " +
+                                               why + " (expected " + form + ")");
   };
   const std::size_t eq = spec.find('=');
   if (eq == std::string_view::npos || eq == 0) return bad("no LABEL=");
@@ -77,9 +82,60 @@ expected<parity_variant> parse_parity_variant(std::string_view spec) {
   parity_variant v{std::string(spec.substr(0, eq)), parts.front(), {parts.begin() + 1, parts.end()}};
   if (v.mode != "dp" && v.mode != "diloco" && v.mode != "streaming" && v.mode != "decoupled")
     return bad("mode '" + v.mode + "' is none of dp, diloco, streaming, decoupled");
-  for (const std::string& setting : v.settings)
-    if (setting.find('=') == std::string::npos) return bad("setting '" + setting + "' has no =");
+  for (const std::string& setting : v.settings) {
+    const std::size_t at = setting.find('=');
+    if (at == std::string::npos) return bad("setting '" + setting + "' has no =");
+    if (at + 1 == setting.size() || setting.find("||") != std::string::npos || setting.back() == '|' ||
+        setting[at + 1] == '|')
+      return bad("an empty value in '" + setting + "'");
+  }
   return v;
+}
+
+}  // namespace
+
+expected<parity_variant> parse_parity_variant(std::string_view spec) {
+  return parse_arm(spec, "--variant", "LABEL=MODE,KEY=VALUE,...");
+}
+
+expected<parity_sweep> parse_parity_sweep(std::string_view spec) {
+  auto arm = parse_arm(spec, "--sweep", "LABEL=MODE,KEY=V1|V2|...,...");
+  if (!arm) return arm.err();
+  if (arm->settings.empty())
+    return make_error(errc::invalid_input, "bench parity: --sweep '" + std::string(spec) + "': no KEY=V1|V2|... axis");
+  parity_sweep out{arm->label, arm->mode, {}};
+  for (const std::string& setting : arm->settings) {
+    const std::size_t eq = setting.find('=');
+    std::vector<std::string> values;
+    for (std::string_view rest = std::string_view(setting).substr(eq + 1);;) {
+      const std::size_t bar = rest.find('|');
+      values.emplace_back(rest.substr(0, bar));
+      if (bar == std::string_view::npos) break;
+      rest = rest.substr(bar + 1);
+    }
+    out.axes.emplace_back(setting.substr(0, eq), std::move(values));
+  }
+  return out;
+}
+
+std::vector<parity_variant> expand_sweep(const parity_sweep& sweep, std::int64_t steps, int batch) {
+  std::vector<parity_variant> arms{{sweep.label, sweep.mode, {}}};
+  for (const auto& [key, values] : sweep.axes) {
+    std::vector<parity_variant> next;
+    for (const parity_variant& arm : arms)
+      for (const std::string& value : values) {
+        parity_variant v = arm;
+        v.label += ":" + value;
+        v.settings.push_back(key + "=" + value);
+        if (key == "data.batch") {  // equal tokens: steps × batch stays the base's
+          const std::int64_t b = std::max<std::int64_t>(1, std::atoll(value.c_str()));
+          v.settings.push_back("train.steps=" + std::to_string(std::max<std::int64_t>(2, steps * batch / b)));
+        }
+        next.push_back(std::move(v));
+      }
+    arms = std::move(next);
+  }
+  return arms;
 }
 
 status check_parity(const parity_options& o, const config& base) {
@@ -154,6 +210,75 @@ expected<parity_result> run_parity_bench(const parity_options& o, const config& 
   r.wall_s = since(started);
   r.load_after = load_average();
   return r;
+}
+
+namespace {
+
+/// Paired by seed against dp, in %, averaged over seeds and corpora.
+double mean_rel_pct(const parity_result& r, const std::string& label) {
+  std::vector<double> rel;
+  for (const parity_corpus& c : r.corpora) {
+    const parity_outcome& dp = c.modes.front();
+    for (const parity_outcome& m : c.modes)
+      if (m.mode == label)
+        for (std::size_t s = 0; s < m.gap.size() && s < dp.loss.size(); ++s) rel.push_back(100 * m.gap[s] / dp.loss[s]);
+  }
+  return mean(rel);
+}
+
+double mean_loss(const parity_result& r, const std::string& label) {
+  std::vector<double> loss;
+  for (const parity_corpus& c : r.corpora)
+    for (const parity_outcome& m : c.modes)
+      if (m.mode == label) loss.insert(loss.end(), m.loss.begin(), m.loss.end());
+  return mean(loss);
+}
+
+}  // namespace
+
+expected<sweep_result> run_parity_sweep(const parity_options& o, const sweep_options& s, const config& base,
+                                        const bench_hooks& hooks) {
+  const std::int64_t steps = o.steps > 0 ? o.steps : base.train.steps;
+  sweep_result out;
+  parity_options screen = o;
+  screen.seeds = s.screen_seeds;
+  for (const parity_sweep& sweep : s.sweeps)
+    for (parity_variant& arm : expand_sweep(sweep, steps, base.data.batch)) {
+      out.points.push_back({sweep.label, arm, 0, 0, false});
+      screen.variants.push_back(std::move(arm));
+    }
+  if (auto ok = check_parity(screen, base); !ok) return ok.err();
+  auto first = run_parity_bench(screen, base, hooks);
+  if (!first) return first.err();
+  out.screen = std::move(*first);
+  for (sweep_point& p : out.points) {
+    p.rel_pct = mean_rel_pct(out.screen, p.arm.label);
+    p.eval_loss = mean_loss(out.screen, p.arm.label);
+  }
+  // Per sweep, best first (a NaN, e.g. a diverged run, last).
+  std::stable_sort(out.points.begin(), out.points.end(), [&](const sweep_point& a, const sweep_point& b) {
+    if (a.sweep != b.sweep) {
+      auto order = [&](const std::string& label) {
+        return std::find_if(s.sweeps.begin(), s.sweeps.end(), [&](const parity_sweep& w) { return w.label == label; });
+      };
+      return order(a.sweep) < order(b.sweep);
+    }
+    return !std::isnan(a.rel_pct) && (std::isnan(b.rel_pct) || a.rel_pct < b.rel_pct);
+  });
+  parity_options final_stage = o;
+  std::map<std::string, int> taken;
+  for (sweep_point& p : out.points)
+    if (taken[p.sweep] < s.top && !std::isnan(p.rel_pct)) {
+      ++taken[p.sweep];
+      p.chosen = true;
+      final_stage.variants.push_back(p.arm);
+    }
+  config fresh = base;  // stage 2's seeds follow the screen's
+  fresh.train.seed = base.train.seed + static_cast<std::uint64_t>(s.screen_seeds);
+  auto second = run_parity_bench(final_stage, fresh, hooks);
+  if (!second) return second.err();
+  out.final = std::move(*second);
+  return out;
 }
 
 std::string parity_plot(const parity_result& r) {

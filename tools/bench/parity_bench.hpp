@@ -38,6 +38,21 @@ struct parity_options {
   double eval_period_s = 10;    // evaluations of Θ during a run (the curve's points)
 };
 
+/// A grid of settings for one mode (bench parity --sweep): "LABEL=MODE,KEY=V1|V2|...,...".
+/// Every combination of the axes' values is one arm. An axis on data.batch keeps the
+/// tokens equal: each of its values also sets train.steps to the base steps × base
+/// batch / that batch.
+struct parity_sweep {
+  std::string label, mode;
+  std::vector<std::pair<std::string, std::vector<std::string>>> axes;  // KEY, its values
+};
+expected<parity_sweep> parse_parity_sweep(std::string_view spec);
+
+/// The grid's arms, in order (the last axis varies fastest), labelled
+/// "LABEL:V1:V2:..." (the values in axis order). `steps` and `batch` are the base
+/// budget's (for a data.batch axis).
+std::vector<parity_variant> expand_sweep(const parity_sweep& sweep, std::int64_t steps, int batch);
+
 /// One curve: (tokens, eval loss), tokens ascending.
 using loss_curve = std::vector<std::pair<double, double>>;
 
@@ -81,6 +96,34 @@ expected<parity_result> run_parity_bench(const parity_options& o, const config& 
 
 /// Fills reach_tokens, reach_ratio and gap of every mode against the corpus's first (dp).
 void compare_with_reference(parity_corpus& c);
+
+/// A staged sweep: stage 1 runs every grid point (with the modes and variants of
+/// `o`) on `screen_seeds` seeds; each sweep's points are ranked by their final loss
+/// against dp's, paired by seed and averaged over seeds and corpora; stage 2 runs the
+/// modes, the variants and each sweep's best `top` points on o.seeds fresh seeds
+/// (after the screen's), so the winners' figures carry no selection bias.
+struct sweep_options {
+  std::vector<parity_sweep> sweeps;
+  int top = 2;
+  int screen_seeds = 1;
+};
+
+struct sweep_point {
+  std::string sweep;  // the sweep's label
+  parity_variant arm;
+  double rel_pct = 0;  // stage 1: vs dp, mean over seeds and corpora
+  double eval_loss = 0;  // stage 1: mean over seeds and corpora
+  bool chosen = false;   // among its sweep's best `top`: run in stage 2
+};
+
+struct sweep_result {
+  parity_result screen, final;
+  std::vector<sweep_point> points;  // every grid point, per sweep, best first
+};
+
+/// Stage 1, the ranking, stage 2. With top = 0 stage 2 runs the modes and variants only.
+expected<sweep_result> run_parity_sweep(const parity_options& o, const sweep_options& s, const config& base,
+                                        const bench_hooks& hooks);
 
 /// Eval loss against tokens, one chart per corpus: per mode the mean over seeds and
 /// a band from the lowest to the highest seed, dp's final loss as a dashed line.
