@@ -1,6 +1,6 @@
 #include "storage/kv_store.hpp"
 
-#include <cassert>
+#include "core/invariant.hpp"
 
 namespace archipelago::storage {
 
@@ -38,14 +38,14 @@ std::string be64(std::uint64_t v) {
 }
 
 std::uint32_t read_be32(std::string_view s, std::size_t at) {
-  assert(at <= s.size() && s.size() - at >= 4);  // callers check lengths; a short key is a bug
+  ARCHIPELAGO_INVARIANT(at <= s.size() && s.size() - at >= 4, "kv key: 4 bytes to read (callers check lengths)");
   std::uint32_t v = 0;
   for (std::size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(s[at + i]);
   return v;
 }
 
 std::uint64_t read_be64(std::string_view s, std::size_t at) {
-  assert(at <= s.size() && s.size() - at >= 8);
+  ARCHIPELAGO_INVARIANT(at <= s.size() && s.size() - at >= 8, "kv key: 8 bytes to read (callers check lengths)");
   std::uint64_t v = 0;
   for (std::size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(s[at + i]);
   return v;

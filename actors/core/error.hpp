@@ -1,13 +1,15 @@
 #pragma once
 // Errors are values at every boundary. Each error carries a code that tells the
-// caller how to react; programmer errors are assertions, not error values.
+// caller how to react; programmer errors are checked invariants (core/invariant.hpp),
+// not error values.
 
-#include <cassert>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <variant>
+
+#include "core/invariant.hpp"
 
 namespace archipelago {
 
@@ -57,16 +59,28 @@ class [[nodiscard]] expected {
   bool has_value() const { return state_.index() == 0; }
   explicit operator bool() const { return has_value(); }
 
-  T& value() & { assert(has_value()); return std::get<0>(state_); }
-  const T& value() const& { assert(has_value()); return std::get<0>(state_); }
-  T&& value() && { assert(has_value()); return std::get<0>(std::move(state_)); }
+  T& value() & {
+    ARCHIPELAGO_INVARIANT(has_value(), "expected: value() of an error");
+    return std::get<0>(state_);
+  }
+  const T& value() const& {
+    ARCHIPELAGO_INVARIANT(has_value(), "expected: value() of an error");
+    return std::get<0>(state_);
+  }
+  T&& value() && {
+    ARCHIPELAGO_INVARIANT(has_value(), "expected: value() of an error");
+    return std::get<0>(std::move(state_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
-  const error& err() const { assert(!has_value()); return std::get<1>(state_); }
+  const error& err() const {
+    ARCHIPELAGO_INVARIANT(!has_value(), "expected: err() of a value");
+    return std::get<1>(state_);
+  }
 
  private:
   std::variant<T, error> state_;
@@ -81,7 +95,10 @@ class [[nodiscard]] status {
 
   bool has_value() const { return !failed_; }
   explicit operator bool() const { return !failed_; }
-  const error& err() const { assert(failed_); return err_; }
+  const error& err() const {
+    ARCHIPELAGO_INVARIANT(failed_, "status: err() of a success");
+    return err_;
+  }
 
  private:
   error err_;

@@ -1,13 +1,13 @@
 #include "core/layout.hpp"
 
 #include <algorithm>
-#include <cassert>
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/checksum.hpp"
+#include "core/invariant.hpp"
 #include "core/prng.hpp"
 
 namespace archipelago {
@@ -198,7 +198,7 @@ status validate(const model_shape& s) {
 }
 
 param_layout make_layout(const model_shape& s) {
-  assert(validate(s));
+  ARCHIPELAGO_INVARIANT(validate(s), "layout: a validated model shape");
   param_layout layout;
   layout.shape = s;
   auto add = [&](std::string name, int rows, int cols, tensor_kind kind) {

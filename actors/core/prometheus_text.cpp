@@ -1,8 +1,9 @@
 #include "core/prometheus_text.hpp"
 
-#include <cassert>
 #include <cmath>
 #include <cstdio>
+
+#include "core/invariant.hpp"
 
 namespace archipelago {
 
@@ -30,11 +31,12 @@ std::string prometheus_text::escape_label(const std::string& value) {
 
 prometheus_text& prometheus_text::add(const std::string& name, kind k, const std::string& help, double value,
                                       const metric_labels& labels) {
-  assert(valid_name(name));
-  assert(k != kind::counter || (name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0));
+  ARCHIPELAGO_INVARIANT(valid_name(name), "metrics: a valid metric name");
+  ARCHIPELAGO_INVARIANT(k != kind::counter || (name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0),
+                        "metrics: a counter's name ends in _total");
   for (auto& f : families_)
     if (f.name == name) {
-      assert(f.k == k);
+      ARCHIPELAGO_INVARIANT(f.k == k, "metrics: one kind per family");
       f.samples.emplace_back(labels, value);
       return *this;
     }
@@ -79,7 +81,8 @@ std::string prometheus_text::str() const {
       if (!labels.empty()) {
         out += '{';
         for (std::size_t i = 0; i < labels.size(); ++i) {
-          assert(valid_name(labels[i].first) && labels[i].first.find(':') == std::string::npos);
+          ARCHIPELAGO_INVARIANT(valid_name(labels[i].first) && labels[i].first.find(':') == std::string::npos,
+                                "metrics: a valid label name");
           out += (i ? "," : "") + labels[i].first + "=\"" + escape_label(labels[i].second) + "\"";
         }
         out += '}';

@@ -1,8 +1,9 @@
 #include "learner/learner_core.hpp"
 
 #include <algorithm>
-#include <cassert>
 #include <cstring>
+
+#include "core/invariant.hpp"
 
 namespace archipelago {
 
@@ -30,7 +31,7 @@ void learner_core::scatter(fragment_index p, const float* in, float* params) con
 bool learner_core::install(fragment_index p, std::uint64_t version, std::span<const float> global,
                            float* params) {
   fragment_state& s = state_.at(p.value);
-  assert(global.size() == s.anchor.size());
+  ARCHIPELAGO_INVARIANT(global.size() == s.anchor.size(), "learner: a global fragment of its anchor's size");
   if (s.installed && version <= s.version) return false;
   std::copy(global.begin(), global.end(), s.anchor.begin());
   scatter(p, global.data(), params);
@@ -43,7 +44,7 @@ bool learner_core::install(fragment_index p, std::uint64_t version, std::span<co
 
 void learner_core::reanchor(fragment_index p, std::uint64_t version, std::span<const float> global) {
   fragment_state& s = state_.at(p.value);
-  assert(global.size() == s.anchor.size());
+  ARCHIPELAGO_INVARIANT(global.size() == s.anchor.size(), "learner: a global fragment of its anchor's size");
   std::copy(global.begin(), global.end(), s.anchor.begin());
   s.version = version;
   s.contributed_steps = 0;

@@ -1,13 +1,13 @@
 #include "parameter_shard/merge.hpp"
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "core/adamw.hpp"
+#include "core/invariant.hpp"
 
 namespace archipelago {
 
@@ -101,14 +101,14 @@ void accumulate_trimmed(std::vector<double>& acc, std::span<const contribution_v
 }  // namespace
 
 double merge_weight(double tokens, double steps) {
-  assert(steps >= 1);
+  ARCHIPELAGO_INVARIANT(steps >= 1, "merge weight: at least one step");
   return tokens * tokens / steps;
 }
 
 status merge_outer_gradient(std::span<const fragment_tensor> tensors,
                             std::span<const contribution_view> contributions,
                             std::size_t fragment_size, float* delta_out, const merge_options& options) {
-  assert(delta_out != nullptr || fragment_size == 0);
+  ARCHIPELAGO_INVARIANT(delta_out != nullptr || fragment_size == 0, "merge: an output for a non-empty fragment");
   const std::size_t count = contributions.size();
   const std::size_t trim = count == 0 ? 0 : std::min(options.trim, (count - 1) / 2);
   if (count == 0) return make_error(errc::invalid_input, "merge: no contributions");
@@ -243,7 +243,7 @@ status validate(const nesterov_config& config) {
 }
 
 outer_optimizer::outer_optimizer(nesterov_config config) : config_(config) {
-  assert(validate(config_).has_value());
+  ARCHIPELAGO_INVARIANT(validate(config_).has_value(), "outer optimizer: a validated Nesterov config");
 }
 
 double outer_optimizer::lr_at(std::uint64_t version) const {

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "core/invariant.hpp"
 #include "core/prng.hpp"
 
 namespace archipelago {
@@ -63,7 +64,7 @@ const char* to_string(close_reason reason) {
 }
 
 broker_core::broker_core(broker_config cfg) : cfg_(std::move(cfg)), next_round_(cfg_.first_round) {
-  assert(validate(cfg_).has_value());
+  ARCHIPELAGO_INVARIANT(validate(cfg_).has_value(), "broker core: a validated config");
   // As if the cycle before first_round had been round-robin: fragment first_round mod P is the stalest.
   const auto p_count = static_cast<std::int64_t>(cfg_.fragments);
   const auto first = static_cast<std::int64_t>(cfg_.first_round);

@@ -1,7 +1,8 @@
 #include "sync_broker/token_ledger.hpp"
 
 #include <algorithm>
-#include <cassert>
+
+#include "core/invariant.hpp"
 
 namespace archipelago {
 
@@ -9,10 +10,10 @@ token_ledger::token_ledger(std::vector<std::uint64_t> fragment_floats, std::uint
                            std::size_t max_open_rounds)
     : fragment_floats_(std::move(fragment_floats)), floats_before_(fragment_floats_.size() + 1, 0),
       max_steps_(max_steps_per_learner), max_open_rounds_(max_open_rounds) {
-  assert(!fragment_floats_.empty());
+  ARCHIPELAGO_INVARIANT(!fragment_floats_.empty(), "token ledger: at least one fragment");
   for (std::size_t p = 0; p < fragment_floats_.size(); ++p)
     floats_before_[p + 1] = floats_before_[p] + fragment_floats_[p];
-  assert(floats_before_.back() > 0);
+  ARCHIPELAGO_INVARIANT(floats_before_.back() > 0, "token ledger: a model of at least one float");
 }
 
 std::uint64_t token_ledger::share(std::uint64_t tokens, std::uint32_t p) const {

@@ -1,13 +1,14 @@
 #include "transport/bulk_pacer.hpp"
 
 #include <algorithm>
-#include <cassert>
+
+#include "core/invariant.hpp"
 
 namespace archipelago {
 
 bulk_pacer::bulk_pacer(std::size_t piece_bytes, std::size_t capacity)
     : piece_bytes_(piece_bytes), capacity_(capacity) {
-  assert(piece_bytes_ >= 1 && capacity_ >= 1);
+  ARCHIPELAGO_INVARIANT(piece_bytes_ >= 1 && capacity_ >= 1, "bulk pacer: pieces and capacity of at least 1");
 }
 
 bool bulk_pacer::queue(std::uint64_t id, std::size_t bytes) {

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "core/invariant.hpp"
+
 namespace archipelago {
 namespace {
 
@@ -76,7 +78,7 @@ std::string to_string(const link_profile& p) {
 }
 
 link_shaper::link_shaper(link_profile profile, std::uint64_t seed) : profile_(profile), rng_(seed) {
-  assert(validate(profile_) && "link_shaper: invalid link_profile; use link_shaper::make");
+  ARCHIPELAGO_INVARIANT(validate(profile_), "link shaper: a valid link_profile (use link_shaper::make)");
 }
 
 expected<link_shaper> link_shaper::make(link_profile profile, std::uint64_t seed) {
@@ -137,7 +139,7 @@ void link_shaper::serialise(nanos now_ns, std::size_t bytes) {
 void link_shaper::submit_piece(nanos now_ns, std::size_t bytes) { serialise(now_ns, bytes); }
 
 deliveries link_shaper::submit(nanos now_ns, std::size_t bytes, std::size_t frame_bytes) {
-  assert(frame_bytes >= bytes);
+  ARCHIPELAGO_INVARIANT(frame_bytes >= bytes, "link shaper: a frame holds its payload");
   const link_profile& p = profile_;
 
   // Every frame draws exactly these eight words whatever the profile, so a

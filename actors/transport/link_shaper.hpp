@@ -6,7 +6,6 @@
 // threads, no sockets; the only randomness is a seeded prng, so the same seed
 // and the same submit calls give the same deliveries.
 
-#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -14,6 +13,7 @@
 
 #include "core/clock.hpp"
 #include "core/error.hpp"
+#include "core/invariant.hpp"
 #include "core/prng.hpp"
 
 namespace archipelago {
@@ -57,7 +57,7 @@ class deliveries {
   const delivery* begin() const { return items_; }
   const delivery* end() const { return items_ + size_; }
   void push_back(const delivery& d) {
-    assert(size_ < 2);
+    ARCHIPELAGO_INVARIANT(size_ < 2, "link shaper: at most two deliveries per submit");
     items_[size_++] = d;
   }
   bool operator==(const deliveries& other) const {

@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <bit>
-#include <cassert>
 #include <climits>
 #include <cmath>
 #include <limits>
 #include <string>
+
+#include "core/invariant.hpp"
 
 namespace archipelago {
 
@@ -29,7 +30,7 @@ status validate(const heartbeat_config& cfg) {
 
 peer_liveness::peer_liveness(heartbeat_config cfg)
     : cfg_(cfg), timeout_ns_(cfg.interval_ns * cfg.liveness) {
-  assert(validate(cfg).has_value());
+  ARCHIPELAGO_INVARIANT(validate(cfg).has_value(), "reliability: a validated config");
 }
 
 bool peer_liveness::dead_at(const peer_state& p, nanos now) const {
@@ -109,7 +110,7 @@ status validate(const backoff_config& cfg) {
 
 reconnect_backoff::reconnect_backoff(backoff_config cfg, std::uint64_t seed)
     : cfg_(cfg), rng_(seed), base_ns_(static_cast<double>(cfg.initial_ns)) {
-  assert(validate(cfg).has_value());
+  ARCHIPELAGO_INVARIANT(validate(cfg).has_value(), "reliability: a validated config");
 }
 
 nanos reconnect_backoff::next_delay() {
@@ -136,8 +137,8 @@ dedup_window::dedup_window(std::uint32_t window, std::size_t max_senders)
       max_senders_(max_senders),
       ring_bits_(std::bit_ceil(std::max<std::uint64_t>(window, 64))),
       ring_mask_(ring_bits_ - 1) {
-  assert(window <= max_window);
-  assert(max_senders >= 1);
+  ARCHIPELAGO_INVARIANT(window <= max_window, "duplicate filter: window <= max_window");
+  ARCHIPELAGO_INVARIANT(max_senders >= 1, "duplicate filter: at least one sender");
 }
 
 void dedup_window::restart(sender_state& s, incarnation inc, std::uint64_t seq) const {

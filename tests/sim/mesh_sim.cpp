@@ -1,7 +1,6 @@
 #include "sim/mesh_sim.hpp"
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -9,6 +8,7 @@
 #include <set>
 
 #include "chaos_monkey/chaos_wire.hpp"
+#include "core/invariant.hpp"
 #include "core/log.hpp"
 #include "core/mesh_setup.hpp"
 #include "core/prng.hpp"
@@ -431,7 +431,7 @@ mesh::mesh(const sim_config& c) : cfg_(c), setup_(sim_setup(c)), rng_(derive_see
       transport::set_settings(b.body().initReconfigure().initSettings(static_cast<unsigned>(s.size())), s);
       const encoded_message m = b.finish();
       auto env = transport::decode_envelope(frames_of(m));
-      assert(env);
+      ARCHIPELAGO_INVARIANT(env, "sim: a node's envelope decodes");
       brokers_[0].seat->on_message(env.value(), now_);
     });
   for (const auto& f : c.broker_crashes) {
@@ -676,7 +676,7 @@ void mesh::dispatch(int to, int from, const decoded_envelope& env) {
 
 void mesh::admin_reply(const encoded_message& message) {
   auto env = transport::decode_envelope(frames_of(message));
-  assert(env);
+  ARCHIPELAGO_INVARIANT(env, "sim: a node's envelope decodes");
   auto body = env.value().root().getBody();
   if (body.isAck()) result_.admin_replies.emplace_back(true, std::to_string(body.getAck().getSequence()));
   else if (body.isError()) result_.admin_replies.emplace_back(false, body.getError().getMessage().cStr());
@@ -686,7 +686,7 @@ void mesh::admin_reply(const encoded_message& message) {
 /// shards, read off what it sends.
 void mesh::observe_broker_send(const std::vector<node_address>& to, const encoded_message& message) {
   auto decoded = transport::decode_envelope(frames_of(message));
-  assert(decoded);
+  ARCHIPELAGO_INVARIANT(decoded, "sim: a fragment decodes");
   const decoded_envelope& env = decoded.value();
   const auto body = env.body();
   if (cfg_.lease && (body == wire::Envelope::Body::ROUND_OPEN || body == wire::Envelope::Body::ROUND_CLOSE)) {
@@ -780,7 +780,7 @@ void mesh::arm_wait_timeout(std::uint32_t i, incarnation inc) {
 
 void mesh::on_learner_event(std::uint32_t i, const learner_event& e) {
   learner& l = learners_[i];
-  assert(!e.refused);  // every node of the sim agrees on the layout and the policy
+  ARCHIPELAGO_INVARIANT(!e.refused, "sim: every node agrees on the layout and the policy");
   if (e.resume) ++l.wait_generation;
   if (e.flushed) return l.wire->leave("steps done");
   if (e.start_stepping || e.resume) schedule_step(i);

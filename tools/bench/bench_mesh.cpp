@@ -1,14 +1,15 @@
 #include "bench/bench_mesh.hpp"
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
+
+#include "core/invariant.hpp"
 
 namespace archipelago {
 
 expected<mesh_summary> run_bench_mesh(const config& cfg, const bench_hooks& hooks, const std::string& label,
                                       std::size_t line_chars, const mesh_eval& eval, const mesh_snapshots& snapshots) {
-  assert(hooks.log != nullptr);  // the caller's logger: a mesh always logs
+  ARCHIPELAGO_INVARIANT(hooks.log != nullptr, "bench mesh: the caller's logger (a mesh always logs)");
   auto s = run_local_mesh(
       cfg, *hooks.log, [&](const std::string& line) { hooks.update(label + ": " + line.substr(0, std::min(line.size(), line_chars))); },
       [&] { return hooks.stopped(); }, snapshots, nullptr, {}, eval);

@@ -3,12 +3,12 @@
 #include <zmq.h>
 
 #include <algorithm>
-#include <cassert>
 #include <chrono>
 #include <cmath>
 
 #include "bench/bench_stats.hpp"
 #include "bench/wire_instruments.hpp"
+#include "core/invariant.hpp"
 
 namespace archipelago {
 namespace {
@@ -292,7 +292,7 @@ expected<wire_result> run_wire_bench(const wire_options& o, const bench_hooks& h
     return make_error(errc::invalid_input, "--rounds must be at least 1 and --messages at least 2");
   if (o.endpoint != "tcp" && o.endpoint != "inproc")
     return make_error(errc::invalid_input, "--endpoint must be tcp or inproc, not '" + o.endpoint + "'");
-  assert(hooks.log != nullptr);  // the transports' lines go to the caller's logger
+  ARCHIPELAGO_INVARIANT(hooks.log != nullptr, "bench wire: the caller's logger for the transports");
   wire_run w;
   w.log = hooks.log;
   wire_result r;

@@ -3,12 +3,11 @@
 #include <immintrin.h>
 #include <omp.h>
 
-#include <cassert>
 #include <cmath>
 #include <cstdint>
 
+#include "core/invariant.hpp"
 #include "learner/model/avx512_lanes.hpp"
-
 
 namespace archipelago {
 namespace {
@@ -303,7 +302,7 @@ bool fused_attention_fits(int len, int head_dim) {
 
 void fused_attention_forward(int batch, int len, int heads, int head_dim, float scale, const float* qkv_bias,
                              float* qkv, float* lse, float* y, float* scratch) {
-  assert(fused_attention_fits(len, head_dim));
+  ARCHIPELAGO_INVARIANT(fused_attention_fits(len, head_dim), "fused attention: the shape fits its kernel");
   switch (head_dim / lanes) {
     case 1: return forward_all<1>(batch, len, heads, scale, qkv_bias, qkv, lse, y, scratch);
     case 2: return forward_all<2>(batch, len, heads, scale, qkv_bias, qkv, lse, y, scratch);
@@ -315,7 +314,7 @@ void fused_attention_forward(int batch, int len, int heads, int head_dim, float 
 void fused_attention_backward(int batch, int len, int heads, int head_dim, float scale, const float* qkv,
                               const float* lse, const float* dy, float* dqkv, float* dqkv_bias_part,
                               float* scratch) {
-  assert(fused_attention_fits(len, head_dim));
+  ARCHIPELAGO_INVARIANT(fused_attention_fits(len, head_dim), "fused attention: the shape fits its kernel");
   switch (head_dim / lanes) {
     case 1: return backward_all<1>(batch, len, heads, scale, qkv, lse, dy, dqkv, dqkv_bias_part, scratch);
     case 2: return backward_all<2>(batch, len, heads, scale, qkv, lse, dy, dqkv, dqkv_bias_part, scratch);

@@ -1,13 +1,14 @@
 #include "learner/model/corpus.hpp"
 
 #include <algorithm>
-#include <cassert>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+
+#include "core/invariant.hpp"
 
 namespace archipelago {
 namespace {
@@ -137,11 +138,12 @@ expected<corpus_split> split_corpus(const corpus& data, int shards, double heldo
 batch_sampler::batch_sampler(const corpus& data, std::vector<byte_range> shard, int context,
                              std::uint64_t seed)
     : data_(&data), shard_(std::move(shard)), context_(context), rng_(seed) {
-  assert(context_ >= 1);
-  assert(!shard_.empty());
+  ARCHIPELAGO_INVARIANT(context_ >= 1, "batch sampler: context >= 1");
+  ARCHIPELAGO_INVARIANT(!shard_.empty(), "batch sampler: a non-empty shard");
   std::uint64_t total = 0;
   for (const byte_range& r : shard_) {
-    assert(r.end <= data.size() && r.size() >= static_cast<std::size_t>(context_) + 1);
+    ARCHIPELAGO_INVARIANT(r.end <= data.size() && r.size() >= static_cast<std::size_t>(context_) + 1,
+                          "batch sampler: every range inside the corpus and longer than the context");
     total += r.size() - static_cast<std::size_t>(context_);  // starts [begin, end - T - 1]
     cumulative_.push_back(total);
   }

@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <bit>
-#include <cassert>
 #include <limits>
 #include <map>
 #include <tuple>
 
 #include "core/aligned_buffer.hpp"
+#include "core/invariant.hpp"
 #include "learner/model/attention_avx512.hpp"
 
 namespace archipelago {
@@ -163,7 +163,7 @@ expected<std::unique_ptr<dense_gemm>> dense_gemm::make(gemm_precision precision)
 
 void dense_gemm::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                      std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  assert(beta == 0.0f || beta == 1.0f);
+  ARCHIPELAGO_INVARIANT(beta == 0.0f || beta == 1.0f, "dense_gemm: beta is 0 or 1");
   if (m == 0 || n == 0) return;
   impl& st = *impl_;
   if (precision_ == gemm_precision::fp32 || k == 0) {
@@ -180,7 +180,7 @@ void dense_gemm::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
     }
     const dnnl_status_t s = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb,
                                        beta, c, ldc);
-    assert(s == dnnl_success);
+    ARCHIPELAGO_INVARIANT(s == dnnl_success, "dense_gemm: oneDNN sgemm accepts its arguments");
     (void)s;
     return;
   }
@@ -203,7 +203,7 @@ void dense_gemm::run(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
     ++fp32_fallbacks_;
     const dnnl_status_t s = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb,
                                        beta, c, ldc);
-    assert(s == dnnl_success);
+    ARCHIPELAGO_INVARIANT(s == dnnl_success, "dense_gemm: oneDNN sgemm accepts its arguments");
     (void)s;
   }
 }

@@ -4,12 +4,12 @@
 
 #include <Eigen/Core>
 #include <algorithm>
-#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
+#include "core/invariant.hpp"
 #include "core/prng.hpp"
 #include "learner/model/gelu_avx512.hpp"
 
@@ -384,7 +384,7 @@ gpt<S>::gpt(const param_layout& layout, dense_backend backend)
   }
   auto at = [&](const std::string& name) {
     const tensor_spec* t = layout_.find(name);
-    assert(t != nullptr);
+    ARCHIPELAGO_INVARIANT(t != nullptr, "gpt: every tensor of the shape is in its layout");
     return t->offset;
   };
   ws_->wte = at("wte");
@@ -431,7 +431,7 @@ void gpt<S>::init(std::uint64_t seed) {
 template <class S>
 void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
   const model_shape& s = layout_.shape;
-  assert(len >= 1 && len <= s.context && batch >= 1);
+  ARCHIPELAGO_INVARIANT(len >= 1 && len <= s.context && batch >= 1, "gpt forward: 1 <= len <= context, batch >= 1");
   workspace& w = *ws_;
   const Index pair = Index{s.context} * s.context;  // Eigen's T×T per (sequence, head)
   w.ensure(s, batch, attention_ ? attention_->prob_floats(s.context, s.head_dim()) : pair,
@@ -451,7 +451,7 @@ void gpt<S>::forward(const std::int32_t* inputs, int batch, int len) {
 #pragma omp parallel for schedule(static)
     for (Index r = 0; r < n; ++r) {
       const std::int32_t tok = inputs[r];
-      assert(tok >= 0 && tok < v);
+      ARCHIPELAGO_INVARIANT(tok >= 0 && tok < v, "gpt forward: input token within the vocabulary");
       array_view<S>(x0 + r * c, c) = const_array_view<S>(p + w.wte + tok * c, c) +
                                      const_array_view<S>(p + w.wpe + (r % len) * c, c);
     }
@@ -570,7 +570,7 @@ double gpt<S>::forward_backward(const std::int32_t* inputs, const std::int32_t* 
     z = (z - mx).exp();
     const S sum = z.sum();
     const std::int32_t t = targets[r];
-    assert(t >= 0 && t < v);
+    ARCHIPELAGO_INVARIANT(t >= 0 && t < v, "gpt loss: target token within the vocabulary");
     w.row_loss[r] = std::log(static_cast<double>(sum)) - std::log(static_cast<double>(z[t]));
     z *= inv_n / sum;
     z[t] -= inv_n;
