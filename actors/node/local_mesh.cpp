@@ -108,7 +108,7 @@ expected<snapshot_start> prepare_snapshots(const mesh_setup& setup, const mesh_s
   if (!out.store) return out;
   if (!(*target)->head || out.source != out.store) {
     // A new store starts with every fragment's state: the initial model, or the copied starting point.
-    storage::commit_job first = initial_commit(setup, initial);
+    storage::commit_job first = initial_commit(setup, initial, wall_clock_ns());
     if (out.source) {
       first.fragments.clear();
       for (auto& f : out.from_states) first.fragments.push_back(storage::owned_write(std::move(f)));  // read once, by pick_resume_point

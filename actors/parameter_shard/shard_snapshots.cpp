@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <span>
 
-#include "core/clock.hpp"
 #include "parameter_shard/shard_wire.hpp"
 
 namespace archipelago {
@@ -42,11 +41,11 @@ storage::commit_job initial_writes(const shard_core& core, const std::vector<fra
   return job;
 }
 
-storage::commit_job initial_commit(const mesh_setup& setup, const std::vector<float>& params) {
+storage::commit_job initial_commit(const mesh_setup& setup, const std::vector<float>& params, std::int64_t time_ns) {
   std::vector<fragment_index> all;
   for (std::uint32_t p = 0; p < setup.fragments(); ++p) all.push_back({p});
   const shard_core core(setup.layout, setup.plan, all, shard_settings(setup), params.data());
-  return initial_writes(core, all, wall_clock_ns());
+  return initial_writes(core, all, time_ns);
 }
 
 }  // namespace archipelago

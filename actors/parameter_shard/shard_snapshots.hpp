@@ -23,7 +23,8 @@ fragment_outer_state outer_state_of(storage::fragment_state&& f);
 /// merge while the commit is written.
 storage::commit_job initial_writes(const shard_core& core, const std::vector<fragment_index>& owned,
                                    std::int64_t time_ns);
-/// The initial outer state of every fragment (version 0), as the shards start it from `params`.
-storage::commit_job initial_commit(const mesh_setup& setup, const std::vector<float>& params);
+/// The initial outer state of every fragment (version 0), as the shards start it from `params`,
+/// stamped `time_ns` (the wall clock's: the caller reads it, the state core reads no clock).
+storage::commit_job initial_commit(const mesh_setup& setup, const std::vector<float>& params, std::int64_t time_ns);
 
 }  // namespace archipelago

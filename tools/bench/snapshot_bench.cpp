@@ -404,7 +404,7 @@ status write_one_snapshot(restore_result& out, const model_fixture& f, bool sync
   auto recorder = std::make_shared<recording_kv>(std::move(*kv));
   auto store = storage::snapshot_store::create(recorder, store_info_of(f.setup), retention_of(f.cfg));
   if (!store) return store.err();
-  if (auto v = (*store)->commit(initial_commit(f.setup, f.params)); !v) return v.err();
+  if (auto v = (*store)->commit(initial_commit(f.setup, f.params, wall_clock_ns())); !v) return v.err();
   if (auto ok = recorder->flush(); !ok) return ok.err();
   for (const auto& b : recorder->take())
     for (const auto& p : b.puts)
@@ -582,7 +582,7 @@ expected<sync_result> measure_sync(const snapshot_options& o, const std::string&
   // Commits of the write model, not synced and synced, the order alternating.
   auto f = make_fixture(o.write_model, o.fragments);
   if (!f) return f.err();
-  const storage::commit_job initial = initial_commit(f->setup, f->params);
+  const storage::commit_job initial = initial_commit(f->setup, f->params, wall_clock_ns());
   for (int round = 0; round < o.rounds; ++round) {
     double mbps[2] = {};
     for (int k = 0; k < 2; ++k) {
@@ -611,7 +611,7 @@ expected<sync_result> measure_sync(const snapshot_options& o, const std::string&
 expected<write_result> measure_writes(const snapshot_options& o, const std::string& parent, const bench_hooks& hooks) {
   auto f = make_fixture(o.write_model, o.fragments);
   if (!f) return f.err();
-  const storage::commit_job initial = initial_commit(f->setup, f->params);
+  const storage::commit_job initial = initial_commit(f->setup, f->params, wall_clock_ns());
   write_result out;
   out.fragments = initial.fragments.size();
   // An untimed store sample first: it records the batches the baselines repeat,
