@@ -30,21 +30,10 @@ ablate_flags& options() {
   return o;
 }
 
-std::string with_spread(const std::vector<double>& v, const char* format) {
-  char a[48], b[48];
-  std::snprintf(a, sizeof a, format, mean(v));
-  if (v.size() < 2) return a;
-  std::snprintf(b, sizeof b, format, spread(v));
-  return std::string(a) + " ± " + b;
-}
+std::string with_spread(const std::vector<double>& v, const char* format) { return mean_pm(v, spread(v), format); }
 
 std::string signed_pct(const std::vector<double>& v) {
-  if (v.empty()) return "—";
-  char a[48], b[48];
-  std::snprintf(a, sizeof a, "%+.2f %%", mean(v));
-  if (v.size() < 2) return a;
-  std::snprintf(b, sizeof b, " ± %.2f", spread(v));
-  return a + std::string(b);
+  return v.empty() ? "—" : mean_pm(v, spread(v), "%+.2f", "%.2f") + " %";
 }
 
 void print_group_header(const ablate_variant& v, const ablate_outcome& r, const std::string& second_reference) {
@@ -57,8 +46,7 @@ void print_group_header(const ablate_variant& v, const ablate_outcome& r, const 
 }
 
 void print_row(const ablate_variant& v, const ablate_outcome& r, const std::string& second_reference) {
-  std::vector<double> goodput_pct = r.goodput;
-  for (auto& x : goodput_pct) x *= 100;
+  const std::vector<double> goodput_pct = scaled(r.goodput, 100);
   std::printf("  %-15s %-18s %-7.4f %-16s %-15s %-8s %-7s %-9.3f %-7.0f %s%s\n", v.name.c_str(),
               with_spread(r.loss, "%.4f").c_str(), mean(r.bpb), v.reference ? "reference" : signed_pct(r.rel).c_str(),
               second_reference.empty() ? "" : (v.name == second_reference ? "—" : signed_pct(r.rel_second).c_str()),

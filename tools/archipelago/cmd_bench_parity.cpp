@@ -33,32 +33,16 @@ parity_flags& options() {
   return o;
 }
 
-std::vector<double> finite(const std::vector<double>& v) {
-  std::vector<double> out;
-  for (double x : v)
-    if (std::isfinite(x)) out.push_back(x);
-  return out;
-}
-
-/// "mean ± half the 95 % CI" (just the mean for one value; "—" for none).
+/// "mean ± half the 95 % CI" of the finite values (just the mean for one value; "—" for none).
 std::string with_ci(const std::vector<double>& all, const char* format, const char* ci_format = nullptr) {
   const std::vector<double> v = finite(all);
-  if (v.empty()) return "—";
-  std::string out = fmt(format, mean(v));
-  if (v.size() >= 2) out += " ± " + fmt(ci_format ? ci_format : format, ci95(v));
-  return out;
-}
-
-std::vector<double> relative_pct(const parity_outcome& m, const parity_outcome& dp) {
-  std::vector<double> out;
-  for (std::size_t s = 0; s < m.gap.size() && s < dp.loss.size(); ++s) out.push_back(100 * m.gap[s] / dp.loss[s]);
-  return out;
+  return mean_pm(v, ci95(v), format, ci_format);
 }
 
 /// The final loss against dp's, "+0.25 ± 0.10 %"; "@ 20.8 M tokens" added for an arm
 /// whose budget is not dp's (a variant's own train.steps), whose final loss is then not at equal tokens.
 std::string versus_dp(const parity_outcome& m, const parity_outcome& dp) {
-  std::string out = with_ci(relative_pct(m, dp), "%+.2f", "%.2f") + " %";
+  std::string out = with_ci(gap_pct(m, dp), "%+.2f", "%.2f") + " %";
   if (std::abs(mean(m.tokens) - mean(dp.tokens)) > 0.005 * mean(dp.tokens))
     out += fmt(" @ %.2f M", mean(m.tokens) * 1e-6);
   return out;
@@ -95,8 +79,7 @@ void print_table(const parity_flags& f, const config& base, const parity_result&
                 "tokens to dp's final loss (x dp's)", "excess bits/byte", "goodput", "wall s");
     const parity_outcome& dp = c.modes.front();
     for (const parity_outcome& m : c.modes) {
-      std::vector<double> goodput_pct = m.goodput;
-      for (double& x : goodput_pct) x *= 100;
+      const std::vector<double> goodput_pct = scaled(m.goodput, 100);
       std::printf("  %-22s %-20s %-28s %-44s %-18s %-8s %.0f%s\n", m.mode.c_str(), with_ci(m.loss, "%.4f").c_str(),
                   &m == &dp ? "reference" : versus_dp(m, dp).c_str(),
                   reach_text(m).c_str(), with_ci(m.excess_bpb, "%.4f").c_str(),
@@ -107,7 +90,7 @@ void print_table(const parity_flags& f, const config& base, const parity_result&
 }
 
 std::string mode_json(const parity_outcome& m, const parity_outcome& dp) {
-  const std::vector<double> rel = relative_pct(m, dp);
+  const std::vector<double> rel = gap_pct(m, dp);
   const std::vector<double> reached = finite(m.reach_tokens);
   json_line j;
   j.add("mode", m.mode)

@@ -128,13 +128,12 @@ int run_one(const simulate_options& o, const params& p) {
 
 /// Goodput against chips, one colour per row: ours solid, the paper's dashed.
 std::string table_plot(const std::vector<table_cell>& cells) {
-  static const char* colors[] = {"#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#9467bd", "#8c564b"};
   std::vector<series> lines;
   std::vector<std::pair<double, std::string>> ticks;
   for (std::size_t i = 0; i < table_chips.size(); ++i) ticks.emplace_back(static_cast<double>(i), chips_label(table_chips[i]));
   for (std::size_t r = 0; r < paper_table().size(); ++r) {
     const std::string row = paper_table()[r].name;
-    series ours{row, colors[r % 6], {}}, paper{"", colors[r % 6], {}, true};
+    series ours{row, series_color(r), {}}, paper{"", series_color(r), {}, true};
     for (const auto& c : cells) {
       if (c.row != row) continue;
       const double x = std::log2(c.chips / table_chips.front());  // the table doubles the chips per column

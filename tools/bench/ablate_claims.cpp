@@ -127,14 +127,13 @@ std::vector<ablate_claim> ablate_claims(const ablate_options& o, const ablate_pl
 
 std::string ablation_plot(const std::string& which, const std::vector<ablate_variant>& variants,
                           const std::vector<ablate_outcome>& outcomes) {
-  static const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
   std::vector<std::string> charts;
   for (std::size_t i = 0; i < variants.size(); ++i) {
     const std::string& group = variants[i].group;
     if (i > 0 && variants[i - 1].group == group) continue;
     std::vector<series> lines;
     for (std::size_t j = i; j < variants.size() && variants[j].group == group; ++j)
-      lines.push_back(series{variants[j].name, colors[lines.size() % 6],
+      lines.push_back(series{variants[j].name, series_color(lines.size()),
                              outcomes[j].curves.empty() ? std::vector<std::pair<double, double>>{}
                                                         : outcomes[j].curves.front(),
                              variants[j].reference});

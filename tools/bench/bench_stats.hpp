@@ -1,7 +1,7 @@
 #pragma once
 // Small statistics and formatting shared by the benches: order statistics for
-// per-round ratios, the mean, spread and confidence interval over seeds, and the JSON and text forms
-// of figures.
+// per-round ratios, the mean and spread over seeds (the confidence interval, ci95, is core's:
+// core/student_t.hpp), and the JSON and text forms of figures.
 
 #include <stdlib.h>
 
@@ -56,18 +56,30 @@ inline double spread(const std::vector<double>& v) {
   return (*hi - *lo) / 2;
 }
 
-/// Half the width of the 95 % confidence interval of the mean (Student's t); 0
-/// for fewer than two values. NaN values are left out.
-inline double ci95(const std::vector<double>& all) {
-  std::vector<double> v;
-  for (double x : all)
-    if (!std::isnan(x)) v.push_back(x);
-  if (v.size() < 2) return 0;
-  const double m = mean(v);
-  double ss = 0;
-  for (double x : v) ss += (x - m) * (x - m);
-  const auto df = static_cast<int>(v.size()) - 1;
-  return t95(df) * std::sqrt(ss / df) / std::sqrt(static_cast<double>(v.size()));
+/// The finite values (NaN marks a seed that never reached something).
+inline std::vector<double> finite(const std::vector<double>& v) {
+  std::vector<double> out;
+  for (double x : v)
+    if (std::isfinite(x)) out.push_back(x);
+  return out;
+}
+
+/// Every value times `k` (fractions as percentages).
+inline std::vector<double> scaled(std::vector<double> v, double k) {
+  for (double& x : v) x *= k;
+  return v;
+}
+
+/// "mean ± half" with printf formats (`half_format`: `format` when null); just the mean
+/// for one value, "—" for none. `half` is the spread or a confidence interval's half width.
+inline std::string mean_pm(const std::vector<double>& v, double half, const char* format,
+                           const char* half_format = nullptr) {
+  if (v.empty()) return "—";
+  char a[48], b[48];
+  std::snprintf(a, sizeof a, format, mean(v));
+  if (v.size() < 2) return a;
+  std::snprintf(b, sizeof b, half_format ? half_format : format, half);
+  return std::string(a) + " ± " + b;
 }
 
 /// The values printed with `format`, separated by spaces.

@@ -174,6 +174,12 @@ void compare_with_reference(parity_corpus& c) {
   }
 }
 
+std::vector<double> gap_pct(const parity_outcome& m, const parity_outcome& dp) {
+  std::vector<double> out;
+  for (std::size_t s = 0; s < m.gap.size() && s < dp.loss.size(); ++s) out.push_back(100 * m.gap[s] / dp.loss[s]);
+  return out;
+}
+
 expected<parity_result> run_parity_bench(const parity_options& o, const config& base, const bench_hooks& hooks) {
   if (auto ok = check_parity(o, base); !ok) return ok.err();
   parity_result r;
@@ -282,7 +288,6 @@ expected<sweep_result> run_parity_sweep(const parity_options& o, const sweep_opt
 }
 
 std::string parity_plot(const parity_result& r) {
-  static const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
   std::vector<std::string> charts;
   for (const parity_corpus& c : r.corpora) {
     std::vector<series> lines;
@@ -304,11 +309,11 @@ std::string parity_plot(const parity_result& r) {
         low.emplace_back(tokens, *std::min_element(at.begin(), at.end()));
         high.emplace_back(tokens, *std::max_element(at.begin(), at.end()));
       }
-      series band_of_seeds{"", colors[i % 6], {}, false};
+      series band_of_seeds{"", series_color(i), {}, false};
       band_of_seeds.area = high;
       band_of_seeds.area.insert(band_of_seeds.area.end(), low.rbegin(), low.rend());
       lines.push_back(std::move(band_of_seeds));
-      lines.push_back(series{m.mode, colors[i % 6], std::move(mean_line), false});
+      lines.push_back(series{m.mode, series_color(i), std::move(mean_line), false});
     }
     const double dp_final = c.modes.empty() ? std::nan("") : mean(c.modes.front().loss);
     auto dp_line = [&](double from) { return series{"dp final", "#555555", {{from, dp_final}, {budget, dp_final}}, true}; };

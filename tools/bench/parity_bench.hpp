@@ -94,8 +94,14 @@ status check_parity(const parity_options& o, const config& base);
 /// Every seed of every mode on every corpus; then the comparisons with dp.
 expected<parity_result> run_parity_bench(const parity_options& o, const config& base, const bench_hooks& hooks);
 
-/// Fills reach_tokens, reach_ratio and gap of every mode against the corpus's first (dp).
+/// Fills reach_tokens, reach_ratio and gap of every mode against the corpus's first (dp):
+/// per seed, the tokens to dp's final loss of the same seed, their ratio to dp's own
+/// (NaN where either never reached it) and the final loss minus dp's.
 void compare_with_reference(parity_corpus& c);
+
+/// The final loss against dp's of the same seed, in percent: 100 × gap / dp's loss, one per
+/// seed (the "vs dp" figure, +2.74 means 2.74 % worse than dp).
+std::vector<double> gap_pct(const parity_outcome& m, const parity_outcome& dp);
 
 /// A staged sweep: stage 1 runs every grid point (with the modes and variants of
 /// `o`) on `screen_seeds` seeds; each sweep's points are ranked by their final loss

@@ -251,7 +251,6 @@ expected<wan_result> run_wan_bench(const wan_options& o, const config& cfg, cons
 }
 
 std::string race_plot(const std::vector<race_result>& results, double target) {
-  static const char* colors[] = {"#d62728", "#ff7f0e", "#9467bd", "#1f77b4", "#2ca02c", "#8c564b"};
   double x_max = 0;
   for (const auto& r : results)
     if (!r.projected)
@@ -259,7 +258,7 @@ std::string race_plot(const std::vector<race_result>& results, double target) {
   std::vector<series> lines;
   for (std::size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
-    lines.push_back(series{r.mode + (r.projected ? " (projected)" : ""), colors[i % 6], cut_at(r.curve, x_max),
+    lines.push_back(series{r.mode + (r.projected ? " (projected)" : ""), series_color(i), cut_at(r.curve, x_max),
                            r.projected});
   }
   lines.push_back(series{"target", "#777", {{0, target}, {x_max, target}}, true});

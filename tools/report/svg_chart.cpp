@@ -7,6 +7,11 @@
 
 namespace archipelago {
 
+const char* series_color(std::size_t i) {
+  static const char* palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
+  return palette[i % std::size(palette)];
+}
+
 std::string num(double v, const char* format) {
   if (!std::isfinite(v)) return "null";
   char text[48];

@@ -10,6 +10,10 @@
 
 namespace archipelago {
 
+/// The colour of a chart's i-th series: one palette for every chart (Tableau's first six), so
+/// the same series order gives the same colours everywhere; it repeats after six.
+const char* series_color(std::size_t i);
+
 /// A number for SVG and JSON; non-finite values become "null".
 std::string num(double v, const char* format = "%.4g");
 std::string html_escape(const std::string& s);

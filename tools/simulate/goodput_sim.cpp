@@ -1,11 +1,11 @@
 #include "simulate/goodput_sim.hpp"
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
+#include "core/invariant.hpp"
 #include "core/prng.hpp"
 #include "simulate/wan_plan.hpp"
 
@@ -454,7 +454,7 @@ class simulation {
 }  // namespace
 
 run_result simulate_once(const params& p, std::uint64_t seed) {
-  assert(validate(p));
+  ARCHIPELAGO_INVARIANT(validate(p), "goodput simulation: validated parameters");
   return simulation(p, seed).run();
 }
 
@@ -465,17 +465,14 @@ interval summarise(const std::vector<double>& xs) {
   const auto n = static_cast<double>(xs.size());
   for (double x : xs) out.mean += x;
   out.mean /= n;
-  if (xs.size() < 2) return out;
-  double ss = 0;
-  for (double x : xs) ss += (x - out.mean) * (x - out.mean);
-  out.half_width = t95(static_cast<int>(xs.size()) - 1) * std::sqrt(ss / (n - 1) / n);
+  out.half_width = ci95(xs);
   return out;
 }
 
 }  // namespace
 
 estimate simulate(const params& p, int replications, std::uint64_t seed) {
-  assert(replications >= 1);
+  ARCHIPELAGO_INVARIANT(replications >= 1, "goodput simulation: at least one replication");
   std::vector<double> goodput, uptime;
   estimate e;
   e.replications = replications;
