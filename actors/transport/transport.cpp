@@ -1,6 +1,8 @@
 #include "transport/transport.hpp"
 
+#include <arpa/inet.h>  // inet_ntop
 #include <linux/tcp.h>  // tcp_info with tcpi_min_rtt (glibc's netinet/tcp.h stops before it)
+#include <netdb.h>       // getaddrinfo
 #include <netinet/in.h>  // IPPROTO_TCP
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -45,6 +47,24 @@ std::uint64_t transport_counters::rejected_total() const {
 }
 
 namespace {
+
+/// ZeroMQ binds an IP address or an interface name, not a host name ("tcp://hostB:7000"
+/// fails with ENODEV): the endpoint with its host resolved to an IPv4 address, or as it
+/// was when the name does not resolve.
+std::string with_resolved_host(const std::string& endpoint) {
+  const auto colon = endpoint.rfind(':');
+  if (!endpoint.starts_with("tcp://") || colon == std::string::npos || colon <= 6) return endpoint;
+  const std::string host = endpoint.substr(6, colon - 6);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return endpoint;
+  char ip[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr, ip, sizeof ip);
+  freeaddrinfo(found);
+  return "tcp://" + std::string(ip) + endpoint.substr(colon);
+}
 
 std::string identity_of(node_address a) { return a.to_string(); }
 
@@ -819,6 +839,10 @@ expected<std::unique_ptr<node_transport>> node_transport::start(transport_config
         p->router->bind(endpoint);
         break;
       } catch (const zmq::error_t& e) {
+        if (e.num() == ENODEV && attempt == 0 && with_resolved_host(endpoint) != endpoint) {
+          endpoint = with_resolved_host(endpoint);  // a host name: bind the address it names
+          continue;
+        }
         if (e.num() != EADDRINUSE || !endpoint.starts_with("inproc://") || attempt >= 100) throw;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
