@@ -18,17 +18,20 @@ MARCH=${ARCHIPELAGO_MARCH:-x86-64-v3}
 ACTION=${1:-build}
 [[ $# -gt 0 ]] && shift
 
-# Build and test dependencies, all from Debian 12.
+# Build and test dependencies, all from Debian 12 (dpkg-dev and file: cpack's .deb).
 packages=(
   g++ cmake ninja-build pkg-config python3 python3-numpy
   libcaf-dev libzmq3-dev cppzmq-dev capnproto libcapnp-dev librocksdb-dev
   libeigen3-dev doctest-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libcpp-httplib-dev
   nlohmann-json3-dev libsodium-dev libspdlog-dev libdnnl-dev pybind11-dev python3-dev
+  dpkg-dev file
 )
 # What only the tests need: the one-node Slurm cluster, the network-namespace test bed,
-# a browser for the dashboard test, PyTorch for the Python package's tests.
+# a browser for the dashboard test, PyTorch for the Python package's tests, the format
+# check's clang-format, mmdebstrap for the package test's fresh Debian root.
 if [[ $ACTION == test ]]; then
-  packages+=(slurm-wlm munge iproute2 prometheus etcd-server etcd-client chromium python3-torch)
+  packages+=(slurm-wlm munge iproute2 prometheus etcd-server etcd-client chromium python3-torch clang-format-14
+             mmdebstrap)
 fi
 if [[ ${WITH_TORCH:-0} == 1 ]]; then
   packages+=(python3-torch libopenblas0-pthread libopenblas0-openmp)

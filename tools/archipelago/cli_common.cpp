@@ -154,4 +154,15 @@ std::string model_size_choices() {
   return out;
 }
 
+std::string shipped_file(const std::string& relative) {
+  namespace fs = std::filesystem;
+  const fs::path in_tree = fs::path(ARCHIPELAGO_SOURCE_DIR) / relative;
+  std::error_code ec;
+  if (fs::exists(in_tree, ec)) return in_tree.string();
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  const fs::path file(relative);
+  return (exe.parent_path().parent_path() / "share/archipelago" / file.parent_path().filename() / file.filename())
+      .string();
+}
+
 }  // namespace archipelago::cli

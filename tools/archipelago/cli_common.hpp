@@ -101,4 +101,10 @@ std::string format_duration(double seconds);
 /// The model presets for a flag's help, from the preset table: "nano, micro, mini or small".
 std::string model_size_choices();
 
+/// A file shipped with the binary, named by its path in the source tree (e.g.
+/// "tools/bench/torch_reference.py"): there, while the tree this binary was built from
+/// exists; else where `cmake --install` and the package put it, under the prefix the binary
+/// runs from (bin/..): share/archipelago/bench/torch_reference.py.
+std::string shipped_file(const std::string& relative);
+
 }  // namespace archipelago::cli

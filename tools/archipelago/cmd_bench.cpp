@@ -179,7 +179,7 @@ int run_compute(const compute_flags& f, logger& log) {
 runner add_bench_command(CLI::App& app) {
   auto f = std::make_shared<compute_flags>();
   compute_options& o = f->bench;
-  o.torch_script = ARCHIPELAGO_SOURCE_DIR "/tools/bench/torch_reference.py";
+  o.torch_script = shipped_file("tools/bench/torch_reference.py");
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks, each a ratio against a baseline measured in the same run");
   bench->require_subcommand(1);
   add_bench_wire(*bench);

@@ -231,7 +231,7 @@ int run_ddp(const ddp_flags& f, logger& log) {
 void add_ddp(CLI::App& bench) {
   ddp_flags& f = ddp();
   ddp_options& d = f.bench;
-  d.script = ARCHIPELAGO_SOURCE_DIR "/tools/bench/ddp_reference.py";
+  d.script = shipped_file("tools/bench/ddp_reference.py");
   CLI::App* p = bench.add_subcommand("ddp", "Our dp against PyTorch DDP (gloo) on the local machine: step time "
                                                "and bytes per step");
   f.command = p;
