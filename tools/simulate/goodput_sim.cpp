@@ -503,7 +503,7 @@ const std::array<table_row, 6>& paper_table() {
 }
 
 double implied_restart_extra(const params& p, double goodput, int replications, std::uint64_t seed) {
-  assert(p.kind == setup::dp);
+  ARCHIPELAGO_INVARIANT(p.kind == setup::dp, "implied restart: a dp row");
   auto at = [&](double extra) {
     params q = p;
     q.k.restart_extra_s = extra;

@@ -1,11 +1,12 @@
 #include "simulate/wan_plan.hpp"
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+
+#include "core/invariant.hpp"
 
 namespace archipelago::wan {
 
@@ -24,7 +25,7 @@ kernel_figures recorded_kernels() {
 }
 
 costs costs_from(const kernel_figures& k, int fragments) {
-  assert(fragments >= 1);
+  ARCHIPELAGO_INVARIANT(fragments >= 1, "wan plan: at least one fragment");
   costs c;
   c.merge_s_per_gb = k.merge_s_per_gb;
   c.commit_s_per_gb = k.disk_s_per_gb;
@@ -137,7 +138,7 @@ bool hides(const inputs& in, const round_cost& r, double bytes_per_s, double per
 }  // namespace
 
 result plan(const inputs& in) {
-  assert(validate(in));
+  ARCHIPELAGO_INVARIANT(validate(in), "wan plan: validated inputs");
   result out;
   out.step_from_reference = in.step_s == 0;
   if (out.step_from_reference) {
