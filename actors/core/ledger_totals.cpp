@@ -17,7 +17,7 @@ ledger_totals& ledger_totals::operator+=(const ledger_totals& o) {
   return *this;
 }
 
-double goodput(const ledger_totals& l, double learners, double span_s) {
+double ledger_goodput(const ledger_totals& l, double learners, double span_s) {
   return learners > 0 && span_s > 0 ? l.merged_step_time_s / (learners * span_s) : 0.0;
 }
 

@@ -23,7 +23,7 @@ struct ledger_totals {
 /// that went into steps whose work was merged — the ledger's merged step time over
 /// learners × span, so work that was late, overwritten, lost or rejected earns nothing.
 /// 0 for no learners or an empty span.
-double goodput(const ledger_totals& l, double learners, double span_s);
+double ledger_goodput(const ledger_totals& l, double learners, double span_s);
 
 /// {"merged":…,"late":…,"overwritten":…,"lost":…,"rejected":…,"processed":…} in tokens.
 std::string ledger_json(const ledger_totals& l);

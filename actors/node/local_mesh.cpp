@@ -592,7 +592,7 @@ void local_run::summarize(bool all_done, nanos stopped_ns) {
                             ? static_cast<double>(end_ns - out_.broker.first_join_ns) * 1e-9
                             : out_.wall_s;
   out_.span_s = span_s;
-  out_.goodput = goodput(l, m_, span_s);
+  out_.goodput = ledger_goodput(l, m_, span_s);
   out_.wait_share = static_cast<double>(board_.total(role::learner).wait_ns) * 1e-9 / (m_ * span_s);
   out_.ledger_exact = l.balanced() && l.processed == out_.tokens;
 }
@@ -667,7 +667,7 @@ mesh_summary join_phases(mesh_summary first, mesh_summary second) {
   out.broker.ledger += first.broker.ledger;
   out.wall_s += first_wall_s;
   out.span_s += first.span_s;
-  out.goodput = goodput(out.broker.ledger, out.learners, out.span_s);
+  out.goodput = ledger_goodput(out.broker.ledger, out.learners, out.span_s);
   out.wait_share = wait_s / (out.learners * out.span_s);
   out.ledger_exact = first.ledger_exact && out.ledger_exact;
   out.start_eval_loss = first.start_eval_loss;

@@ -41,10 +41,10 @@ TEST_CASE("confidence interval: t95 x s / sqrt(n), NaN left out, zero below two 
 
 TEST_CASE("bench parity: tokens to a target loss, interpolated between eval points") {
   const loss_curve curve{{0, 5.0}, {100, 3.0}, {200, 2.0}, {300, 2.5}};
-  CHECK(tokens_to_reach(curve, 4.0) == doctest::Approx(50));    // halfway from 5 to 3
-  CHECK(tokens_to_reach(curve, 3.0) == doctest::Approx(100));   // exactly at a point
-  CHECK(tokens_to_reach(curve, 2.5) == doctest::Approx(150));   // the first crossing, not the later one
-  CHECK(tokens_to_reach(curve, 6.0) == doctest::Approx(0));     // already below at the first point
+  CHECK(tokens_to_reach(curve, 4.0) == doctest::Approx(50));   // halfway from 5 to 3
+  CHECK(tokens_to_reach(curve, 3.0) == doctest::Approx(100));  // exactly at a point
+  CHECK(tokens_to_reach(curve, 2.5) == doctest::Approx(150));  // the first crossing, not the later one
+  CHECK(tokens_to_reach(curve, 6.0) == doctest::Approx(0));    // already below at the first point
   CHECK(std::isnan(tokens_to_reach(curve, 1.9)));              // never reached
   CHECK(std::isnan(tokens_to_reach({}, 1.0)));
   CHECK(tokens_to_reach({{10, 4.0}, {20, 4.0}, {30, 3.0}}, 4.0) == doctest::Approx(10));
@@ -84,14 +84,14 @@ TEST_CASE("bench parity: every mode against dp of the same seed — reach ratio 
 
 TEST_CASE("goodput: merged step time over learners x span, never from unmerged work") {
   ledger_totals l;
-  l.step_time_s = 100;         // every step the learners took
-  l.merged_step_time_s = 60;   // ... of which these steps' work was merged
-  CHECK(goodput(l, 4, 25) == doctest::Approx(0.6));   // 4 learners x 25 s = 100 learner-seconds
-  CHECK(goodput(l, 4, 50) == doctest::Approx(0.3));   // idle time counts against it
-  CHECK(goodput(l, 0, 25) == 0);
-  CHECK(goodput(l, 4, 0) == 0);
+  l.step_time_s = 100;                               // every step the learners took
+  l.merged_step_time_s = 60;                         // ... of which these steps' work was merged
+  CHECK(ledger_goodput(l, 4, 25) == doctest::Approx(0.6));  // 4 learners x 25 s = 100 learner-seconds
+  CHECK(ledger_goodput(l, 4, 50) == doctest::Approx(0.3));  // idle time counts against it
+  CHECK(ledger_goodput(l, 0, 25) == 0);
+  CHECK(ledger_goodput(l, 4, 0) == 0);
   l.merged_step_time_s = 0;
-  CHECK(goodput(l, 4, 25) == 0);
+  CHECK(ledger_goodput(l, 4, 25) == 0);
 }
 
 TEST_CASE("bench figures as text: mean plus or minus a half width, the finite values, percentages") {

@@ -371,8 +371,9 @@ void finish_drill_report(drill_report& r, mesh_drill& drill, const config& cfg, 
   r.step_downs = r.run.broker_step_downs;
   measure_downtime(r, drill.timeline);
   // Over the drill's own span: a restarted broker's report starts its span anew.
-  r.goodput = goodput(r.run.broker.ledger, cfg.mesh.learners, r.run.wall_s);
-  if (r.reference) r.reference_goodput = goodput(r.reference->broker.ledger, cfg.mesh.learners, r.reference->wall_s);
+  r.goodput = ledger_goodput(r.run.broker.ledger, cfg.mesh.learners, r.run.wall_s);
+  if (r.reference)
+    r.reference_goodput = ledger_goodput(r.reference->broker.ledger, cfg.mesh.learners, r.reference->wall_s);
   const ledger_totals& l = r.run.broker.ledger;
   r.ledger_exact = l.balanced() && l.processed + r.unreported_tokens == r.run.tokens;
 }

@@ -494,7 +494,7 @@ status process_run_of::summarize(const process_mesh& mesh, double wall_s, proces
   sum.wall_s = wall_s;
   const ledger_totals& l = sum.broker.ledger;
   sum.ledger_exact = l.balanced() && l.processed == sum.tokens;
-  sum.goodput = goodput(l, cfg_.mesh.learners, wall_s);
+  sum.goodput = ledger_goodput(l, cfg_.mesh.learners, wall_s);
   auto eval = evaluate_stores(cfg_, mesh.setup, mesh.shard_dbs);
   if (!eval) return make_error(eval.err().code, "evaluating Θ from the shards' stores: " + eval.err().message);
   sum.eval_loss = eval->loss;
