@@ -5,6 +5,10 @@
 #   tools/format.sh          reformat every C++ file of the repository in place
 #   tools/format.sh --check  change nothing: name each file out of format, print how many
 #                            there are, exit 1 if any (the suite's tidy/format test)
+#   tools/format.sh --changed [BASE]
+#                            change nothing: print the reformatting of the lines changed since
+#                            BASE (default main; uncommitted changes included), exit 1 if any
+#                            (before a commit or a merge; git clang-format-14)
 #
 # Every tracked *.cpp, *.hpp and *.h is formatted; none is skipped. Environment:
 # CLANG_FORMAT (default clang-format-14).
@@ -13,8 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CLANG_FORMAT=${CLANG_FORMAT:-clang-format-14}
 MODE=${1:-fix}
-if [[ $MODE != fix && $MODE != --check ]]; then
-  echo "format: unknown argument '$MODE' (none to reformat, --check to check)" >&2
+if [[ $MODE != fix && $MODE != --check && $MODE != --changed ]] || { [[ $MODE != --changed ]] && (($# > 1)); }; then
+  echo "format: unknown arguments '$*' (none to reformat, --check to check, --changed [BASE])" >&2
   exit 2
 fi
 if ! command -v "$CLANG_FORMAT" >/dev/null; then
@@ -24,6 +28,25 @@ fi
 if ! "$CLANG_FORMAT" --version | grep -q 'version 14\.'; then
   echo "format: $CLANG_FORMAT is not clang-format 14: $("$CLANG_FORMAT" --version)" >&2
   exit 2
+fi
+
+if [[ $MODE == --changed ]]; then
+  base=${2:-main}
+  if ! git rev-parse --verify --quiet "$base^{commit}" >/dev/null; then
+    echo "format: '$base' is no commit of this repository" >&2
+    exit 2
+  fi
+  # git clang-format compares the working tree with the merge base's files, line by line.
+  changes=$(git clang-format-14 --binary "$(command -v "$CLANG_FORMAT")" --style file --extensions cpp,hpp,h \
+            --diff "$(git merge-base "$base" HEAD)" --)
+  if [[ -z $changes || $changes == "no modified files to format" ||
+        $changes == "clang-format did not modify any files" ]]; then
+    echo "format: every line changed since $base is formatted"
+    exit 0
+  fi
+  printf '%s\n' "$changes"
+  echo "format: lines changed since $base are out of format (the diff above; git clang-format-14 $base applies it)"
+  exit 1
 fi
 
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then

@@ -366,7 +366,8 @@ status encode_tensor(const float* values, std::size_t count, tensor_encoding enc
                                                " bytes but " + describe(encoding, count, block_size) +
                                                " needs " + std::to_string(need));
   }
-  ARCHIPELAGO_INVARIANT(count == 0 || (values != nullptr && out != nullptr), "tensor encoding: buffers for a non-empty tensor");
+  ARCHIPELAGO_INVARIANT(count == 0 || (values != nullptr && out != nullptr),
+                        "tensor encoding: buffers for a non-empty tensor");
   switch (encoding) {
     case tensor_encoding::fp32: return encode_fp32(values, count, out);
     case tensor_encoding::bf16: return encode_bf16(values, count, out);
@@ -402,7 +403,8 @@ status decode_tensor(const std::uint8_t* bytes, std::size_t byte_count, std::siz
     return corrupt(describe(encoding, count, block_size) + " must be " + std::to_string(need) +
                    " bytes, got " + std::to_string(byte_count));
   }
-  ARCHIPELAGO_INVARIANT(count == 0 || (bytes != nullptr && out != nullptr), "tensor decoding: buffers for a non-empty tensor");
+  ARCHIPELAGO_INVARIANT(count == 0 || (bytes != nullptr && out != nullptr),
+                        "tensor decoding: buffers for a non-empty tensor");
   switch (encoding) {
     case tensor_encoding::fp32: return decode_fp32(bytes, count, out);
     case tensor_encoding::bf16: return decode_bf16(bytes, count, out);

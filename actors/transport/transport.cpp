@@ -2,7 +2,7 @@
 
 #include <arpa/inet.h>  // inet_ntop
 #include <linux/tcp.h>  // tcp_info with tcpi_min_rtt (glibc's netinet/tcp.h stops before it)
-#include <netdb.h>       // getaddrinfo
+#include <netdb.h>      // getaddrinfo
 #include <netinet/in.h>  // IPPROTO_TCP
 #include <sys/eventfd.h>
 #include <sys/socket.h>

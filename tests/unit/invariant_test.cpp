@@ -45,7 +45,8 @@ TEST_CASE("a broken invariant logs its name and aborts, in the shipped (NDEBUG) 
   auto [status, text] = in_child([&] { ARCHIPELAGO_INVARIANT(steps >= 1, "test: at least one step"); });
   CHECK(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGABRT);
-  CHECK(text.find(" error [invariant] invariant broken: test: at least one step (steps >= 1) at ") != std::string::npos);
+  CHECK(text.find(" error [invariant] invariant broken: test: at least one step (steps >= 1) at ") !=
+        std::string::npos);
   CHECK(text.find("invariant_test.cpp:") != std::string::npos);
   CHECK(text.back() == '\n');
   CHECK(text.find('\n') == text.size() - 1);  // one line

@@ -133,10 +133,10 @@ std::string ablation_plot(const std::string& which, const std::vector<ablate_var
     if (i > 0 && variants[i - 1].group == group) continue;
     std::vector<series> lines;
     for (std::size_t j = i; j < variants.size() && variants[j].group == group; ++j)
-      lines.push_back(series{variants[j].name, series_color(lines.size()),
-                             outcomes[j].curves.empty() ? std::vector<std::pair<double, double>>{}
-                                                        : outcomes[j].curves.front(),
-                             variants[j].reference});
+      lines.push_back(
+          series{variants[j].name, series_color(lines.size()),
+                 outcomes[j].curves.empty() ? std::vector<std::pair<double, double>>{} : outcomes[j].curves.front(),
+                 variants[j].reference});
     charts.push_back(chart("bench ablate " + which + (group.empty() ? "" : ", " + group) +
                                ": eval loss (the reference dashed)",
                            "tokens", "eval loss, nats/byte", lines, {}));

@@ -258,8 +258,8 @@ std::string race_plot(const std::vector<race_result>& results, double target) {
   std::vector<series> lines;
   for (std::size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
-    lines.push_back(series{r.mode + (r.projected ? " (projected)" : ""), series_color(i), cut_at(r.curve, x_max),
-                           r.projected});
+    lines.push_back(
+        series{r.mode + (r.projected ? " (projected)" : ""), series_color(i), cut_at(r.curve, x_max), r.projected});
   }
   lines.push_back(series{"target", "#777", {{0, target}, {x_max, target}}, true});
   return chart("WAN race: eval loss under the capped links", "seconds", "eval loss, nats/byte", lines, {}, x_max);
