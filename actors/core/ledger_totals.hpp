@@ -19,7 +19,7 @@ struct ledger_totals {
   ledger_totals& operator+=(const ledger_totals& o);
 };
 
-/// Goodput (ALGORITHM.md §9): the share of `learners` learners' time over `span_s` seconds
+/// Goodput (docs/design/algorithm.md §9): the share of `learners` learners' time over `span_s` seconds
 /// that went into steps whose work was merged — the ledger's merged step time over
 /// learners × span, so work that was late, overwritten, lost or rejected earns nothing.
 /// 0 for no learners or an empty span.
