@@ -1,10 +1,10 @@
 #include "core/newton_schulz.hpp"
 
 #include <Eigen/Core>
-#include <cassert>
 #include <cmath>
 
 #include "core/adamw.hpp"
+#include "core/invariant.hpp"
 
 namespace archipelago {
 namespace {
@@ -32,7 +32,7 @@ gemm_function eigen_gemm() {
 newton_schulz::newton_schulz(gemm_function gemm) : gemm_(std::move(gemm)) {}
 
 void newton_schulz::run(const float* g, int rows, int cols, int steps, float* out, newton_schulz_coefficients k) {
-  assert(rows > 0 && cols > 0 && steps >= 0);
+  ARCHIPELAGO_INVARIANT(rows > 0 && cols > 0 && steps >= 0, "newton-schulz: a non-empty matrix, steps >= 0");
   const bool tall = rows > cols;
   const std::int64_t m = tall ? cols : rows, n = tall ? rows : cols;  // X is m×n, m ≤ n
   const std::size_t count = static_cast<std::size_t>(m) * n;

@@ -142,7 +142,7 @@ std::vector<std::pair<std::string, const parity_outcome*>> best_per_sweep(const 
       if (p.sweep != sweep.label || !p.chosen) continue;
       for (const parity_outcome& m : c.modes)
         if (m.mode == p.arm.label) {
-          const double rel = mean(relative_pct(m, c.modes.front()));
+          const double rel = mean(gap_pct(m, c.modes.front()));
           if (rel < best_rel) best_rel = rel, best = &m;
         }
     }

@@ -227,7 +227,7 @@ double mean_rel_pct(const parity_result& r, const std::string& label) {
     const parity_outcome& dp = c.modes.front();
     for (const parity_outcome& m : c.modes)
       if (m.mode == label)
-        for (std::size_t s = 0; s < m.gap.size() && s < dp.loss.size(); ++s) rel.push_back(100 * m.gap[s] / dp.loss[s]);
+        for (double x : gap_pct(m, dp)) rel.push_back(x);
   }
   return mean(rel);
 }
