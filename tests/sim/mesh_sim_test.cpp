@@ -324,7 +324,7 @@ TEST_CASE("sim: a round closed while its fragment's last version is not durable 
   }
 }
 
-TEST_CASE("sim: storage slower than the rounds slows its shard's rounds (back-pressure); no fragment stalls") {
+TEST_CASE("sim: storage slower than the rounds slows its shard's rounds (back-pressure), no fragment stalls") {
   // 8 fragments on 2 shards, a round every step (10 ms): each shard gets a version
   // to commit every 20 ms, its writer takes 40 ms for one. With back-pressure the
   // versions waiting for storage stay within storage_backlog + τ; without it they

@@ -181,7 +181,7 @@ TEST_CASE("robust: a contribution anchored too far behind, or on a version not y
   CHECK(d[3].anchor_lag == -1);
 }
 
-TEST_CASE("robust: a delta the fragment merged before is a replay; a zero delta and an unmerged one are not") {
+TEST_CASE("robust: a delta the fragment merged before is a replay, a zero delta and an unmerged one are not") {
   fragment_screen screen(norm_only());
   prng rng(6);
   std::vector<std::vector<float>> first;

@@ -308,7 +308,7 @@ std::size_t count_keys(const kv_store& kv, column c) {
 
 }  // namespace
 
-TEST_CASE("snapshot store: states go in pieces; a large commit's pieces bypass the log and are flushed first") {
+TEST_CASE("snapshot store: states go in pieces, a large commit's pieces bypass the log and are flushed first") {
   auto inner = std::shared_ptr<kv_store>(make_memory_kv());
   auto logged = std::make_shared<call_log_kv>(inner);
   // 5 floats a piece; commits of 100 bytes or more bypass the log, one piece a write.
