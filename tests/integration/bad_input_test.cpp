@@ -135,12 +135,14 @@ TEST_CASE("bad-input battery against a live node") {
     f[1][100] ^= 1;
     bad(f);
   }
-  {  // unknown union tag: patch the discriminant of a RoundOpen (laid out as a FragmentUpdate) and re-seal
+  {  // unknown union tag: patch the discriminant of a Heartbeat (laid out as a Progress: four data
+     // words, no pointers) and re-seal
     envelope_builder a(me, incarnation{1}, ++seq, 0);
-    a.body().initRoundOpen();
+    a.body().initHeartbeat();
     envelope_builder b(me, incarnation{1}, seq, 0);
-    b.body().initFragmentUpdate();
+    b.body().initProgress();
     auto fa = frames_of(a.finish()), fb = frames_of(b.finish());
+    REQUIRE(fa[0].size() == fb[0].size());
     for (std::size_t i = 0; i + 8 < fa[0].size(); ++i)
       if (fa[0][i] != fb[0][i]) fa[0][i] = 200;
     reseal(fa[0]);
