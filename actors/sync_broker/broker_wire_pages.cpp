@@ -19,8 +19,7 @@ void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
     x.emplace_back(key, std::move(value));
     return x;
   };
-  const broker_counters& c = core_->counters();
-  refusals_.add_metrics(page, l);
+  const broker_counters& c = core_->counters();  // its refusals: the seat's page (broker_seat::refusals)
   page.counter("archipelago_broker_claims_cut_total",
                "Round members whose claimed tokens or steps exceeded what the broker saw them report (Progress) "
                "or their batch x context: cut to that bound in the round's decision.",
@@ -31,6 +30,10 @@ void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
   for (const auto& [reason, n] : closed)
     page.counter("archipelago_rounds_closed_total", "Rounds closed, by why they closed.", static_cast<double>(n),
                  with("reason", reason));
+  page.counter("archipelago_rounds_nothing_merged_total",
+               "Rounds their shard closed with members but merged none (each screened out, above its bound or "
+               "missing): the members are booked rejected and the fragment's next round opens at once.",
+               static_cast<double>(nothing_merged_), l);
   page.counter("archipelago_rounds_dropped_total",
                "Rounds closed without a merge (their shard restarted, a younger round merged, or nobody was left to "
                "answer them).",

@@ -1107,3 +1107,49 @@ TEST_CASE("fragment order: the mesh's broker takes mesh.fragment_order, seeded b
   CHECK(settings("shuffled", "1").order_seed == settings("shuffled", "1").order_seed);
   CHECK(settings("shuffled", "1").order_seed != settings("shuffled", "2").order_seed);
 }
+
+TEST_CASE("broker core: a claim weighs only the steps since the learner's last merged contribution to the fragment") {
+  const claim_bound bounded{2000, 20};  // 20 steps of 100 tokens, within its Progress
+  // Its last merged window ended at step 10: 10 new steps, 1000 tokens at most.
+  const claim_bound w = weigh_claim(bounded, 20, 20, 10, 100);
+  CHECK(w.steps == 10);
+  CHECK(w.tokens == 1000);
+  // A window end past its Progress counts only one step past it.
+  CHECK(weigh_claim(bounded, 1'000'000, 20, 10, 100).steps == 11);  // 21 − 10
+  // Nothing new: one step, never zero (tokens² / steps stays defined).
+  CHECK(weigh_claim(bounded, 10, 20, 10, 100).steps == 1);
+  // Unknown window end (a shard of before the notice's step), or nothing merged yet: the bounded claim.
+  CHECK(weigh_claim(bounded, 0, 20, 10, 100).steps == 20);
+  CHECK(weigh_claim(bounded, 20, 20, 0, 100).steps == 20);
+}
+
+TEST_CASE("broker core: Progress is admitted up to what time allows at mesh.max_step_rate") {
+  broker_config cfg = make_config();
+  cfg.max_step_rate = 100;                 // steps per second
+  cfg.tokens_per_step_max = {64};
+  cfg.started_ns = 0;
+  cfg.takeover_allowance_ns = 10'000 * ms;  // the broker's first 10 s: a learner may have run before
+  cfg.join_allowance_ns = 1'000 * ms;
+  broker_core core(cfg);
+  // First heard 1 s into the broker's lead: 10 s of steps allowed before, 1000 steps.
+  auto a = core.admit_progress(L(0), I(1), 900, 900 * 64, 1'000 * ms);
+  CHECK_FALSE(a.capped);
+  a = core.admit_progress(L(0), I(1), 100'000, 100'000 * 64, 2'000 * ms);  // 11 s of steps: 1100
+  CHECK(a.capped);
+  CHECK(a.steps == 1100);
+  CHECK(a.tokens == 1100 * 64);
+  CHECK(core.counters().progress_capped == 1);
+  // Tokens above its steps × batch × context are cut too.
+  a = core.admit_progress(L(0), I(1), 1000, 1000 * 65, 2'000 * ms);
+  CHECK(a.capped);
+  CHECK(a.tokens == 1000 * 64);
+  // A new incarnation long after the broker began: a join's allowance only.
+  a = core.admit_progress(L(1), I(1), 5000, 0, 60'000 * ms);
+  CHECK(a.steps == 100);
+  // One a predecessor's ledger held (restored) starts from its steps there.
+  core.on_restored(L(2), I(1), 50'000, 60'000 * ms);
+  CHECK_FALSE(core.admit_progress(L(2), I(1), 50'050, 0, 60'000 * ms).capped);
+  // Unbounded without a rate (max_step_rate 0).
+  broker_core unbounded(make_config());
+  CHECK_FALSE(unbounded.admit_progress(L(0), I(1), 1'000'000'000, 0, 0).capped);
+}
