@@ -49,7 +49,7 @@ void message_forger::forge(forgery kind, const mesh_setup& setup, node_address s
       for (std::uint32_t s = 0; s < setup.shard_endpoints.size(); ++s) {
         auto h = port.make_envelope();
         h.header().setBrokerEpoch(e);
-        h.body().initLeave().setReason("forged epoch (attacker drill)");  // a shard obeys no Leave
+        h.body().initHeartbeat();
         send(port, {role::parameter_shard, s}, h.finish());
       }
       return;

@@ -299,6 +299,7 @@ std::size_t shard_core::on_broker_restarted() {
       }
     f.open.clear();
     f.closed_through = 0;
+    f.decided.clear();  // round numbers are the old broker's: a new one without its store reuses them
   }
   open_rounds_ = 0;
   return dropped;

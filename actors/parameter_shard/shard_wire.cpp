@@ -142,6 +142,10 @@ std::optional<chaos_order> shard_wire::on_message(const transport::decoded_envel
       if (env.sender().kind == role::learner) on_fetch(env);
       else refuse(env, "wrong_role", "only a learner fetches fragments");
       break;
+    // A learner's Join, Progress and Leave are the broker's: one sent here is no learner's doing.
+    case wire::Envelope::Body::JOIN:
+    case wire::Envelope::Body::PROGRESS:
+    case wire::Envelope::Body::LEAVE: refuse(env, "wrong_role", "a shard takes no Join, Progress or Leave"); break;
     // The settings changed live, as the leading broker holds them (a Welcome: on (re)joining).
     case wire::Envelope::Body::WELCOME:
       if (broker_.is_leader(env.sender())) apply_settings(transport::settings_of(env.root().getBody().getWelcome().getSettings()));
@@ -208,12 +212,14 @@ void shard_wire::on_contribution(const transport::decoded_envelope& env) {
   }
   if (verdict == contribution_verdict::rejected) {
     // Counted for /metrics; the logger's rate limit keeps a bad learner from flooding the log.
+    refusals_.count("bad_contribution");
     const std::uint64_t n = ++counts_.rejected;
     log_.warn("shard.rejected", "archipelago shard %u: rejected round %llu from %s: %s (%llu rejected so far)", index_,
               static_cast<unsigned long long>(env.header().getRound()), from.to_string().c_str(),
               why.empty() ? "undecodable tensor" : why.c_str(), static_cast<unsigned long long>(n));
   }
-  if (verdict == contribution_verdict::duplicate) return;
+  // A fragment it does not own has no round here: the broker would refuse the notice.
+  if (verdict == contribution_verdict::duplicate || !core_->owns(p)) return;
   // Arrival notice: the broker admits buffered ones to the round; all go to the ledger.
   auto b = port_.make_envelope(env.header().getRound());
   auto notice = b.body().initContribution();
@@ -395,6 +401,7 @@ void shard_wire::on_fetch(const transport::decoded_envelope& env) {
   // Checked before it is stored or dialled: a bad one would fail every broadcast's connect.
   if (auto ok = transport::check_endpoint(f.getReplyEndpoint().cStr()); !ok)
     return refuse(env, "bad_endpoint", ok.err().message.c_str());
+  if (!core_->owns({f.getFragment()})) return refuse(env, "not_owner", "a fragment is fetched from the shard that owns it");
   // A restarted learner comes back, maybe at a new endpoint: re-point it. At the
   // same endpoint too (a fixed port, inproc://): the old connection may be dead.
   auto& [endpoint, known_inc] = endpoints_[from];
@@ -405,7 +412,7 @@ void shard_wire::on_fetch(const transport::decoded_envelope& env) {
     known_inc = inc;
     (void)port_.add_peer(from, endpoint);
   }
-  if (core_->owns({f.getFragment()})) (void)port_.send(from, fragment_message({f.getFragment()}, 0));
+  (void)port_.send(from, fragment_message({f.getFragment()}, 0));
 }
 
 refusal_counts shard_wire::refusals() const {

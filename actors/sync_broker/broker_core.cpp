@@ -229,8 +229,10 @@ void broker_core::bound_members(std::vector<round_member>& members, std::uint32_
     m.bounded_tokens = b.tokens;
     m.bounded_steps = b.steps;
     std::uint64_t merged_through = 0;
-    if (known)
-      if (auto f = it->second.merged_through.find(fragment); f != it->second.merged_through.end()) merged_through = f->second;
+    if (known) {
+      const auto f = it->second.merged_through.find(fragment);
+      merged_through = f != it->second.merged_through.end() ? f->second : it->second.steps_before.value_or(0);
+    }
     const claim_bound w = weigh_claim(b, m.step, reported, merged_through, tokens_per_step_max(m.learner));
     if (w.steps < b.steps || w.tokens < b.tokens) ++counters_.claims_weighed_down;
     m.weigh_tokens = w.tokens;
@@ -244,6 +246,8 @@ void broker_core::on_progress(learner_index learner, incarnation inc, std::uint6
                               nanos step_time_ns, nanos now, std::uint64_t tokens_done, bool finished) {
   learner_state* st = admit(learner, inc, now);
   if (st == nullptr) return;
+  // Its first Progress here: the steps before it were done before this broker heard of it.
+  if (!st->steps_before) st->steps_before = steps_done > 0 ? steps_done - 1 : 0;
   st->steps_done = std::max(st->steps_done, steps_done);
   st->tokens_done = std::max(st->tokens_done, tokens_done);
   if (finished && !st->finished) {

@@ -80,7 +80,8 @@ claim_bound bound_claim(std::uint64_t claimed_tokens, std::uint64_t claimed_step
 /// What a member's contribution weighs in its merge (its weight tokens² / steps, and
 /// the shard's norm screen per √step): its counts cut to the steps since the learner's
 /// last merged contribution to that fragment — the window end it claims (at most one
-/// step past its Progress) less the window end of that merged contribution — at least
+/// step past its Progress) less the window end of that merged contribution, or, before
+/// any, less the steps it had done when this broker first heard its Progress — at least
 /// one step, and its tokens to those steps × batch × context. A learner's cumulative
 /// work since its anchor thus counts once, however often it claims it: an honest one
 /// is cut only when it contributes again before the version that merged its last
@@ -337,6 +338,9 @@ class broker_core {
     std::map<std::uint32_t, std::uint64_t> contributed_step;  // fragment → its step at its latest contribution
     /// Per fragment: the window end (the learner's step) of its last contribution merged (weigh_claim).
     std::map<std::uint32_t, std::uint64_t> merged_through;
+    /// The steps it had done before this broker first heard its Progress: a fragment none of
+    /// whose contributions this broker merged weighs from there (an allowance never buys weight).
+    std::optional<std::uint64_t> steps_before;
   };
   /// Whether the learner may still contribute to fragment p: one that takes more
   /// steps always may; a finished one only with steps since its last contribution to p.

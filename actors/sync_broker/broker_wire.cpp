@@ -518,9 +518,11 @@ void broker_wire::on_message(const transport::decoded_envelope& env, nanos now) 
     case wire::Envelope::Body::RECONFIGURE: on_reconfigure(env, now); break;
     case wire::Envelope::Body::FRAGMENT_UPDATE: on_fragment_update(env, now); break;  // a shard published
     case wire::Envelope::Body::ACK:  // a standby has this leader's tape log up to the sequence
-      if (from.kind == role::sync_broker && env.header().getBrokerEpoch() == epoch_)
-        tape_.on_ack(from.index, env.root().getBody().getAck().getSequence(), now);
+      if (from.kind != role::sync_broker) return refuse(env, "wrong_role", "only a standby acknowledges the tape", now);
+      if (env.header().getBrokerEpoch() == epoch_) tape_.on_ack(from.index, env.root().getBody().getAck().getSequence(), now);
       return;
+    case wire::Envelope::Body::FETCH_FRAGMENT:
+      return refuse(env, "wrong_role", "a fragment is fetched from its shard", now);
     default: break;
   }
   dispatch(now);

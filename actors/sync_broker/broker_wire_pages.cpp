@@ -24,6 +24,10 @@ void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
                "Round members whose claimed tokens or steps exceeded what the broker saw them report (Progress) "
                "or their batch x context: cut to that bound in the round's decision.",
                static_cast<double>(c.claims_cut), l);
+  page.counter("archipelago_broker_claims_weighed_down_total",
+               "Round members weighed by fewer steps than they claimed: part of their window was merged already "
+               "(the steps since their last merged contribution to the fragment count).",
+               static_cast<double>(c.claims_weighed_down), l);
   page.counter("archipelago_rounds_opened_total", "Rounds the broker opened.", static_cast<double>(c.rounds_opened), l);
   const std::pair<const char*, std::uint64_t> closed[] = {
       {"all_eligible", c.closed_all_eligible}, {"grace_expired", c.closed_grace_expired}, {"timeout", c.closed_timeout}};

@@ -178,7 +178,7 @@ def case_threads():
     import numpy as np
     folder = tempfile.mkdtemp(prefix="archipelago-pythreads-")
     config = mesh_files(folder, [("w1", [8, 16]), ("w2", [16, 4]), ("b", [4])])
-    batch_tokens = archipelago.training(config, {}, 0)["batch"] * 16  # batch x context (context 16)
+    batch_tokens = archipelago.training(config, 0)["batch"] * 16  # batch x context (context 16)
 
     def refused(call, error, words):
         try:

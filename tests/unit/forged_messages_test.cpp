@@ -436,4 +436,16 @@ TEST_CASE("forged: a round that merges nothing is announced to the broker at onc
   }, 0), 1 * ms);
   CHECK(shard.core().version(fragment_index{0}) == 0);
   CHECK(port.to(broker0, wire::Envelope::Body::FRAGMENT_UPDATE).size() == 1);
+  // The same close again (a duplicate the network let through): answered once only.
+  shard.on_message(*from(broker0, epoch, [](envelope_builder& b) {
+    auto c = b.body().initRoundClose();
+    c.setFragment(0);
+    auto m = c.initMembers(1);
+    m[0].setLearner(0);
+    m[0].setIncarnation(1);
+    m[0].setWeight(1);
+    m[0].setTokens(100);
+    m[0].setSteps(5);
+  }, 0), 2 * ms);
+  CHECK(port.to(broker0, wire::Envelope::Body::FRAGMENT_UPDATE).size() == 1);
 }
