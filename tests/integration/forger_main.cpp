@@ -59,7 +59,7 @@ std::vector<std::string> split(const std::string& list) {
 std::vector<frame_view> frames_of(const encoded_message& m) {
   std::vector<frame_view> frames{
       {reinterpret_cast<const std::uint8_t*>(m.envelope.begin()), m.envelope.size() * sizeof(capnp::word)}};
-  for (const auto& t : m.tensors) frames.push_back({t->data(), t->size()});
+  for (const auto& t : m.tensors) frames.push_back({t.data(), t.size()});
   return frames;
 }
 
@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
         zmq::message_t body(m.envelope.begin(), m.envelope.size() * sizeof(capnp::word));
         if (!s.send(body, m.tensors.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore)) continue;
         for (std::size_t t = 0; t < m.tensors.size(); ++t) {
-          zmq::message_t tensor(m.tensors[t]->data(), m.tensors[t]->size());
+          zmq::message_t tensor(m.tensors[t].data(), m.tensors[t].size());
           (void)s.send(tensor, t + 1 < m.tensors.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
         }
         return true;

@@ -60,7 +60,7 @@ mesh_setup tiny_mesh(int fragments = 2, int standbys = 1, int learners = 2) {
 std::vector<transport::frame_view> frames_of(const encoded_message& m) {
   std::vector<transport::frame_view> frames{
       {reinterpret_cast<const std::uint8_t*>(m.envelope.begin()), m.envelope.size() * sizeof(capnp::word)}};
-  for (const auto& t : m.tensors) frames.push_back({t->data(), t->size()});
+  for (const auto& t : m.tensors) frames.push_back({t.data(), t.size()});
   return frames;
 }
 
