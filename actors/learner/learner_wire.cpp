@@ -25,7 +25,7 @@ learner_wire::learner_wire(const mesh_setup& setup, learner_sync_config sync, st
       core_(std::make_unique<learner_core>(setup.layout, setup.plan, sync)),
       attacker_(derive_seed(setup.cfg.train.seed, 0xa77ac0000ULL + index)),
       to_install_(setup.fragments()), shard_incarnations_(setup.shard_endpoints.size(), 0),
-      residuals_(setup.cfg.wire.error_feedback ? setup.fragments() : 0), broker_(setup.brokers()) {
+      broker_(setup.brokers()), residuals_(setup.cfg.wire.error_feedback ? setup.fragments() : 0) {
   chaos_.accept = setup.cfg.wire.accept_chaos;
 }
 
