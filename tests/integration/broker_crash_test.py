@@ -61,19 +61,16 @@ def shard_head(binary, db):
 
 
 def shard_heads(binary, db):
-    """The shard store's newest manifest: its mesh version and each fragment's version."""
-    for attempt in range(20):  # a loaded machine is slow to open a store: the shard may move on each time
-        rows = replay(binary, db, "list")["rows"]
-        if not rows:
+    """The shard store's newest manifest: its mesh version and each fragment's version, read in one
+    call (`show head`): a head listed first and shown after is gone once the shard has committed
+    storage.keep_last newer versions, which a fast mesh does while a loaded machine opens the store."""
+    try:
+        shown = replay(binary, db, "show", "head")
+    except Failure:
+        if not replay(binary, db, "list")["rows"]:
             return 0, {}
-        head = rows[-1]["version"]
-        try:
-            shown = replay(binary, db, "show", str(head))
-        except Failure:
-            if attempt == 19:
-                raise
-            continue  # retention removed it meanwhile: the shard moved on
-        return head, {e["fragment"]: e["version"] for e in shown["entries"]}
+        raise
+    return shown["version"], {e["fragment"]: e["version"] for e in shown["entries"]}
 
 
 def read(path):
