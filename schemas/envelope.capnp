@@ -36,9 +36,7 @@ struct Header {
   brokerEpoch @5 :UInt64;      # the newest broker epoch the sender knows (a leading broker: its own);
                                # 0: none. An epoch is (incarnation << 8 | broker index): it names the
                                # broker that leads in it, and every node follows the newest one it hears
-                               # of from a broker (any other sender's is only what it believes). One whose
-                               # index is not among the mesh's brokers, or whose incarnation exceeds 2^55 − 1,
-                               # cannot exist and is refused. A broker's message of an older epoch is refused (fenced).
+                               # of, from anyone. A broker's message of an older epoch is refused (fenced).
 }
 
 enum TensorEncoding {
@@ -190,9 +188,6 @@ struct Member {
                              # rejects a contribution that claims more and weighs by these. 0 with steps 0:
                              # a broker of before this field (the claim is taken as is)
   steps @4 :UInt64;          # ... its steps, cut to the learner's reported steps
-  weighTokens @5 :UInt64;    # what it weighs in the merge (its weight, and the norm screen per √step): its
-  weighSteps @6 :UInt64;     # bounded counts cut to the steps since its last merged contribution to this
-                             # fragment (and those steps × batch × context); 0 with 0: weigh by the claim
 }
 
 enum CloseReason {
@@ -215,9 +210,6 @@ struct FragmentUpdate {
   fragment @0 :UInt32;
   version @1 :UInt64;        # v_p after the outer step
   committed @2 :Bool;        # shard → broker: that version is durable in the shard's snapshot store
-  mergedNothing @3 :Bool;    # shard → broker: round header.round closed with members but merged none of
-                             # them (each screened out, above its bound or missing; the rejected ones were
-                             # announced before, with their reasons); version is the unchanged current one
 }
 
 struct FetchFragment {
@@ -239,13 +231,6 @@ enum ChaosKind {
   lieTokens @7;    # attacker drill: target (a learner) claims factor × its tokens in every contribution
                    # for durationMs; the broker's bound must cut them and the shard reject them
   attack @8;       # a learner poisons its contributions (attack, factor) until healed or attack = none
-  # Attacker drills: target (a learner) sends, with its own key, each step for durationMs (0: stop),
-  # well-formed envelopes that every node must refuse or ignore and count (message_forger.hpp):
-  forgeEpoch @9;   # headers of its own carrying broker epochs 0, old, current, of a broker not in the mesh,
-                   # near 2^64 and a newer one (only a broker's header moves an epoch)
-  forgeSender @10; # headers claiming the leading broker, a shard, another learner, the chaos monkey, an admin
-  forgeNotice @11; # arrival notices (Contribution) to the broker naming another learner (only the owning shard's count)
-  badEndpoint @12; # Join and FetchFragment with endpoints that are no endpoint (refused, never stored)
 }
 
 enum AttackKind {

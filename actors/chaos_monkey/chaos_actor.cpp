@@ -1,5 +1,6 @@
 #include "chaos_monkey/chaos_actor.hpp"
 
+
 #include "transport/actor_bridge.hpp"
 
 namespace archipelago {
@@ -20,7 +21,6 @@ std::unique_ptr<transport::node_transport> start_transport(const chaos_actor_arg
   auto settings = transport::transport_config_from(a.setup->cfg, {role::chaos_monkey, 0}, incarnation{1}, a.endpoint);
   if (settings) {
     settings->context = a.io;
-    settings->bounds = mesh_bounds_of(*a.setup);
     // The nodes do not heartbeat back to the chaos monkey: it must never declare them dead.
     settings->heartbeat.interval_ns = 3'600'000'000'000;
     auto wire = transport::node_transport::start(*settings, *a.clock, *a.logs, [](inbound_ptr) {});
@@ -34,7 +34,6 @@ std::unique_ptr<transport::node_transport> start_transport(const chaos_actor_arg
 caf::behavior chaos_actor(chaos_self* self, chaos_actor_args args) {
   auto& st = self->state;
   st.args = std::move(args);
-  guard_actor(self, {role::chaos_monkey, 0}, *st.args.logs);
   st.wire = start_transport(st.args);
   if (!st.wire) {
     self->quit(caf::exit_reason::user_shutdown);

@@ -168,21 +168,6 @@ void chaos_wire::carry_out(const chaos_action& a, nanos since_start) {
         command(n, o);
       }
       break;
-    case fault_kind::forge_epoch:
-    case fault_kind::forge_sender:
-    case fault_kind::forge_notice:
-    case fault_kind::bad_endpoint:  // attackers: the learner forges with its own key
-      for (node_address n : addresses(setup_, f.targets)) {
-        chaos_order o;
-        o.kind = chaos_order::what::forge;
-        o.forge = f.kind == fault_kind::forge_epoch    ? forgery::epoch
-                  : f.kind == fault_kind::forge_sender ? forgery::sender
-                  : f.kind == fault_kind::forge_notice ? forgery::notice
-                                                       : forgery::endpoint;
-        o.duration_ns = inject ? std::max<nanos>(1'000'000, bounded_ns) : 0;
-        command(n, o);
-      }
-      break;
   }
 }
 

@@ -26,8 +26,6 @@ constexpr kind_name kind_names[] = {
     {"attack_scaled", fault_kind::attack_scaled}, {"attack_sign_flip", fault_kind::attack_sign_flip},
     {"attack_random", fault_kind::attack_random}, {"attack_stale", fault_kind::attack_stale},
     {"attack_sideways", fault_kind::attack_sideways},
-    {"forge_epoch", fault_kind::forge_epoch},     {"forge_sender", fault_kind::forge_sender},
-    {"forge_notice", fault_kind::forge_notice},   {"bad_endpoint", fault_kind::bad_endpoint},
 };
 
 std::string known_kinds() {
@@ -92,8 +90,7 @@ struct reader {
     }
     // The kind decides which targets make sense.
     const bool learner_kind = kind == fault_kind::crash || kind == fault_kind::pause || kind == fault_kind::slow ||
-                              kind == fault_kind::impersonate || kind == fault_kind::lie_tokens || is_attack(kind) ||
-                              is_forgery(kind);
+                              kind == fault_kind::impersonate || kind == fault_kind::lie_tokens || is_attack(kind);
     const bool ok = kind == fault_kind::link || kind == fault_kind::partition ||
                     (learner_kind && (out.kind == role::learner || out.every_learner)) ||
                     (kind == fault_kind::shard_crash && out.kind == role::parameter_shard) ||

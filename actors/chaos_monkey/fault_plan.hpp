@@ -74,27 +74,12 @@ enum class fault_kind : std::uint8_t {
   attack_random,
   attack_stale,
   attack_sideways,
-  // A learner that forges well-formed envelopes, for `for`, each step: every node
-  // must refuse (or ignore) and count them, and the mesh must go on as if they
-  // were never sent (message_forger.hpp): broker epochs in its headers (0, old,
-  // current, of a broker not in the mesh, near 2^64, a newer one), senders (the
-  // leading broker, a shard, another learner, the chaos monkey, an admin), arrival
-  // notices naming another learner, and endpoints that are none (Join, FetchFragment).
-  forge_epoch,
-  forge_sender,
-  forge_notice,
-  bad_endpoint,
 };
 const char* to_string(fault_kind k);
 /// The attacker kinds of a learner that poisons its own contributions.
 inline bool is_attack(fault_kind k) {
   return k == fault_kind::attack_scaled || k == fault_kind::attack_sign_flip || k == fault_kind::attack_random ||
          k == fault_kind::attack_stale || k == fault_kind::attack_sideways;
-}
-/// The forging attacker kinds: a learner that sends envelopes every node must refuse.
-inline bool is_forgery(fault_kind k) {
-  return k == fault_kind::forge_epoch || k == fault_kind::forge_sender || k == fault_kind::forge_notice ||
-         k == fault_kind::bad_endpoint;
 }
 
 struct fault_target {

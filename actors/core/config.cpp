@@ -366,12 +366,6 @@ std::vector<knob> make_knobs() {
       number_knob("mesh.round_timeout_s", h, &mesh_config::round_timeout_s, 0.01, 86400.0,
                   "Bound on any open round; a learner waiting for a fragment this long re-fetches it. "
                   "Default: 60."),
-      number_knob("mesh.max_step_rate", h, &mesh_config::max_step_rate, 1.0, 1e6,
-                  "The fastest plausible inner steps per second of one learner: the broker admits a learner's "
-                  "Progress up to the steps it can have done since the broker heard of it at this rate (plus 2 s "
-                  "of steps, 60 s of them in the broker's first minute of leading), and its tokens up to those "
-                  "steps times its batch x context; more is cut and counted (progress_exceeds_rate). Above your "
-                  "fastest learner's pace; the closer, the less a lying learner gains. Default: 1000."),
       text_knob("mesh.learner_threads", h, &mesh_config::learner_threads, "list of M integers",
                 "Compute threads per learner, e.g. \"2,1,1\". Default: train.threads / M, at least 1.",
                 list_check(1, 256)),

@@ -98,7 +98,6 @@ struct mesh_config {
   int inner_steps = 50;            // H for diloco and streaming (paper 500, scaled)
   bool elastic = true;             // synchronous modes: stop waiting for a dead learner (false: stall)
   double round_timeout_s = 60;     // bound on any open round
-  double max_step_rate = 1000;     // the fastest plausible inner steps per second of one learner (Progress bound)
   std::string etcd;                // brokers' lease service: http://HOST:PORT[,...]; empty: none
   // Heterogeneous learners: comma-separated values, one per learner (empty: the defaults).
   std::string learner_threads;     // compute threads (default: train.threads / M, at least 1)

@@ -28,16 +28,6 @@ inline constexpr std::uint64_t broker_epoch_of(std::uint64_t incarnation, std::u
   return incarnation << 8 | (broker & 0xff);
 }
 inline constexpr std::uint32_t leader_of_epoch(std::uint64_t epoch) { return static_cast<std::uint32_t>(epoch & 0xff); }
-/// The largest broker incarnation an epoch can carry. A broker's incarnation is its
-/// start in wall-clock milliseconds (about 2^41 in this century), so no honest epoch
-/// comes near it; an epoch above it is forged, and refusing it keeps the next epoch a
-/// broker picks (its incarnation + 1) from overflowing.
-inline constexpr std::uint64_t max_epoch_incarnation = (std::uint64_t{1} << 55) - 1;
-/// Whether `epoch` can exist in a mesh of `brokers` brokers: 0 (none), or an epoch
-/// whose leader is one of its brokers and whose incarnation is at most max_epoch_incarnation.
-inline constexpr bool epoch_can_exist(std::uint64_t epoch, std::uint32_t brokers) {
-  return epoch == 0 || (leader_of_epoch(epoch) < brokers && (epoch >> 8) <= max_epoch_incarnation);
-}
 
 struct mesh_setup {
   config cfg;
@@ -59,11 +49,8 @@ struct mesh_setup {
 
   std::size_t fragments() const { return plan.fragments.size(); }
   std::uint32_t brokers() const { return static_cast<std::uint32_t>(1 + standby_endpoints.size()); }
-  /// Broker `broker`'s endpoint; empty for an index beyond the mesh's brokers (a caller
-  /// holding an index from a peer checks it first: epoch_can_exist).
   const std::string& broker_endpoint_of(std::uint32_t broker) const {
-    static const std::string none;
-    return broker == 0 ? broker_endpoint : broker <= standby_endpoints.size() ? standby_endpoints[broker - 1] : none;
+    return broker == 0 ? broker_endpoint : standby_endpoints.at(broker - 1);
   }
   /// The fragments parameter shard `shard` owns, ascending.
   std::vector<fragment_index> fragments_of(std::uint32_t shard) const;

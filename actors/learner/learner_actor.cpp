@@ -145,7 +145,7 @@ bool start(learner_self* self) {
   st.eng = std::make_unique<engine>(cfg, setup.shape, *a.data, static_cast<int>(a.index));
   st.eng->start_at_step(a.start_step >= 0 ? a.start_step : setup.start_step);
   const node_address me{role::learner, a.index};
-  st.wire = start_actor_wire(self, setup, a.io, me, a.inc, setup.learner_endpoints[a.index], *a.clock,
+  st.wire = start_actor_wire(self, setup.cfg, a.io, me, a.inc, setup.learner_endpoints[a.index], *a.clock,
                              *a.logs);
   if (!st.wire) return false;
   const learner_model_view model{st.eng->model().params(), st.eng->model().grads(),

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "core/prng.hpp"
-#include "transport/peer_identity.hpp"
 
 
 namespace archipelago {
@@ -25,7 +24,7 @@ learner_wire::learner_wire(const mesh_setup& setup, learner_sync_config sync, st
       core_(std::make_unique<learner_core>(setup.layout, setup.plan, sync)),
       attacker_(derive_seed(setup.cfg.train.seed, 0xa77ac0000ULL + index)),
       to_install_(setup.fragments()), shard_incarnations_(setup.shard_endpoints.size(), 0),
-      broker_(setup.brokers()), residuals_(setup.cfg.wire.error_feedback ? setup.fragments() : 0) {
+      residuals_(setup.cfg.wire.error_feedback ? setup.fragments() : 0) {
   chaos_.accept = setup.cfg.wire.accept_chaos;
 }
 
@@ -62,7 +61,7 @@ void learner_wire::send_join() {
   j.setBatchTokens(model_.tokens_per_step);
   j.setThreads(model_.threads);
   j.setEndpoint(port_.endpoint());
-  (void)port_.broadcast(broker_.join_targets(broker_silent_), b.finish());
+  (void)port_.broadcast(broker_.join_targets(setup_.brokers(), broker_silent_), b.finish());
 }
 
 /// A shard restarted from its snapshot (a higher incarnation) and lost our
@@ -81,27 +80,19 @@ bool learner_wire::shard_restarted(std::uint32_t shard, std::uint64_t inc) {
   return true;
 }
 
-/// The broker epoch of a broker's message (broker_follower). A newer one than known is
+/// The broker epoch of any message (broker_follower). A newer one than known is
 /// a new broker leading — a restarted one, or a standby that took over: the
 /// rounds of the old one will never close, and the new one's are new rounds
 /// whatever their numbers (learner_core::on_broker_restarted). Join again: a
 /// broker that greets the learners its predecessor knew has not heard this
 /// one's Join yet (one that answers a Join has; a second changes nothing).
-/// False: a deposed broker's message, refused (the answer's header tells it), or one
-/// whose epoch cannot exist in this mesh (counted: bad_epoch).
+/// False: a deposed broker's message, refused; the answer's header tells it.
 bool learner_wire::follow_broker(const transport::decoded_envelope& env) {
   const node_address from = env.sender();
   const std::uint64_t epoch = env.header().getBrokerEpoch();
   switch (broker_.on_message(from, epoch)) {
     case broker_follower::news::fenced:
       transport::refuse_fenced(port_, env, broker_.epoch());
-      return false;
-    case broker_follower::news::refused:
-      refusals_.count("bad_epoch");
-      log_.error("learner.bad_epoch", "archipelago learner/%u: refused %s's %s of broker epoch %llu: it names "
-                 "broker/%u, and this learner knows %u broker(s) (a forged epoch, or a --broker list shorter than "
-                 "the mesh's)", index_, from.to_string().c_str(), transport::body_name(env.body()),
-                 static_cast<unsigned long long>(epoch), leader_of_epoch(epoch), setup_.brokers());
       return false;
     case broker_follower::news::changed: {
       port_.raise_broker_epoch(epoch);
@@ -242,9 +233,6 @@ void learner_wire::after_step(std::uint64_t tokens, nanos step_ns) {
   send_progress();
   send_contributions();
   if (chaos_.impersonate) send_forged(*chaos_.impersonate);
-  if (chaos_.forge != forgery::none)
-    forger_.forge(chaos_.forge, setup_, {role::learner, index_}, inc_, broker_.epoch(), core_->steps_done(),
-                  counts_.tokens, port_);
 }
 
 /// An attacker drill (chaos impersonate): with this learner's own key, an envelope
@@ -326,30 +314,21 @@ learner_event learner_wire::on_message(const transport::decoded_envelope& env, n
   if (!follow_broker(env)) return out;
   switch (env.body()) {
     case wire::Envelope::Body::ERROR:
-      // Only the leading broker ends this learner (a Join it refused); anyone else's is noted.
-      if (body.getError().getCode() != wire::ErrorCode::MESH_MISMATCH) break;
-      if (!broker_.is_leader(from)) {
-        refusals_.count("command_not_from_leader");
-        log_.warn("learner.command_refused", "archipelago learner/%u: ignored an Error meshMismatch from %s: only "
-                  "the leading broker (%s) refuses a learner", index_, from.to_string().c_str(),
-                  broker_.leader().to_string().c_str());
-        break;
+      if (body.getError().getCode() == wire::ErrorCode::MESH_MISMATCH) {
+        refusal_ = body.getError().getMessage().cStr();
+        out.refused = true;
       }
-      refusal_ = body.getError().getMessage().cStr();
-      out.refused = true;
       break;
     case wire::Envelope::Body::WELCOME:
       // A restarted learner takes up the mesh's schedule where the others are, not
       // at its warm-up (the broker sends 0 to a first start): only once (a slow
-      // learner keeps its own pace through later broker restarts), never past the run's end.
-      if (broker_.is_leader(from) && !welcomed_) {
+      // learner keeps its own pace through later broker restarts).
+      if (from.kind == role::sync_broker && !welcomed_) {
         welcomed_ = true;
-        out.schedule_step = static_cast<std::int64_t>(
-            std::min<std::uint64_t>(body.getWelcome().getScheduleStep(), static_cast<std::uint64_t>(setup_.last_step())));
+        out.schedule_step = static_cast<std::int64_t>(body.getWelcome().getScheduleStep());
       }
       break;
     case wire::Envelope::Body::ROUND_OPEN: {
-      if (!broker_.is_leader(from)) break;
       auto open = body.getRoundOpen();
       if (shard_restarted(open.getShard(), open.getShardIncarnation())) fetch(open.getShard());
       // Behind on the fragment (cut off, or its broadcasts lost): its newest value first.
@@ -438,11 +417,10 @@ void learner_wire::add_metrics(prometheus_text& page) const {
                "Contributions held back because their delta held a NaN or an Inf (never sent).",
                static_cast<double>(non_finite_), l);
   refusals().add_metrics(page, l);
-  if (forged_sequence_ + forger_.sent() != 0)
+  if (forged_sequence_ != 0)
     page.counter("archipelago_learner_forged_total",
-                 "Envelopes this learner forged in an attacker drill (chaos impersonate, forge_epoch, forge_sender, "
-                 "forge_notice, bad_endpoint): each must be refused or ignored where it arrives.",
-                 static_cast<double>(forged_sequence_ + forger_.sent()), l);
+                 "Envelopes this learner forged in an attacker drill (chaos impersonate), claiming another sender.",
+                 static_cast<double>(forged_sequence_), l);
   page.gauge("archipelago_learner_pending_rounds", "Rounds opened that this learner has not answered yet.",
              static_cast<double>(core_->pending_rounds()), l);
   for (std::uint32_t p = 0; p < core_->fragments(); ++p) {

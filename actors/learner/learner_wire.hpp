@@ -25,7 +25,6 @@
 #include "learner/learner_core.hpp"
 #include "transport/chaos_command.hpp"
 #include "learner/contribution_attack.hpp"
-#include "learner/message_forger.hpp"
 #include "transport/codec.hpp"
 #include "transport/message_port.hpp"
 #include "transport/tensor_encoding.hpp"
@@ -107,8 +106,6 @@ class learner_wire {
   const learner_core& core() const { return *core_; }
   /// Contributions held back because their delta was not finite (a NaN or Inf in the model).
   std::uint64_t non_finite() const { return non_finite_; }
-  /// Envelopes forged in attacker drills (chaos impersonate and forge_* faults).
-  std::uint64_t forged() const { return forged_sequence_ + forger_.sent(); }
   /// This incarnation's figures.
   node_status status() const;
   /// The learner's figures on a /metrics page (the transport's are the shell's).
@@ -136,7 +133,6 @@ class learner_wire {
   std::unique_ptr<learner_core> core_;
   chaos_receiver chaos_;
   contribution_attacker attacker_;  // the chaos monkey's attack_* faults (drills only)
-  message_forger forger_;           // the chaos monkey's forge_* and bad_endpoint faults (drills only)
   node_counters counts_;
   refusal_counts refusals_;  // by reason (core/refusals.hpp)
   /// refusals_ and the chaos commands refused for their sender.

@@ -12,21 +12,12 @@
 #include "node/role_handles.hpp"
 #include "storage/snapshot_writer.hpp"
 #include "transport/actor_bridge.hpp"
-#include "transport/endpoint.hpp"
 
 namespace archipelago {
 namespace {
 
 status check_options(const config& cfg, const sync_policy& policy, const node_options& o) {
   if (o.broker_endpoints.empty()) return make_error(errc::invalid_input, "--broker: the broker's endpoint is required");
-  // Every endpoint a node dials or binds, checked before anything starts (transport/endpoint.hpp).
-  for (const std::string& e : o.broker_endpoints)
-    if (auto ok = transport::check_endpoint(e); !ok) return make_error(errc::invalid_input, "--broker: " + ok.err().message);
-  for (const std::string& e : o.shard_endpoints)
-    if (auto ok = transport::check_endpoint(e); !ok) return make_error(errc::invalid_input, "--shards: " + ok.err().message);
-  if (!o.listen.empty())
-    if (auto ok = transport::check_bind_endpoint(o.listen); !ok)
-      return make_error(errc::invalid_input, "--listen: " + ok.err().message);
   if (cfg.mesh.warm_start > 0 && policy.mode != "dp")
     return make_error(errc::invalid_input, "mesh.warm_start: the synchronous warm start runs on the one-process mesh "
                                            "(run, bench) only, not across nodes");
@@ -137,21 +128,13 @@ status seed_shard_store(const mesh_setup& setup, const node_options& o, recovere
 }
 
 /// Waits until the role is done (a learner: its steps; its actor ended) or a stop is requested.
-/// False: the actor ended on its own (its transport failed to start, the broker refused it,
-/// or a handler threw: `*stopped_by` then names the exception).
+/// False: the actor ended on its own (its transport failed to start, or the broker refused it).
 bool wait_for_role(caf::scoped_actor& self, const node_options& o, node_address address, const status_board& board,
-                   const std::function<void(const std::string&)>& progress, const std::function<bool()>& stop_requested,
-                   std::string* stopped_by) {
+                   const std::function<void(const std::string&)>& progress, const std::function<bool()>& stop_requested) {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     bool ended = false;
-    self->receive(
-        [&](const caf::down_msg& down) {
-          ended = true;
-          if (down.reason && down.reason != caf::exit_reason::user_shutdown && down.reason != caf::exit_reason::normal)
-            *stopped_by = self->system().render(down.reason);
-        },
-        caf::after(std::chrono::milliseconds(500)) >> [] {});
+    self->receive([&](const caf::down_msg&) { ended = true; }, caf::after(std::chrono::milliseconds(500)) >> [] {});
     if (ended) return false;
     if (stop_requested() || (o.kind == role::learner && board.learners_left() > 0)) return true;
     if (!progress) continue;
@@ -269,9 +252,7 @@ expected<node_result> run_node(const config& cfg, logger& log, const node_option
     self->monitor(actor);
     served.set({actor}, o.kind == role::sync_broker ? actor : caf::actor{});
     const auto started = std::chrono::steady_clock::now();
-    std::string stopped_by;
-    if (!wait_for_role(self, o, out.address, board, progress, stop_requested, &stopped_by)) {
-      if (!stopped_by.empty()) return make_error(errc::internal, stopped_by);
+    if (!wait_for_role(self, o, out.address, board, progress, stop_requested)) {
       if (const auto e = board.find(out.address); e && !e->now.refusal.empty())
         return make_error(errc::invalid_input, e->now.refusal);
       return make_error(errc::io_error, out.address.to_string() + " could not start (see above)");

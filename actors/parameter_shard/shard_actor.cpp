@@ -157,7 +157,7 @@ caf::behavior shard_actor(shard_self* self, shard_actor_args args) {
   auto restored = read_restored(a);
   if (!restored) return fail(self, restored.err());
   const node_address me{role::parameter_shard, a.index};
-  st.wire = start_actor_wire(self, *a.setup, a.io, me, a.inc, a.setup->shard_endpoints[a.index], *a.clock,
+  st.wire = start_actor_wire(self, a.setup->cfg, a.io, me, a.inc, a.setup->shard_endpoints[a.index], *a.clock,
                              *a.logs);
   if (!st.wire) return {};
   if (a.writer)

@@ -137,19 +137,14 @@ contribution_verdict shard_core::on_contribution(round_number r, fragment_index 
     }
   if (round->second.size() >= config_.max_contributions_per_round)
     return reject("round " + std::to_string(r.value) + " already holds the maximum of contributions");
-  round->second.push_back({from, steps, tokens, std::move(delta), learner_step, anchor_version, steps, tokens});
+  round->second.push_back({from, steps, tokens, std::move(delta), learner_step, anchor_version});
   return contribution_verdict::buffered;
-}
-
-bool shard_core::decided(fragment_index p, round_number r) const {
-  auto it = fragments_.find(p.value);
-  return it != fragments_.end() && it->second.decided.count(r.value) != 0;
 }
 
 expected<std::optional<published_fragment>> shard_core::on_round_close(
     round_number r, fragment_index p, const std::vector<learner_ref>& members) {
   std::vector<decided_member> decided;
-  for (const learner_ref& m : members) decided.push_back({m, false, 0, 0, 0, 0});
+  for (const learner_ref& m : members) decided.push_back({m, false, 0, 0});
   return on_round_decided(r, p, decided);
 }
 
@@ -160,8 +155,6 @@ expected<std::optional<published_fragment>> shard_core::on_round_decided(
     return make_error(errc::invalid_input, "close of round " + std::to_string(r.value) + " for fragment " +
                                                std::to_string(p.value) + ", not owned by this shard");
   fragment_state& f = it->second;
-  f.decided.insert(r.value);
-  if (f.decided.size() > recent_decided) f.decided.erase(f.decided.begin());
   std::vector<buffered_contribution> buffered;
   if (auto round = f.open.find(r.value); round != f.open.end()) {
     buffered = std::move(round->second);
@@ -189,23 +182,15 @@ expected<std::optional<published_fragment>> shard_core::on_round_decided(
                            screen_decision{}, member->tokens, member->steps});
       continue;
     }
-    // Weighed by the claim, cut to the broker's weigh counts (the work not merged before).
-    if (member->weigh_steps != 0) {
-      c.weigh_steps = std::min(c.steps, member->weigh_steps);
-      c.weigh_tokens = std::min(c.tokens, member->weigh_tokens);
-    }
     // Gradients are averaged per token: steps = tokens makes the weight tokens²/steps = tokens.
-    const auto tokens = static_cast<double>(c.weigh_tokens);
-    views.push_back({c.delta.data(), tokens,
-                     config_.gradient_mode ? std::max(1.0, tokens) : static_cast<double>(c.weigh_steps)});
+    const auto tokens = static_cast<double>(c.tokens);
+    views.push_back({c.delta.data(), tokens, config_.gradient_mode ? std::max(1.0, tokens) : static_cast<double>(c.steps)});
     merged.push_back(&c);
     merged_tokens += c.tokens;
   }
   if (f.screen && !views.empty()) {
     std::vector<screen_member> screened;
-    // The steps as weighed: a claim of work merged before buys no larger delta.
-    for (const buffered_contribution* c : merged)
-      screened.push_back({c->delta, std::max<std::uint64_t>(1, c->weigh_steps), c->anchor_version});
+    for (const buffered_contribution* c : merged) screened.push_back({c->delta, c->steps, c->anchor_version});
     // A small round's direction reference: the way this fragment has been descending,
     // the opposite of its outer momentum (the outer step moves Θ along the members'
     // deltas); the AdamW outer optimizer of send_gradients keeps none.
@@ -270,8 +255,7 @@ expected<std::optional<published_fragment>> shard_core::on_round_decided(
   ledger_.merged_tokens += merged_tokens;
   published_fragment out{p, f.version, r, merged_tokens, views.size(), {}};
   if (config_.record_merges)
-    for (buffered_contribution* c : merged)
-      out.merged.push_back({c->from, c->weigh_steps, c->weigh_tokens, std::move(c->delta)});
+    for (buffered_contribution* c : merged) out.merged.push_back({c->from, c->steps, c->tokens, std::move(c->delta)});
   return std::optional<published_fragment>(std::move(out));
 }
 
@@ -299,7 +283,6 @@ std::size_t shard_core::on_broker_restarted() {
       }
     f.open.clear();
     f.closed_through = 0;
-    f.decided.clear();  // round numbers are the old broker's: a new one without its store reuses them
   }
   open_rounds_ = 0;
   return dropped;

@@ -9,7 +9,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -168,21 +167,14 @@ class shard_core {
   /// Member.tokens/steps: what the learner's Progress and its batch × context allow).
   /// A buffered contribution that claims more tokens or steps than its bound is
   /// rejected (ledger: rejected; take_screened() hands it back); the others are
-  /// weighed by their claims cut to the broker's weigh counts (the steps since their
-  /// last merged contribution: broker_core's weigh_claim), in their weight and in the
-  /// norm screen's per-√step figure.
+  /// weighed by their bounded counts.
   struct decided_member {
     learner_ref who;
     bool bounded = false;  // false: no bound (a broker of before the bound), the claim as is
     std::uint64_t tokens = 0, steps = 0;
-    std::uint64_t weigh_tokens = 0, weigh_steps = 0;  // 0 and 0: weighed by the claim
   };
   expected<std::optional<published_fragment>> on_round_decided(round_number r, fragment_index p,
                                                                const std::vector<decided_member>& members);
-  /// Round r of p was decided already (one of the last recent_decided of p): a repeated
-  /// RoundClose (a duplicated message) changes nothing and must not be answered again.
-  bool decided(fragment_index p, round_number r) const;
-  static constexpr std::size_t recent_decided = 64;
 
   /// The broker restarted (a higher incarnation): the rounds the old one opened
   /// will never close. Every buffered contribution is dropped (unmerged: the
@@ -214,7 +206,6 @@ class shard_core {
     std::vector<float> delta;
     std::uint64_t learner_step = 0;
     std::optional<std::uint64_t> anchor_version;
-    std::uint64_t weigh_steps = 0, weigh_tokens = 0;  // as the merge weighs it (its claim, or the broker's cut)
   };
   struct fragment_state {
     std::vector<std::string> names;        // owned: tensors' name views point here
@@ -226,7 +217,6 @@ class shard_core {
     std::map<std::uint64_t, std::vector<buffered_contribution>> open;  // round → contributions
     std::uint64_t closed_through = 0;  // rounds below this are closed
     std::uint64_t round = 0;           // the round that produced the current version
-    std::set<std::uint64_t> decided;   // the last recent_decided rounds closed (decided())
     std::optional<fragment_screen> screen;  // mesh.robust
   };
 

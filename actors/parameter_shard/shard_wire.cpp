@@ -1,7 +1,5 @@
 #include "parameter_shard/shard_wire.hpp"
 
-#include "transport/endpoint.hpp"
-#include "transport/peer_identity.hpp"
 #include "transport/settings_wire.hpp"
 
 namespace archipelago {
@@ -44,8 +42,7 @@ shard_wire::shard_wire(const mesh_setup& setup, std::uint32_t index, incarnation
                        logger& log, shard_store* store, shard_config config, const float* initial_params,
                        std::vector<std::pair<fragment_index, fragment_outer_state>> restored)
     : setup_(setup), index_(index), inc_(inc), port_(port), log_(log), store_(store), owned_(setup.fragments_of(index)),
-      core_(std::make_unique<shard_core>(setup.layout, setup.plan, owned_, config, initial_params)),
-      broker_(setup.brokers()) {
+      core_(std::make_unique<shard_core>(setup.layout, setup.plan, owned_, config, initial_params)) {
   for (auto& [p, state] : restored) {
     // Restoring a fragment the shard owns from a state its own layout produced cannot fail.
     [[maybe_unused]] const archipelago::status ok = core_->restore(p, std::move(state));
@@ -67,29 +64,21 @@ void shard_wire::send_join() {
   join.setLayoutFingerprint(setup_.layout.fingerprint());
   join.setLayout(setup_.layout.description());
   join.setConfigHash(mesh_agreement_hash(setup_.cfg));
-  (void)port_.broadcast(broker_.join_targets(), b.finish());
+  (void)port_.broadcast(broker_.join_targets(setup_.brokers()), b.finish());
 }
 
 void shard_wire::on_peer(node_address peer, bool alive) {
   if (alive && peer == broker_.leader()) send_join();
 }
 
-/// The broker epoch of a broker's message (broker_follower). A newer one than known is
+/// The broker epoch of any message (broker_follower). A newer one than known is
 /// a new broker leading — a restarted one, or a standby that took over: the
 /// rounds the old one opened never close, so their buffered contributions go
 /// (shard_core::on_broker_restarted), and the new broker learns this shard's
-/// incarnation. False: a deposed broker's message, refused (it never merges), or one
-/// whose epoch cannot exist in this mesh (counted: bad_epoch).
+/// incarnation. False: a deposed broker's message, refused (it never merges).
 bool shard_wire::follow_broker(const transport::decoded_envelope& env) {
   const std::uint64_t epoch = env.header().getBrokerEpoch();
   switch (broker_.on_message(env.sender(), epoch)) {
-    case broker_follower::news::refused:
-      refusals_.count("bad_epoch");
-      log_.error("shard.bad_epoch", "archipelago shard %u: refused %s's %s of broker epoch %llu: it names broker/%u, "
-                 "and this shard knows %u broker(s) (a forged epoch, or a --broker list shorter than the mesh's)",
-                 index_, env.sender().to_string().c_str(), transport::body_name(env.body()),
-                 static_cast<unsigned long long>(epoch), leader_of_epoch(epoch), setup_.brokers());
-      return false;
     case broker_follower::news::fenced:
       // Counted (broker_messages_fenced); the refusal itself is the answer, the line only a note.
       log_.warn("shard.fenced", "archipelago shard %u: refused %s of broker epoch %llu (epoch %llu leads)", index_,
@@ -128,42 +117,19 @@ std::optional<chaos_order> shard_wire::on_message(const transport::decoded_envel
         return order;
       break;
     }
-    // Contributions come from learners (a shard's are arrival notices, for the broker);
-    // rounds close and settings change on the leading broker's word only.
-    case wire::Envelope::Body::CONTRIBUTION:
-      if (env.sender().kind == role::learner) on_contribution(env);
-      else refuse(env, "wrong_role", "only a learner contributes");
-      break;
-    case wire::Envelope::Body::ROUND_CLOSE:
-      if (broker_.is_leader(env.sender())) on_round_close(env);
-      else refuse(env, "command_not_from_leader", "only the leading broker closes a round");
-      break;
-    case wire::Envelope::Body::FETCH_FRAGMENT:
-      if (env.sender().kind == role::learner) on_fetch(env);
-      else refuse(env, "wrong_role", "only a learner fetches fragments");
-      break;
-    // A learner's Join, Progress and Leave are the broker's: one sent here is no learner's doing.
-    case wire::Envelope::Body::JOIN:
-    case wire::Envelope::Body::PROGRESS:
-    case wire::Envelope::Body::LEAVE: refuse(env, "wrong_role", "a shard takes no Join, Progress or Leave"); break;
+    case wire::Envelope::Body::CONTRIBUTION: on_contribution(env); break;
+    case wire::Envelope::Body::ROUND_CLOSE: on_round_close(env); break;
+    case wire::Envelope::Body::FETCH_FRAGMENT: on_fetch(env); break;
     // The settings changed live, as the leading broker holds them (a Welcome: on (re)joining).
     case wire::Envelope::Body::WELCOME:
-      if (broker_.is_leader(env.sender())) apply_settings(transport::settings_of(env.root().getBody().getWelcome().getSettings()));
+      if (env.sender() == broker_.leader()) apply_settings(transport::settings_of(env.root().getBody().getWelcome().getSettings()));
       break;
     case wire::Envelope::Body::RECONFIGURE:
-      if (broker_.is_leader(env.sender())) apply_settings(transport::settings_of(env.root().getBody().getReconfigure().getSettings()));
-      else refuse(env, "command_not_from_leader", "only the leading broker forwards a change");
+      if (env.sender() == broker_.leader()) apply_settings(transport::settings_of(env.root().getBody().getReconfigure().getSettings()));
       break;
     default: break;
   }
   return std::nullopt;
-}
-
-/// A message refused for who sent it: counted under `reason`, logged (rate-limited by kind).
-void shard_wire::refuse(const transport::decoded_envelope& env, const char* reason, const char* why) {
-  refusals_.count(reason);
-  log_.warn("shard.refused", "archipelago shard %u: refused %s from %s (%s): %s", index_,
-            transport::body_name(env.body()), env.sender().to_string().c_str(), reason, why);
 }
 
 /// `changed`: knobs set live (a Welcome: those that differ from the mesh's configuration;
@@ -212,14 +178,12 @@ void shard_wire::on_contribution(const transport::decoded_envelope& env) {
   }
   if (verdict == contribution_verdict::rejected) {
     // Counted for /metrics; the logger's rate limit keeps a bad learner from flooding the log.
-    refusals_.count("bad_contribution");
     const std::uint64_t n = ++counts_.rejected;
     log_.warn("shard.rejected", "archipelago shard %u: rejected round %llu from %s: %s (%llu rejected so far)", index_,
               static_cast<unsigned long long>(env.header().getRound()), from.to_string().c_str(),
               why.empty() ? "undecodable tensor" : why.c_str(), static_cast<unsigned long long>(n));
   }
-  // A fragment it does not own has no round here: the broker would refuse the notice.
-  if (verdict == contribution_verdict::duplicate || !core_->owns(p)) return;
+  if (verdict == contribution_verdict::duplicate) return;
   // Arrival notice: the broker admits buffered ones to the round; all go to the ledger.
   auto b = port_.make_envelope(env.header().getRound());
   auto notice = b.body().initContribution();
@@ -238,20 +202,13 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
   auto close = env.root().getBody().getRoundClose();
   const round_number r{env.header().getRound()};
   const fragment_index p{close.getFragment()};
-  // A repeated close (the transport let a duplicate through after its window, or the
-  // broker sent it again) was answered the first time: nothing to merge or announce.
-  if (core_->decided(p, r)) return;
-  if (auto q = deferred_.find(p.value); q != deferred_.end())
-    for (const deferred_close& d : q->second)
-      if (d.round == r) return;
   std::vector<shard_core::decided_member> members;
   const bool merge = close.getQuorumNs() >= 0;  // else aborted: its contributions are dropped unmerged
   if (merge)
     for (auto mb : close.getMembers()) {
       // A broker of before the bound sends neither count (0, 0): the claim stands.
       const bool bounded = mb.getTokens() != 0 || mb.getSteps() != 0 || mb.getWeight() == 0;
-      members.push_back({{{mb.getLearner()}, incarnation{mb.getIncarnation()}}, bounded, mb.getTokens(), mb.getSteps(),
-                         mb.getWeighTokens(), mb.getWeighSteps()});
+      members.push_back({{{mb.getLearner()}, incarnation{mb.getIncarnation()}}, bounded, mb.getTokens(), mb.getSteps()});
     }
   // A fragment whose newest version is not durable yet merges nothing more now: its
   // next version would build on one a crash may take back. The round waits for it
@@ -267,7 +224,6 @@ void shard_wire::on_round_close(const transport::decoded_envelope& env) {
                   "rounds already wait for its last version to become durable", index_,
                   static_cast<unsigned long long>(oldest.value), p.value, max_deferred_per_fragment);
         (void)core_->on_round_decided(oldest, p, std::vector<shard_core::decided_member>{});
-        announce_nothing_merged(oldest, p, "dropped unmerged while the fragment's last version was not durable");
       }
       queue.push_back({r, std::move(members)});
       ++deferred_rounds_;
@@ -283,13 +239,9 @@ void shard_wire::decide(round_number r, fragment_index p, const std::vector<shar
   if (!published) {
     log_.warn("shard.not_merged", "archipelago shard %u: round %llu not merged: %s", index_,
               static_cast<unsigned long long>(r.value), published.err().message.c_str());
-    if (core_->owns(p)) announce_nothing_merged(r, p, published.err().message);
     return;
   }
-  if (!published->has_value()) {
-    if (!members.empty()) announce_nothing_merged(r, p, "every member was rejected or is missing");
-    return;
-  }
+  if (!published->has_value()) return;
   const std::uint64_t version = (*published)->version;
   if (!store_) return publish(p, version, r, core_->shared_value(p), false);  // nothing to make durable
   pending_commit& pc = pending_[p.value];
@@ -339,22 +291,6 @@ void shard_wire::report_screened() {
   }
 }
 
-/// Round r of p closed with members but merged nothing (every one screened out, above
-/// its bound or not held here): the broker hears it at once — it books the members
-/// rejected and opens p's next round — instead of waiting out mesh.round_timeout_s
-/// for a version that never comes. The members set apart went before, each with its reason.
-void shard_wire::announce_nothing_merged(round_number r, fragment_index p, const std::string& why) {
-  ++nothing_merged_;
-  log_.warn("shard.nothing_merged", "archipelago shard %u: round %llu of fragment %u merged nothing: %s", index_,
-            static_cast<unsigned long long>(r.value), p.value, why.c_str());
-  auto b = port_.make_envelope(r.value);
-  auto u = b.body().initFragmentUpdate();
-  u.setFragment(p.value);
-  u.setVersion(visible_.at(p.value).version);
-  u.setMergedNothing(true);
-  (void)port_.send(broker_.leader(), b.finish());
-}
-
 /// A version becomes visible: broadcast to the learners, announced to the broker.
 void shard_wire::publish(fragment_index p, std::uint64_t version, round_number round,
                          std::shared_ptr<const std::vector<float>> theta, bool committed) {
@@ -398,10 +334,6 @@ bool shard_wire::retry_commits() {
 void shard_wire::on_fetch(const transport::decoded_envelope& env) {
   const node_address from = env.sender();
   auto f = env.root().getBody().getFetchFragment();
-  // Checked before it is stored or dialled: a bad one would fail every broadcast's connect.
-  if (auto ok = transport::check_endpoint(f.getReplyEndpoint().cStr()); !ok)
-    return refuse(env, "bad_endpoint", ok.err().message.c_str());
-  if (!core_->owns({f.getFragment()})) return refuse(env, "not_owner", "a fragment is fetched from the shard that owns it");
   // A restarted learner comes back, maybe at a new endpoint: re-point it. At the
   // same endpoint too (a fixed port, inproc://): the old connection may be dead.
   auto& [endpoint, known_inc] = endpoints_[from];
@@ -412,7 +344,7 @@ void shard_wire::on_fetch(const transport::decoded_envelope& env) {
     known_inc = inc;
     (void)port_.add_peer(from, endpoint);
   }
-  (void)port_.send(from, fragment_message({f.getFragment()}, 0));
+  if (core_->owns({f.getFragment()})) (void)port_.send(from, fragment_message({f.getFragment()}, 0));
 }
 
 refusal_counts shard_wire::refusals() const {
@@ -462,10 +394,6 @@ void shard_wire::add_metrics(prometheus_text& page) const {
   page.counter("archipelago_shard_deferred_dropped_total",
                "Deferred rounds dropped unmerged: more than the bound waited for one fragment's durability.",
                static_cast<double>(deferred_dropped_), l);
-  page.counter("archipelago_shard_nothing_merged_total",
-               "Rounds closed with members that merged nothing (every member screened out, above its bound or "
-               "missing): announced to the broker at once, which books the members rejected and moves on.",
-               static_cast<double>(nothing_merged_), l);
   const shard_ledger& led = core_->ledger();
   const std::tuple<const char*, std::uint64_t, std::uint64_t> outcomes[] = {
       {"merged", led.merged, led.merged_tokens},

@@ -92,8 +92,6 @@ class shard_wire {
   /// was), and of them those dropped unmerged because more than the bound waited.
   std::uint64_t deferred_rounds() const { return deferred_rounds_; }
   std::uint64_t deferred_dropped() const { return deferred_dropped_; }
-  /// Rounds closed with members that merged nothing (announced to the broker: FragmentUpdate.mergedNothing).
-  std::uint64_t nothing_merged() const { return nothing_merged_; }
   const shard_core& core() const { return *core_; }
   /// The newest version of `p` the learners may see (durable, or no store kept).
   std::uint64_t visible_version(fragment_index p) const { return visible_.at(p.value).version; }
@@ -114,8 +112,6 @@ class shard_wire {
   /// order now that it is (each new version pauses the fragment again: the rest wait).
   void decide_deferred(fragment_index p);
   void report_screened();
-  void announce_nothing_merged(round_number r, fragment_index p, const std::string& why);
-  void refuse(const transport::decoded_envelope& env, const char* reason, const char* why);
   void on_fetch(const transport::decoded_envelope& env);
   void apply_settings(const std::vector<live_setting>& changed);
   void publish(fragment_index p, std::uint64_t version, round_number round,
@@ -130,7 +126,6 @@ class shard_wire {
   std::vector<fragment_index> owned_;
   std::uint64_t deferred_rounds_ = 0;  // rounds closed while their fragment's last version was not durable
   std::uint64_t deferred_dropped_ = 0;  // ...of them, dropped unmerged: more waited than the bound
-  std::uint64_t nothing_merged_ = 0;    // rounds closed with members that merged nothing
   std::unique_ptr<shard_core> core_;
   chaos_receiver chaos_;
   node_counters counts_;

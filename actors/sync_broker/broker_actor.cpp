@@ -145,7 +145,6 @@ std::unique_ptr<transport::node_transport> start_admin_wire(caf::scheduled_actor
   if (settings) {
     settings->context = a.io;
     settings->sequence = mesh.config().sequence;
-    settings->bounds = mesh.config().bounds;
     const auto actor = caf::actor_cast<caf::actor>(self);
     auto only_reconfigure = [actor, logs](inbound_ptr m) {
       if (m->envelope->body() == wire::Envelope::Body::RECONFIGURE) {
@@ -203,7 +202,7 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, broker_actor
   auto& st = self->state;
   st.args = std::move(args);
   const mesh_setup& setup = *st.args.setup;
-  st.wire = start_actor_wire(self, setup, st.args.io, st.self_address(), st.args.inc,
+  st.wire = start_actor_wire(self, setup.cfg, st.args.io, st.self_address(), st.args.inc,
                              setup.broker_endpoint_of(st.args.index), *st.args.clock, *st.args.logs);
   if (!st.wire) return {};
   if (!setup.admin_endpoint.empty() && st.args.index == 0) {
@@ -265,7 +264,6 @@ caf::behavior broker_actor(caf::stateful_actor<broker_state>* self, broker_actor
                          st.wire->counters(), st.args.logs);
         if (leader) leader->add_metrics(*page, now);
         const metric_labels l = {{"role", to_string(role::sync_broker)}, {"index", std::to_string(st.args.index)}};
-        st.seat->refusals().add_metrics(*page, l);  // leading or following, every term's
         page->gauge("archipelago_broker_leading", "1 while this broker leads, 0 while it follows (a standby).",
                     leader ? 1.0 : 0.0, l);
         page->gauge("archipelago_broker_epoch", "The newest broker epoch this broker knows (its own while it leads).",

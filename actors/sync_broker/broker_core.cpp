@@ -46,10 +46,6 @@ status validate(const broker_config& cfg) {
   if (cfg.storage_backlog < 0) {
     return invalid("broker storage_backlog must be >= 0, got " + std::to_string(cfg.storage_backlog));
   }
-  if (!std::isfinite(cfg.max_step_rate) || cfg.max_step_rate < 0)
-    return invalid("broker max_step_rate must be finite and >= 0, got " + std::to_string(cfg.max_step_rate));
-  if (cfg.takeover_allowance_ns < 0 || cfg.join_allowance_ns < 0)
-    return invalid("broker progress allowances must be >= 0");
   if (cfg.shard_of_fragment.size() != static_cast<std::size_t>(cfg.fragments)) {
     return invalid("broker shard_of_fragment must have one entry per fragment (" +
                    std::to_string(cfg.fragments) + "), got " +
@@ -159,86 +155,26 @@ claim_bound bound_claim(std::uint64_t claimed_tokens, std::uint64_t claimed_step
   return b;
 }
 
-claim_bound weigh_claim(const claim_bound& bounded, std::uint64_t window_end, std::uint64_t reported_steps,
-                        std::uint64_t merged_through, std::uint64_t tokens_per_step_max) {
-  if (window_end == 0 || bounded.steps == 0) return bounded;
-  const std::uint64_t end = std::min(window_end, reported_steps + 1);
-  claim_bound w;
-  w.steps = std::clamp<std::uint64_t>(end > merged_through ? end - merged_through : 0, 1, bounded.steps);
-  w.tokens = bounded.tokens;
-  if (tokens_per_step_max != 0 && w.steps <= UINT64_MAX / tokens_per_step_max)
-    w.tokens = std::min(w.tokens, w.steps * tokens_per_step_max);
-  return w;
-}
-
-broker_core::progress_allowance& broker_core::allowance_of(learner_index learner, incarnation inc, nanos now) {
-  std::vector<progress_allowance>& kept = allowances_[learner];
-  for (progress_allowance& a : kept)
-    if (a.inc == inc) return a;
-  // Bounded per learner: a new incarnation retires the oldest kept.
-  if (kept.size() >= allowances_per_learner)
-    kept.erase(std::min_element(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.inc < b.inc; }));
-  kept.push_back({inc, now, 0});
-  return kept.back();
-}
-
-admitted_progress broker_core::admit_progress(learner_index learner, incarnation inc, std::uint64_t steps,
-                                              std::uint64_t tokens, nanos now) {
-  admitted_progress out{steps, tokens, false};
-  if (cfg_.max_step_rate <= 0) return out;
-  const progress_allowance& a = allowance_of(learner, inc, now);
-  const nanos before = a.first_heard_ns - cfg_.started_ns < cfg_.takeover_allowance_ns ? cfg_.takeover_allowance_ns
-                                                                                        : cfg_.join_allowance_ns;
-  const double seconds = static_cast<double>(std::max<nanos>(0, now - a.first_heard_ns) + before) * 1e-9;
-  const double allowed = static_cast<double>(a.base_steps) + std::ceil(seconds * cfg_.max_step_rate);
-  if (static_cast<double>(steps) > allowed) {
-    out.steps = static_cast<std::uint64_t>(allowed);
-    out.capped = true;
-  }
-  if (const std::uint64_t per_step = tokens_per_step_max(learner);
-      per_step != 0 && out.steps <= UINT64_MAX / per_step && out.tokens > out.steps * per_step) {
-    out.tokens = out.steps * per_step;
-    out.capped = true;
-  }
-  if (out.capped) ++counters_.progress_capped;
-  return out;
-}
-
-void broker_core::on_restored(learner_index learner, incarnation inc, std::uint64_t steps, nanos now) {
-  progress_allowance& a = allowance_of(learner, inc, now);
-  a.base_steps = std::max(a.base_steps, steps);
-}
-
 std::uint64_t broker_core::tokens_per_step_max(learner_index learner) const {
   const auto& v = cfg_.tokens_per_step_max;
   if (v.empty()) return 0;
   return learner.value < v.size() ? v[learner.value] : v.back();
 }
 
-void broker_core::bound_members(std::vector<round_member>& members, std::uint32_t fragment) {
+void broker_core::bound_members(std::vector<round_member>& members) {
   for (round_member& m : members) {
-    m.bounded_tokens = m.weigh_tokens = m.tokens;
-    m.bounded_steps = m.weigh_steps = m.steps;
+    m.bounded_tokens = m.tokens;
+    m.bounded_steps = m.steps;
     if (!cfg_.bound_claims) continue;
     auto it = learners_.find(m.learner);
     const bool known = it != learners_.end() && it->second.inc == m.inc;
-    const std::uint64_t reported = known ? it->second.steps_done : 0;
-    const claim_bound b = bound_claim(m.tokens, m.steps, reported, known ? it->second.tokens_done : 0,
-                                      tokens_per_step_max(m.learner));
+    const claim_bound b = bound_claim(m.tokens, m.steps, known ? it->second.steps_done : 0,
+                                      known ? it->second.tokens_done : 0, tokens_per_step_max(m.learner));
     if (b.tokens != m.tokens || b.steps != m.steps) ++counters_.claims_cut;
     m.bounded_tokens = b.tokens;
     m.bounded_steps = b.steps;
-    std::uint64_t merged_through = 0;
-    if (known) {
-      const auto f = it->second.merged_through.find(fragment);
-      merged_through = f != it->second.merged_through.end() ? f->second : it->second.steps_before.value_or(0);
-    }
-    const claim_bound w = weigh_claim(b, m.step, reported, merged_through, tokens_per_step_max(m.learner));
-    if (w.steps < b.steps || w.tokens < b.tokens) ++counters_.claims_weighed_down;
-    m.weigh_tokens = w.tokens;
-    m.weigh_steps = w.steps;
-    const auto t = static_cast<double>(w.tokens);
-    m.weight = w.steps == 0 ? 0.0 : t * t / static_cast<double>(w.steps);
+    const auto t = static_cast<double>(b.tokens);
+    m.weight = b.steps == 0 ? 0.0 : t * t / static_cast<double>(b.steps);
   }
 }
 
@@ -246,8 +182,6 @@ void broker_core::on_progress(learner_index learner, incarnation inc, std::uint6
                               nanos step_time_ns, nanos now, std::uint64_t tokens_done, bool finished) {
   learner_state* st = admit(learner, inc, now);
   if (st == nullptr) return;
-  // Its first Progress here: the steps before it were done before this broker heard of it.
-  if (!st->steps_before) st->steps_before = steps_done > 0 ? steps_done - 1 : 0;
   st->steps_done = std::max(st->steps_done, steps_done);
   st->tokens_done = std::max(st->tokens_done, tokens_done);
   if (finished && !st->finished) {
@@ -338,7 +272,7 @@ std::optional<nanos> broker_core::xi_step_ns() const {
 // ---- rounds -----------------------------------------------------------------
 
 void broker_core::on_contribution(round_number round, learner_index learner, incarnation inc,
-                                  std::uint64_t tokens, std::uint64_t steps, nanos now, std::uint64_t step) {
+                                  std::uint64_t tokens, std::uint64_t steps, nanos now) {
   if (admit(learner, inc, now) == nullptr) return;
   const std::uint64_t r = round.value;
   if (r >= next_round_) {
@@ -377,9 +311,7 @@ void broker_core::on_contribution(round_number round, learner_index learner, inc
     return;
   }
   const auto t = static_cast<double>(tokens);
-  round_member member{learner, inc, t * t / static_cast<double>(steps), tokens, steps};
-  member.step = step;
-  rs.members.push_back(member);
+  rs.members.push_back({learner, inc, t * t / static_cast<double>(steps), tokens, steps});
   if (rs.quorum_ns < 0 && rs.members.size() >= static_cast<std::size_t>(rs.quorum)) {
     reach_quorum(rs, now);
   }
@@ -472,7 +404,7 @@ std::map<std::uint64_t, broker_core::round_state>::iterator broker_core::close(
   rec.grace_ns = rs.grace_ns;
   rec.closed_ns = now;
   rec.reason = reason;
-  bound_members(rs.members, rs.fragment);
+  bound_members(rs.members);
   rec.members = rs.members;
   for (const auto& [index, st] : learners_) {
     const bool member = std::any_of(rs.members.begin(), rs.members.end(),
@@ -704,12 +636,6 @@ void broker_core::on_published(round_number round, fragment_index fragment, std:
   if (rec->published_ns >= 0) return;  // repeated notice: ξ_sync already has it
   rec->published_ns = now;
   rec->published_version = version;
-  // Its members' windows are merged: their next contributions to this fragment weigh from there.
-  for (const round_member& m : rec->members)
-    if (auto it = learners_.find(m.learner); it != learners_.end() && it->second.inc == m.inc && m.step != 0) {
-      std::uint64_t& through = it->second.merged_through[fragment.value];
-      through = std::max(through, std::min(m.step, it->second.steps_done + 1));
-    }
   update_ema(xi_sync_ns_, has_xi_sync_, static_cast<double>(std::max<nanos>(0, now - rec->closed_ns)));
 }
 
@@ -729,23 +655,6 @@ void broker_core::on_member_rejected(round_number round, fragment_index fragment
   if (it == rec->members.end()) return;
   rec->screened_out.push_back(*it);
   rec->members.erase(it);
-}
-
-std::optional<std::vector<learner_ref>> broker_core::on_nothing_merged(round_number round, fragment_index fragment,
-                                                                       nanos now) {
-  round_record* rec = find_record_mut(round.value);
-  // A round of another fragment, or one whose version was published: not this notice's to undo.
-  if (rec == nullptr || rec->fragment != fragment || rec->published_ns >= 0) return std::nullopt;
-  if (auto u = unpublished_.find(fragment.value); u != unpublished_.end() && u->second.first == round.value)
-    unpublished_.erase(u);
-  std::vector<learner_ref> rejected;
-  {
-    for (const round_member& m : rec->members) rejected.push_back({m.learner, m.inc});
-    rec->screened_out.insert(rec->screened_out.end(), rec->members.begin(), rec->members.end());
-    rec->members.clear();
-  }
-  open_due_rounds(now);
-  return rejected;
 }
 
 const round_record* broker_core::find_record(round_number round) const {

@@ -48,19 +48,6 @@ struct broker_config {
   /// many of its merged versions are not yet durable — its storage is behind the
   /// rounds — instead of piling versions up in its writer. 0: never held.
   int storage_backlog = 0;
-  /// The fastest plausible inner-step rate of one learner, in steps per second
-  /// (mesh.max_step_rate): a Progress reports at most what its incarnation can have
-  /// done (admit_progress). 0: unbounded.
-  double max_step_rate = 0;
-  /// The steps an incarnation may have done before this broker heard of it, in
-  /// time at max_step_rate: takeover_allowance_ns when it is first heard within
-  /// that long of this broker's start (it ran under a predecessor, whose ledger
-  /// may not have reached this one), join_allowance_ns after that (a new
-  /// incarnation joins before its first step; its Progress may overtake its Join).
-  nanos takeover_allowance_ns = 60'000'000'000;
-  nanos join_allowance_ns = 2'000'000'000;
-  /// The broker's start on the clock its inputs carry (takeover_allowance_ns counts from it).
-  nanos started_ns = 0;
 };
 
 /// What the broker lets a member's contribution claim: its steps at most what the
@@ -76,27 +63,6 @@ struct claim_bound {
 /// `tokens_per_step_max` 0: unbounded per step.
 claim_bound bound_claim(std::uint64_t claimed_tokens, std::uint64_t claimed_steps, std::uint64_t reported_steps,
                         std::uint64_t reported_tokens, std::uint64_t tokens_per_step_max);
-
-/// What a member's contribution weighs in its merge (its weight tokens² / steps, and
-/// the shard's norm screen per √step): its counts cut to the steps since the learner's
-/// last merged contribution to that fragment — the window end it claims (at most one
-/// step past its Progress) less the window end of that merged contribution, or, before
-/// any, less the steps it had done when this broker first heard its Progress — at least
-/// one step, and its tokens to those steps × batch × context. A learner's cumulative
-/// work since its anchor thus counts once, however often it claims it: an honest one
-/// is cut only when it contributes again before the version that merged its last
-/// contribution reached it (that window's older part was merged already).
-/// `bounded`: bound_claim's; `window_end` 0: unknown (no cut).
-claim_bound weigh_claim(const claim_bound& bounded, std::uint64_t window_end, std::uint64_t reported_steps,
-                        std::uint64_t merged_through, std::uint64_t tokens_per_step_max);
-
-/// A learner incarnation's Progress as the broker admits it: at most the steps it can
-/// have done since this broker heard of it at max_step_rate (with the allowance for
-/// the steps before: broker_config), its tokens at most those steps × batch × context.
-struct admitted_progress {
-  std::uint64_t steps = 0, tokens = 0;
-  bool capped = false;  // the report claimed more
-};
 
 /// Checks every field; the error names the offending one.
 status validate(const broker_config& cfg);
@@ -114,11 +80,6 @@ struct round_member {
   /// batch × context); the shard rejects a contribution that claims more.
   std::uint64_t bounded_tokens = 0;
   std::uint64_t bounded_steps = 0;
-  /// The learner's steps when it sent the contribution (the end of its window); 0: unknown.
-  std::uint64_t step = 0;
-  /// What it weighs in the merge (weigh_claim at close); the shard weighs it by these.
-  std::uint64_t weigh_tokens = 0;
-  std::uint64_t weigh_steps = 0;
 };
 
 // ---- effects -------------------------------------------------------------
@@ -208,11 +169,6 @@ struct broker_counters {
   /// Members whose claimed tokens or steps were above what the broker saw them
   /// report (or their batch × context): cut to the bound in the decision.
   std::uint64_t claims_cut = 0;
-  /// Members weighed by fewer steps than they claim: part of their window was
-  /// merged already (weigh_claim).
-  std::uint64_t claims_weighed_down = 0;
-  /// Progress reports above what their incarnation can have done (admit_progress).
-  std::uint64_t progress_capped = 0;
   std::uint64_t rounds_closed() const {
     return closed_all_eligible + closed_grace_expired + closed_timeout;
   }
@@ -248,20 +204,12 @@ class broker_core {
   /// contributed to it (on_contributed): it is waited for in no other.
   void on_progress(learner_index learner, incarnation inc, std::uint64_t steps_done,
                    nanos step_time_ns, nanos now, std::uint64_t tokens_done = 0, bool finished = false);
-  /// `step`: the learner's steps when it sent it (the arrival notice's; 0: unknown).
   void on_contribution(round_number round, learner_index learner, incarnation inc,
-                       std::uint64_t tokens, std::uint64_t steps, nanos now, std::uint64_t step = 0);
+                       std::uint64_t tokens, std::uint64_t steps, nanos now);
   /// A shard's notice of a contribution of `learner` to fragment p taken at its step
   /// `step`, whatever the shard did with it (buffered, late, rejected): the learner
   /// never sends that work again.
   void on_contributed(learner_index learner, incarnation inc, fragment_index p, std::uint64_t step, nanos now);
-  /// A Progress of `learner` incarnation `inc` reporting `steps` and `tokens` done, cut
-  /// to what it can have done (admitted_progress); what the ledger and on_progress take.
-  /// Kept for the newest few incarnations of each learner.
-  admitted_progress admit_progress(learner_index learner, incarnation inc, std::uint64_t steps, std::uint64_t tokens,
-                                   nanos now);
-  /// A restarted broker's ledger held this incarnation at `steps`: its allowance starts there.
-  void on_restored(learner_index learner, incarnation inc, std::uint64_t steps, nanos now);
   void on_published(round_number round, fragment_index fragment, std::uint64_t version, nanos now);
   /// The transport found the learner silent (no message, not even a heartbeat,
   /// for its liveness timeout): it is dead now. Its next message revives it.
@@ -306,11 +254,6 @@ class broker_core {
   /// A shard rejected this member of a closed round at its close: it moves from
   /// the record's members to its screened_out (a member not in it: nothing happens).
   void on_member_rejected(round_number round, fragment_index fragment, learner_ref who);
-  /// The shard closed round `round` of `fragment` but merged none of its members: they
-  /// are all rejected (moved to screened_out), and the fragment waits for no version
-  /// of that round (its next round may open now). Returns the members rejected now;
-  /// nullopt for a round of another fragment, or one already published (a stale notice).
-  std::optional<std::vector<learner_ref>> on_nothing_merged(round_number round, fragment_index fragment, nanos now);
   std::size_t rounds_open() const { return open_.size(); }
   round_number next_round() const { return round_number{next_round_}; }
   bool is_live(learner_index learner) const;
@@ -336,26 +279,13 @@ class broker_core {
     bool has_step_ema = false;
     bool finished = false;  // its last step is done (Progress.finished): flushing
     std::map<std::uint32_t, std::uint64_t> contributed_step;  // fragment → its step at its latest contribution
-    /// Per fragment: the window end (the learner's step) of its last contribution merged (weigh_claim).
-    std::map<std::uint32_t, std::uint64_t> merged_through;
-    /// The steps it had done before this broker first heard its Progress: a fragment none of
-    /// whose contributions this broker merged weighs from there (an allowance never buys weight).
-    std::optional<std::uint64_t> steps_before;
   };
   /// Whether the learner may still contribute to fragment p: one that takes more
   /// steps always may; a finished one only with steps since its last contribution to p.
   static bool may_contribute(const learner_state& st, std::uint32_t fragment);
-  /// admit_progress: per learner, its newest incarnations' allowances (at most allowances_per_learner).
-  struct progress_allowance {
-    incarnation inc;
-    nanos first_heard_ns = 0;
-    std::uint64_t base_steps = 0;  // restored from a predecessor's ledger
-  };
-  static constexpr std::size_t allowances_per_learner = 4;
-  progress_allowance& allowance_of(learner_index learner, incarnation inc, nanos now);
   std::uint64_t tokens_per_step_max(learner_index learner) const;
-  /// At close: every member's counts cut to what the broker saw (bound_claim, weigh_claim).
-  void bound_members(std::vector<round_member>& members, std::uint32_t fragment);
+  /// At close: every member's counts cut to what the broker saw (bound_claim).
+  void bound_members(std::vector<round_member>& members);
   struct round_state {
     std::uint64_t round = 0;
     std::uint32_t fragment = 0;
@@ -404,7 +334,6 @@ class broker_core {
 
   broker_config cfg_;
   std::map<learner_index, learner_state> learners_;
-  std::map<learner_index, std::vector<progress_allowance>> allowances_;
   std::map<std::uint64_t, round_state> open_;
   std::deque<round_record> history_;
   std::vector<broker_effect> effects_;

@@ -13,7 +13,7 @@ std::optional<std::uint32_t> broker_election::leader() const {
 }
 
 bool broker_election::on_epoch(std::uint64_t epoch, nanos now) {
-  if (epoch <= epoch_ || !can_exist(epoch)) return false;
+  if (epoch <= epoch_) return false;
   const bool deposed = leading_;
   epoch_ = epoch;
   leading_ = false;
@@ -68,7 +68,7 @@ std::optional<std::uint64_t> broker_election::candidate(nanos now) const {
 }
 
 std::uint64_t broker_election::epoch_to_lead() const {
-  return broker_epoch_of(std::min(std::max(incarnation_, (epoch_ >> 8) + 1), max_epoch_incarnation), cfg_.self);
+  return broker_epoch_of(std::max(incarnation_, (epoch_ >> 8) + 1), cfg_.self);
 }
 
 void broker_election::lead_in(std::uint64_t epoch) {

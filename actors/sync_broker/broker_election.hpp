@@ -42,12 +42,9 @@ class broker_election {
  public:
   broker_election(election_config cfg, std::uint64_t incarnation, nanos now);
 
-  /// An epoch heard of from a broker (a broker's header, the port's, the lease
-  /// service's). True: this broker led and a newer epoch leads now (step down). An
-  /// epoch that cannot exist in this mesh (epoch_can_exist) changes nothing (false;
-  /// the caller refuses the message that carried it).
+  /// Any epoch heard of (a message's header, the port's). True: this broker led
+  /// and a newer epoch leads now (step down).
   bool on_epoch(std::uint64_t epoch, nanos now);
-  bool can_exist(std::uint64_t epoch) const { return epoch_can_exist(epoch, cfg_.brokers); }
   /// The control lane's verdict on broker `index` (dead: silent for dead_after_ns).
   void on_broker_peer(std::uint32_t index, bool alive, nanos now);
   /// A message from the broker that leads (it is alive).
@@ -59,8 +56,7 @@ class broker_election {
   /// lead_in() the epoch the lease service granted.
   std::optional<std::uint64_t> candidate(nanos now) const;
   /// The epoch this broker would lead in, whatever the timings say: above every
-  /// epoch heard of, its own incarnation's when that is higher still (never past
-  /// max_epoch_incarnation: every epoch heard of can exist, so none comes near it).
+  /// epoch heard of, its own incarnation's when that is higher still.
   std::uint64_t epoch_to_lead() const;
   void lead_in(std::uint64_t epoch);
   /// The broker stopped leading (deposed, or it could not start).

@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "core/json_line.hpp"
-#include "transport/peer_identity.hpp"
 
 namespace archipelago {
 namespace {
@@ -95,14 +94,6 @@ void broker_seat::stop_leading(nanos now) {
 node_counters broker_seat::counters() const {
   node_counters out = earlier_terms_;
   if (wire_) out += wire_->counters();
-  refusals_.add_to(out.refused);
-  return out;
-}
-
-refusal_counts broker_seat::refusals() const {
-  refusal_counts out;
-  out.by_reason = counters().refused;
-  if (chaos_.refused_sender != 0) out.by_reason["chaos_sender"] += chaos_.refused_sender;
   return out;
 }
 
@@ -157,20 +148,7 @@ void broker_seat::on_message(const transport::decoded_envelope& env, nanos now) 
     (void)chaos_.on_command(env, port_, log_, now);
     return;
   }
-  // Epochs only from brokers: a learner's or a shard's header is what its sender believes,
-  // and a forged one must not depose this broker. One that cannot exist refuses the message.
-  const std::uint64_t epoch = env.header().getBrokerEpoch();
-  if (env.sender().kind == role::sync_broker) {
-    if (!election_.can_exist(epoch)) {
-      refusals_.count("bad_epoch");
-      log_.error("broker.bad_epoch", "archipelago broker/%u: refused %s's %s of broker epoch %llu: it names broker/%u, "
-                 "and this broker knows %u broker(s) (a forged epoch, or a --broker list shorter than the mesh's)",
-                 index_, env.sender().to_string().c_str(), transport::body_name(env.body()),
-                 static_cast<unsigned long long>(epoch), leader_of_epoch(epoch), setup_.brokers());
-      return;
-    }
-    if (election_.on_epoch(epoch, now) && wire_) follow(now);
-  }
+  if (election_.on_epoch(env.header().getBrokerEpoch(), now) && wire_) follow(now);
   check_lease(now);
   if (wire_) return wire_->on_message(env, now);
   // Following: only the leader's copy of its state matters (it is alive, too).

@@ -17,7 +17,6 @@
 #include "core/ids.hpp"
 #include "core/log.hpp"
 #include "core/mesh_setup.hpp"
-#include "core/refusals.hpp"
 #include "sync_broker/broker_election.hpp"
 #include "sync_broker/broker_lease.hpp"
 #include "sync_broker/broker_store.hpp"
@@ -53,9 +52,6 @@ class broker_seat {
   /// versions: the leader's wire's, summed over its terms) and how often it was
   /// deposed (node_counters::step_downs).
   node_counters counters() const;
-  /// What it refused, by reason (core/refusals.hpp): its own (epochs that cannot exist)
-  /// and every term's (the leader's wire). /metrics: archipelago_refused_total.
-  refusal_counts refusals() const;
   /// GET /status: the leader's view, or who this standby follows.
   std::string status_json(nanos now) const;
 
@@ -82,7 +78,6 @@ class broker_seat {
   bool campaigning_ = false;
   node_counters earlier_terms_;  // what the wires of its earlier terms counted, and its step-downs
   chaos_receiver chaos_;
-  refusal_counts refusals_;  // the seat's own: brokers' messages of an epoch that cannot exist
 };
 
 }  // namespace archipelago

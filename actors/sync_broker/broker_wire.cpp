@@ -4,8 +4,6 @@
 #include <utility>
 
 #include "core/prng.hpp"
-#include "transport/endpoint.hpp"
-#include "transport/peer_identity.hpp"
 #include "transport/settings_wire.hpp"
 
 namespace archipelago {
@@ -79,9 +77,8 @@ broker_config broker_settings(const mesh_setup& s) {
   b.shard_of_fragment = s.shard_of_fragment;
   b.order = parse_fragment_order(m.fragment_order).value_or(fragment_order::round_robin);  // the knob is checked when parsed
   b.order_seed = derive_seed(s.cfg.train.seed, 0x6f72646572);  // "order"
-  // A learner's claims are bounded by its Progress and its batch × context, its Progress by time.
+  // A learner's claims are bounded by its Progress and its batch × context.
   b.bound_claims = true;
-  b.max_step_rate = m.max_step_rate;
   for (int l = 0; l < s.cfg.mesh.learners; ++l)
     b.tokens_per_step_max.push_back(static_cast<std::uint64_t>(learner_profile_of(s.cfg, l).batch) * s.shape.context);
   return b;
@@ -100,10 +97,8 @@ broker_wire::broker_wire(const mesh_setup& setup, broker_config settings, incarn
   fragment_versions_.assign(setup.fragments(), 0);
   fragment_published_at_.assign(setup.fragments(), {});
   settings.first_round = start.first_round;
-  settings.started_ns = now;
   if (start.recovery) settings.first_round = recover(start);
   core_ = std::make_unique<broker_core>(settings);
-  for (const auto& [who, totals] : ledger_.per_learner()) core_->on_restored(who.learner, who.inc, totals.steps, now);
   if (start.recovery) restore_settings(start.settings);
   port_.raise_broker_epoch(epoch_);
   for (std::uint32_t b = 0; b < setup.brokers(); ++b)
@@ -145,8 +140,7 @@ std::uint64_t broker_wire::recover(const broker_start& start) {
       continue;
     }
     records_[who].ledger = t;
-    // A copy from an older build may hold an endpoint never checked: greeted only if it is one.
-    if (!l.endpoint.empty() && transport::check_endpoint(l.endpoint)) endpoints_[who] = l.endpoint;
+    if (!l.endpoint.empty()) endpoints_[who] = l.endpoint;
     ++restored;
   }
   const ledger_totals sum = ledger_.totals();
@@ -233,10 +227,6 @@ void broker_wire::send_welcome(node_address to, std::uint64_t schedule_step) {
 void broker_wire::on_reconfigure(const transport::decoded_envelope& env, nanos now) {
   const node_address from = env.sender();
   auto rc = env.root().getBody().getReconfigure();
-  // An answer that cannot be sent is no answer: a change asked with a bad reply endpoint is not made.
-  if (rc.getReplyEndpoint().size() > 0)
-    if (auto ok = transport::check_endpoint(rc.getReplyEndpoint().cStr()); !ok)
-      return refuse(env, "bad_endpoint", ok.err().message, now);
   const std::vector<live_setting> changes = transport::settings_of(rc.getSettings());
   auto next = from.kind == role::admin ? apply_live_settings(live_cfg_, changes)
                                        : expected<config>(make_error(errc::invalid_input, "only an admin may reconfigure"));
@@ -354,12 +344,6 @@ void broker_wire::write_ledger(nanos now, bool whole) {
                        std::move(fragments), std::move(tail.tokens), std::move(tail.time_us),
                        std::move(tail.buckets)});
   }
-  // Incarnations the ledger folded have no record of their own any more.
-  std::erase_if(copied_, [&](const auto& c) {
-    return std::none_of(ledgers.begin(), ledgers.end(), [&](const storage::learner_ledger& l) {
-      return l.learner == c.first.learner.value && l.incarnation == c.first.inc.value;
-    });
-  });
   if (store_) store_->write_ledger(ledgers);
   replicate(ledgers, whole, now);
 }
@@ -428,8 +412,6 @@ void broker_wire::dispatch(nanos now) {
         members[i].setWeight(c->members[i].weight);
         members[i].setTokens(c->members[i].bounded_tokens);
         members[i].setSteps(c->members[i].bounded_steps);
-        members[i].setWeighTokens(c->members[i].weigh_tokens);
-        members[i].setWeighSteps(c->members[i].weigh_steps);
         // A member whose claim was cut is rejected by the shard: its window is not credited as merged.
         if (c->members[i].bounded_tokens == c->members[i].tokens && c->members[i].bounded_steps == c->members[i].steps)
           refs.push_back({c->members[i].learner, c->members[i].inc});
@@ -462,67 +444,38 @@ void broker_wire::shard_seen(node_address from, std::uint64_t inc, nanos now) {
   known = inc;
 }
 
-/// A message refused for who sent it or what it claims: counted under `reason`, logged
-/// (the logger's rate limit keeps a flood to a few lines), noted on the status page.
-void broker_wire::refuse(const transport::decoded_envelope& env, const char* reason, const std::string& why, nanos now) {
-  refusals_.count(reason);
-  const std::string line = "refused " + std::string(transport::body_name(env.body())) + " from " +
-                           env.sender().to_string() + " (" + reason + "): " + why;
-  log_.warn("broker.refused", "archipelago broker: %s", line.c_str());
-  note_event(now, line);
-}
-
 void broker_wire::on_message(const transport::decoded_envelope& env, nanos now) {
   const node_address from = env.sender();
   if (env.body() == wire::Envelope::Body::CHAOS_COMMAND) return;  // the seat obeys them, leading or not (broker_seat)
-  // Per-learner state is kept by index: an index beyond the mesh's is nobody.
-  if (from.kind == role::learner && from.index >= static_cast<std::uint32_t>(setup_.cfg.mesh.learners))
-    return refuse(env, "unknown_learner", "mesh.learners is " + std::to_string(setup_.cfg.mesh.learners), now);
   const learner_ref who{{from.index}, incarnation{env.header().getIncarnation()}};
-  if (from.kind == role::learner && who.inc.value == 0)
-    return refuse(env, "bad_incarnation", "incarnation 0 is no process's", now);
   if (from.kind == role::parameter_shard && from.index < shard_incarnations_.size())
     shard_seen(from, env.header().getIncarnation(), now);
   if (from.kind == role::learner && refused_.count(who)) return;  // a refused incarnation is not a member
   switch (env.body()) {
     case wire::Envelope::Body::JOIN:
       if (from.kind == role::learner) on_join(env, now);
-      else send_welcome(from);  // a shard announcing its (new) incarnation (seen above), or a standby asking who leads
+      else send_welcome(from);  // a shard announcing its (new) incarnation: seen above
       break;
-    case wire::Envelope::Body::LEAVE:
-      // A node leaves only as itself, and only a learner is a member that can leave.
-      if (from.kind != role::learner) return refuse(env, "leave_not_learner", "only a learner leaves the mesh", now);
-      on_leave(who, now);
-      break;
+    case wire::Envelope::Body::LEAVE: on_leave(who, now); break;
     case wire::Envelope::Body::PROGRESS: {
-      if (from.kind != role::learner) return refuse(env, "wrong_role", "only a learner reports progress", now);
       auto p = env.root().getBody().getProgress();
-      const admitted_progress a = core_->admit_progress(who.learner, who.inc, p.getStep(), p.getTokens(), now);
-      if (a.capped)
-        refuse(env, "progress_exceeds_rate",
-               "it reports " + std::to_string(p.getStep()) + " steps and " + std::to_string(p.getTokens()) +
-                   " tokens; admitted " + std::to_string(a.steps) + " and " + std::to_string(a.tokens) +
-                   " (mesh.max_step_rate, batch x context)", now);
       // Membership needs a Join (its endpoint: rounds are announced there); a learner's
       // Progress may come first when this broker began to lead after the learner's Join
       // went nowhere. The ledger counts it (Progress is cumulative); a learner follows
       // every Join with its latest Progress, which the core then hears.
-      const auto step_ns = static_cast<nanos>(p.getStepTimeNs());  // above 2^63 − 1: negative, none
       if (std::find(learners_.begin(), learners_.end(), from) != learners_.end())
-        core_->on_progress(who.learner, who.inc, a.steps, step_ns, now, a.tokens,
+        core_->on_progress(who.learner, who.inc, p.getStep(), static_cast<nanos>(p.getStepTimeNs()), now, p.getTokens(),
                            p.getFinished());
-      ledger_.on_progress(who, a.steps, a.tokens, step_ns);
+      ledger_.on_progress(who, p.getStep(), p.getTokens(), static_cast<nanos>(p.getStepTimeNs()));
       break;
     }
-    case wire::Envelope::Body::CONTRIBUTION: on_arrival(env, now); break;  // a shard's arrival notice (checked there)
+    case wire::Envelope::Body::CONTRIBUTION: on_arrival(env, now); break;  // a shard's arrival notice
     case wire::Envelope::Body::RECONFIGURE: on_reconfigure(env, now); break;
     case wire::Envelope::Body::FRAGMENT_UPDATE: on_fragment_update(env, now); break;  // a shard published
     case wire::Envelope::Body::ACK:  // a standby has this leader's tape log up to the sequence
-      if (from.kind != role::sync_broker) return refuse(env, "wrong_role", "only a standby acknowledges the tape", now);
-      if (env.header().getBrokerEpoch() == epoch_) tape_.on_ack(from.index, env.root().getBody().getAck().getSequence(), now);
+      if (from.kind == role::sync_broker && env.header().getBrokerEpoch() == epoch_)
+        tape_.on_ack(from.index, env.root().getBody().getAck().getSequence(), now);
       return;
-    case wire::Envelope::Body::FETCH_FRAGMENT:
-      return refuse(env, "wrong_role", "a fragment is fetched from its shard", now);
     default: break;
   }
   dispatch(now);
@@ -532,10 +485,6 @@ void broker_wire::on_join(const transport::decoded_envelope& env, nanos now) {
   const node_address from = env.sender();
   const incarnation inc{env.header().getIncarnation()};
   auto join = env.root().getBody().getJoin();
-  // Checked before it is dialled or stored (the ledger, and with it the standbys' copy,
-  // keeps it): a bad endpoint is refused, and the learner is no member until it sends a good one.
-  if (auto ok = transport::check_endpoint(join.getEndpoint().cStr()); !ok)
-    return refuse(env, "bad_endpoint", ok.err().message, now);
   (void)port_.add_peer(from, join.getEndpoint().cStr());
   if (join.getLayoutFingerprint() != setup_.layout.fingerprint() ||
       join.getConfigHash() != mesh_agreement_hash(setup_.cfg)) {
@@ -551,7 +500,6 @@ void broker_wire::on_join(const transport::decoded_envelope& env, nanos now) {
     log_.warn("broker.join_refused", "archipelago broker: %s", why.c_str());
     note_event(now, why);
     refused_.insert({{from.index}, inc});
-    forget_old_incarnations({from.index});
     auto b = port_.make_envelope();
     auto e = b.body().initError();
     e.setCode(wire::ErrorCode::MESH_MISMATCH);
@@ -577,25 +525,6 @@ void broker_wire::on_join(const transport::decoded_envelope& env, nanos now) {
   for (auto& [known, rec] : records_)  // a restart ends the earlier incarnations
     if (known.learner.value == from.index && known.inc < inc && rec.left_ns < 0) rec.left_ns = now;
   records_[{{from.index}, inc}].joined_ns = now;
-  forget_old_incarnations({from.index});
-}
-
-/// What the broker keeps per learner incarnation stays bounded however often a learner
-/// (re)joins: only the newest incarnation is greeted at its endpoint, the records and
-/// refusals of the newest token_ledger::incarnations_per_learner are kept (the ledger
-/// folds older ones' work into one record per learner: token_ledger).
-void broker_wire::forget_old_incarnations(learner_index learner) {
-  const learner_ref first{learner, incarnation{0}};
-  const learner_ref last{learner, incarnation{UINT64_MAX}};
-  // Oldest first: all but the newest `keep` of the learner's entries go.
-  auto trim = [&](auto& by_ref, std::size_t keep) {
-    const auto begin = by_ref.lower_bound(first), end = by_ref.upper_bound(last);
-    auto n = static_cast<std::size_t>(std::distance(begin, end));
-    for (auto it = begin; n > keep; --n) it = by_ref.erase(it);
-  };
-  trim(endpoints_, 1);
-  trim(records_, token_ledger::incarnations_per_learner);
-  trim(refused_, token_ledger::incarnations_per_learner);
 }
 
 void broker_wire::on_leave(learner_ref who, nanos now) {
@@ -611,19 +540,9 @@ void broker_wire::on_leave(learner_ref who, nanos now) {
 
 /// A shard's notice of a contribution: buffered ones join their round; every one goes to the ledger.
 void broker_wire::on_arrival(const transport::decoded_envelope& env, nanos now) {
-  const node_address from = env.sender();
   auto c = env.root().getBody().getContribution();
   const round_number round{env.header().getRound()};
   const learner_ref who{{c.getLearner()}, incarnation{c.getLearnerIncarnation()}};
-  // Only the shard that owns the fragment holds its contributions, and it tells of a
-  // contribution only under the learner it came from (shard_wire: its authenticated sender).
-  if (from.kind != role::parameter_shard || c.getFragment() >= setup_.shard_of_fragment.size() ||
-      setup_.shard_of_fragment[c.getFragment()] != from.index)
-    return refuse(env, "notice_not_owner",
-                  "an arrival notice for fragment " + std::to_string(c.getFragment()) + " comes only from its shard", now);
-  if (who.learner.value >= static_cast<std::uint32_t>(setup_.cfg.mesh.learners) || who.inc.value == 0)
-    return refuse(env, "unknown_learner", "the notice names learner/" + std::to_string(who.learner.value) +
-                                              " incarnation " + std::to_string(who.inc.value), now);
   if (refused_.count(who)) return;
   // Buffered for a round of an earlier broker (the shard had not heard of this one yet):
   // that round will never close here; the shard drops it once it hears of this broker.
@@ -634,7 +553,7 @@ void broker_wire::on_arrival(const transport::decoded_envelope& env, nanos now) 
   switch (verdict) {
     case wire::Verdict::BUFFERED:
       ledger_.on_arrival(round, p, who, c.getStep(), c.getSteps());
-      core_->on_contribution(round, who.learner, who.inc, c.getTokens(), c.getSteps(), now, c.getStep());
+      core_->on_contribution(round, who.learner, who.inc, c.getTokens(), c.getSteps(), now);
       break;
     case wire::Verdict::LATE: ledger_.on_outcome(who, p, c.getStep(), c.getSteps(), ledger_bucket::late); break;
     case wire::Verdict::REJECTED:
@@ -663,7 +582,6 @@ void broker_wire::on_fragment_update(const transport::decoded_envelope& env, nan
     return;
   }
   const round_number round{env.header().getRound()};
-  if (u.getMergedNothing()) return on_nothing_merged(round, {u.getFragment()}, now);
   const round_record* r = core_->find_record(round);
   if (u.getCommitted()) {
     ++counts_.committed;
@@ -686,27 +604,12 @@ void broker_wire::on_fragment_update(const transport::decoded_envelope& env, nan
     fragment_published_at_[u.getFragment()].push_back(now);
 }
 
-/// The shard closed round r of p with members but merged nothing (FragmentUpdate.mergedNothing):
-/// its members are rejected — in the ledger and on the round's record — and p's next
-/// round may open now, not after mesh.round_timeout_s.
-void broker_wire::on_nothing_merged(round_number round, fragment_index p, nanos now) {
-  const auto members = core_->on_nothing_merged(round, p, now);
-  if (!members) return;  // not a round of that fragment waiting for its version
-  for (const learner_ref& m : *members) participation_.on_screened(round.value, m);
-  ledger_.on_round_rejected(round);
-  ++nothing_merged_;
-  note_event(now, "round " + std::to_string(round.value) + " of fragment " + std::to_string(p.value) + " merged nothing: " +
-                      std::to_string(members->size()) + " more member(s) rejected");
-  dispatch(now);
-}
-
-/// A line for the dashboard's recent events (GET /status): the newest 40 are kept.
+/// The uptime so far: a gap between publications longer than a few planned round intervals is down time.
 void broker_wire::note_event(nanos now, std::string text) {
   events_.emplace_back(now, std::move(text));
   if (events_.size() > 40) events_.pop_front();
 }
 
-/// The uptime so far: a gap between publications longer than a few planned round intervals is down time.
 double broker_wire::uptime_until(nanos end) const {
   const auto stall = static_cast<nanos>(
       std::max(1e9, 4 * setup_.policy.steps_per_round * static_cast<double>(last_xi_step_ns_)));

@@ -87,12 +87,9 @@ class broker_wire {
   void shard_seen(node_address from, std::uint64_t inc, nanos now);
   void on_join(const transport::decoded_envelope& env, nanos now);
   void on_leave(learner_ref who, nanos now);
-  void forget_old_incarnations(learner_index learner);
   void on_arrival(const transport::decoded_envelope& env, nanos now);
   void on_reconfigure(const transport::decoded_envelope& env, nanos now);
   void on_fragment_update(const transport::decoded_envelope& env, nanos now);
-  void on_nothing_merged(round_number round, fragment_index p, nanos now);
-  void refuse(const transport::decoded_envelope& env, const char* reason, const std::string& why, nanos now);
   /// `whole`: every record goes to the standbys, not only those changed since the last copy.
   void write_ledger(nanos now, bool whole = false);
   void replicate(const std::vector<storage::learner_ledger>& ledgers, bool whole, nanos now);
@@ -134,7 +131,6 @@ class broker_wire {
   tape_log tape_;                                  // the tape as the standbys are sent it (tape_replication.hpp)
   std::map<learner_ref, std::size_t> copied_;      // the hash of each ledger record as last sent to them
   std::uint64_t copies_ = 0;
-  std::uint64_t nothing_merged_ = 0;  // rounds a shard closed with members that merged nothing
   std::deque<std::pair<nanos, std::string>> events_;  // note_event: peers lost and back, joins, refusals, leaves
 };
 

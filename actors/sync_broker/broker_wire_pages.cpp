@@ -19,25 +19,18 @@ void broker_wire::add_metrics(prometheus_text& page, nanos now) const {
     x.emplace_back(key, std::move(value));
     return x;
   };
-  const broker_counters& c = core_->counters();  // its refusals: the seat's page (broker_seat::refusals)
+  const broker_counters& c = core_->counters();
+  refusals_.add_metrics(page, l);
   page.counter("archipelago_broker_claims_cut_total",
                "Round members whose claimed tokens or steps exceeded what the broker saw them report (Progress) "
                "or their batch x context: cut to that bound in the round's decision.",
                static_cast<double>(c.claims_cut), l);
-  page.counter("archipelago_broker_claims_weighed_down_total",
-               "Round members weighed by fewer steps than they claimed: part of their window was merged already "
-               "(the steps since their last merged contribution to the fragment count).",
-               static_cast<double>(c.claims_weighed_down), l);
   page.counter("archipelago_rounds_opened_total", "Rounds the broker opened.", static_cast<double>(c.rounds_opened), l);
   const std::pair<const char*, std::uint64_t> closed[] = {
       {"all_eligible", c.closed_all_eligible}, {"grace_expired", c.closed_grace_expired}, {"timeout", c.closed_timeout}};
   for (const auto& [reason, n] : closed)
     page.counter("archipelago_rounds_closed_total", "Rounds closed, by why they closed.", static_cast<double>(n),
                  with("reason", reason));
-  page.counter("archipelago_rounds_nothing_merged_total",
-               "Rounds their shard closed with members but merged none (each screened out, above its bound or "
-               "missing): the members are booked rejected and the fragment's next round opens at once.",
-               static_cast<double>(nothing_merged_), l);
   page.counter("archipelago_rounds_dropped_total",
                "Rounds closed without a merge (their shard restarted, a younger round merged, or nobody was left to "
                "answer them).",

@@ -7,9 +7,9 @@
 namespace archipelago {
 
 token_ledger::token_ledger(std::vector<std::uint64_t> fragment_floats, std::uint64_t max_steps_per_learner,
-                           std::size_t max_open_rounds, std::uint64_t live_steps)
+                           std::size_t max_open_rounds)
     : fragment_floats_(std::move(fragment_floats)), floats_before_(fragment_floats_.size() + 1, 0),
-      max_steps_(max_steps_per_learner), max_open_rounds_(max_open_rounds), live_steps_(std::max<std::uint64_t>(1, live_steps)) {
+      max_steps_(max_steps_per_learner), max_open_rounds_(max_open_rounds) {
   ARCHIPELAGO_INVARIANT(!fragment_floats_.empty(), "token ledger: at least one fragment");
   for (std::size_t p = 0; p < fragment_floats_.size(); ++p)
     floats_before_[p + 1] = floats_before_[p] + fragment_floats_[p];
@@ -24,47 +24,13 @@ std::uint64_t token_ledger::share(std::uint64_t tokens, std::uint32_t p) const {
                                     wide{tokens} * floats_before_[p] / total);
 }
 
-token_ledger::learner_steps* token_ledger::of(learner_ref who) {
-  if (auto it = learners_.find(who); it != learners_.end()) return &it->second;
-  if (auto f = folded_.find(who.learner); f != folded_.end() && who.inc <= f->second.newest) return nullptr;
+token_ledger::learner_steps& token_ledger::of(learner_ref who) {
   learner_steps& l = learners_[who];
-  l.fragments.resize(fragments());
-  l.window_floor.assign(fragments(), 0);
-  retire_older(who);
-  return &learners_.at(who);
-}
-
-void token_ledger::freeze_below(learner_steps& l, std::uint64_t step) {
-  const std::uint64_t until = std::min(step, l.reported_step);
-  if (until <= l.frozen) return;
-  const std::uint64_t k = std::min<std::uint64_t>(until - l.frozen, l.steps.size());
-  l.steps.erase(l.steps.begin(), l.steps.begin() + static_cast<std::ptrdiff_t>(k));
-  l.bucket.erase(l.bucket.begin(), l.bucket.begin() + static_cast<std::ptrdiff_t>(k * fragments()));
-  l.frozen += k;
-}
-
-void token_ledger::retire_older(learner_ref who) {
-  std::vector<incarnation> older;
-  for (auto it = learners_.lower_bound({who.learner, incarnation{0}}); it != learners_.end() && it->first.learner == who.learner;
-       ++it)
-    if (it->first.inc < who.inc) {
-      learner_steps& l = it->second;
-      // What is still in flight for it lands in its last steps; the ones before are settled.
-      freeze_below(l, l.reported_step > retired_tail_steps ? l.reported_step - retired_tail_steps : 0);
-      l.steps.shrink_to_fit();
-      l.bucket.shrink_to_fit();
-      older.push_back(it->first.inc);
-    }
-  // Past the bound, the oldest are folded into one record: their totals stay counted.
-  for (std::size_t n = 0; older.size() + 1 - n > incarnations_per_learner; ++n) {
-    auto it = learners_.find({who.learner, older[n]});
-    folded_incarnations& f = folded_[who.learner];
-    if (f.fragments.empty()) f.fragments.resize(fragments());
-    f.totals += it->second.totals;
-    for (std::size_t p = 0; p < fragments(); ++p) f.fragments[p] += it->second.fragments[p];
-    f.newest = std::max(f.newest, older[n]);
-    learners_.erase(it);
+  if (l.fragments.empty()) {
+    l.fragments.resize(fragments());
+    l.window_floor.assign(fragments(), 0);
   }
+  return l;
 }
 
 bool token_ledger::extend(learner_steps& l, std::uint64_t step) {
@@ -111,9 +77,7 @@ void token_ledger::raise(learner_steps& l, std::uint64_t index, std::uint32_t p,
 }
 
 void token_ledger::on_progress(learner_ref who, std::uint64_t step, std::uint64_t tokens_total, nanos step_time) {
-  learner_steps* entry = of(who);
-  if (entry == nullptr) return;  // folded: an old incarnation's last word
-  learner_steps& l = *entry;
+  learner_steps& l = of(who);
   if (step <= l.reported_step || tokens_total < l.reported_tokens || !extend(l, step)) return;  // stale or reordered
   // Steps since the previous report share its tokens; the reported time is the last step's.
   const std::uint64_t gap = step - l.reported_step;
@@ -138,9 +102,6 @@ void token_ledger::on_progress(learner_ref who, std::uint64_t step, std::uint64_
   }
   l.reported_step = step;
   l.reported_tokens = tokens_total;
-  // Memory stays bounded: past live_steps (and a sixteenth, so it is done in batches),
-  // the oldest steps are frozen in the buckets they reached.
-  if (l.reported_step - l.frozen > live_steps_ + live_steps_ / 16) freeze_below(l, l.reported_step - live_steps_);
 }
 
 void token_ledger::settle_below(learner_steps& l, std::uint32_t p, std::uint64_t start) {
@@ -160,9 +121,7 @@ void token_ledger::settle_below(learner_steps& l, std::uint32_t p, std::uint64_t
 
 void token_ledger::on_outcome(learner_ref who, fragment_index p, std::uint64_t step, std::uint64_t steps,
                               ledger_bucket bucket) {
-  learner_steps* entry = of(who);
-  if (entry == nullptr) return;
-  learner_steps& l = *entry;
+  learner_steps& l = of(who);
   // Frozen steps (restore()) keep their stored bucket: only the window's part above them moves.
   if (p.value >= fragments() || steps > step || step <= l.frozen || !extend(l, step)) return;
   settle_below(l, p.value, step - steps);
@@ -172,9 +131,7 @@ void token_ledger::on_outcome(learner_ref who, fragment_index p, std::uint64_t s
 void token_ledger::on_arrival(round_number round, fragment_index p, learner_ref who, std::uint64_t step,
                               std::uint64_t steps) {
   if (closed_.count(round.value) != 0) return on_outcome(who, p, step, steps, ledger_bucket::late);
-  learner_steps* entry = of(who);
-  if (entry == nullptr) return;
-  learner_steps& l = *entry;
+  learner_steps& l = of(who);
   if (p.value < fragments() && steps <= step && step > l.frozen && extend(l, step))
     settle_below(l, p.value, step - steps);
   if (open_.size() >= max_open_rounds_ && open_.count(round.value) == 0) open_.erase(open_.begin());
@@ -199,13 +156,6 @@ void token_ledger::on_round_published(round_number round) {
   auto it = awaiting_.find(round.value);
   if (it == awaiting_.end()) return;
   for (const arrival& a : it->second) on_outcome(a.who, {a.fragment}, a.step, a.steps, ledger_bucket::merged);
-  awaiting_.erase(it);
-}
-
-void token_ledger::on_round_rejected(round_number round) {
-  auto it = awaiting_.find(round.value);
-  if (it == awaiting_.end()) return;
-  for (const arrival& a : it->second) on_outcome(a.who, {a.fragment}, a.step, a.steps, ledger_bucket::rejected);
   awaiting_.erase(it);
 }
 
@@ -282,9 +232,7 @@ bool token_ledger::restore(learner_ref who, const ledger_totals& totals, const s
   if (summed.processed != totals.processed || summed.merged != totals.merged || summed.late != totals.late ||
       summed.overwritten != totals.overwritten || summed.lost != totals.lost || summed.rejected != totals.rejected)
     return false;
-  learner_steps* entry = of(who);
-  if (entry == nullptr) return false;
-  learner_steps& l = *entry;
+  learner_steps& l = of(who);
   l.reported_step = step;
   l.frozen = step - tail.tokens.size();
   l.reported_tokens = totals.processed;
@@ -303,25 +251,19 @@ std::uint64_t token_ledger::frozen_steps(learner_ref who) const {
 
 std::map<learner_ref, ledger_totals> token_ledger::per_learner() const {
   std::map<learner_ref, ledger_totals> out;
-  for (const auto& [who, l] : learners_) out[who] += l.totals;
-  for (const auto& [learner, f] : folded_) out[{learner, incarnation{0}}] += f.totals;
+  for (const auto& [who, l] : learners_) out[who] = l.totals;
   return out;
 }
 
 std::vector<ledger_totals> token_ledger::fragments_of(learner_ref who) const {
-  std::vector<ledger_totals> out(fragments());
-  if (auto it = learners_.find(who); it != learners_.end()) out = it->second.fragments;
-  if (auto f = folded_.find(who.learner); f != folded_.end() && who.inc == incarnation{0})
-    for (std::size_t p = 0; p < out.size(); ++p) out[p] += f->second.fragments[p];
-  return out;
+  auto it = learners_.find(who);
+  return it == learners_.end() ? std::vector<ledger_totals>(fragments()) : it->second.fragments;
 }
 
 std::vector<ledger_totals> token_ledger::per_fragment() const {
   std::vector<ledger_totals> out(fragments());
   for (const auto& [who, l] : learners_)
     for (std::size_t p = 0; p < out.size(); ++p) out[p] += l.fragments[p];
-  for (const auto& [learner, f] : folded_)
-    for (std::size_t p = 0; p < out.size(); ++p) out[p] += f.fragments[p];
   return out;
 }
 

@@ -14,12 +14,6 @@
 //   lost         never contributed: the learner died first, or the run ended.
 // So every processed token-share ends in one bucket, by construction; the shell
 // cross-checks the processed total against the learners' own counts.
-//
-// Memory is bounded per learner: an incarnation keeps its last live_steps steps
-// open to outcomes (older ones are frozen in their buckets, as totals); a new
-// incarnation retires the older ones of its learner to their last
-// retired_tail_steps steps; and beyond incarnations_per_learner of one learner the
-// oldest are folded into one record per learner (incarnation 0: "earlier ones").
 
 #include <cstdint>
 #include <map>
@@ -44,14 +38,10 @@ struct ledger_tail {
 class token_ledger {
  public:
   /// `fragment_floats`: each fragment's parameter count (a step's tokens are split
-  /// in proportion). Bounds: the steps one report may add past an incarnation's frozen
-  /// ones (more is refused and counted: overflowed_steps), rounds pending, and the
-  /// steps per incarnation kept open to outcomes.
+  /// in proportion). Bounds: steps remembered per learner incarnation, rounds pending.
   explicit token_ledger(std::vector<std::uint64_t> fragment_floats,
                         std::uint64_t max_steps_per_learner = std::uint64_t{1} << 22,
-                        std::size_t max_open_rounds = 4096, std::uint64_t live_steps = std::uint64_t{1} << 16);
-  static constexpr std::uint64_t retired_tail_steps = 256;
-  static constexpr std::size_t incarnations_per_learner = 16;
+                        std::size_t max_open_rounds = 4096);
 
   std::size_t fragments() const { return fragment_floats_.size(); }
   /// Fragment p's share of a step of `tokens` tokens (the shares of a step sum to it exactly).
@@ -73,9 +63,6 @@ class token_ledger {
   /// The version round r merged is durable and visible: its members' windows are merged.
   /// A merge that never becomes durable (its shard died first) credits nothing.
   void on_round_published(round_number round);
-  /// The round's shard merged none of its members after all (a "nothing merged"
-  /// notice): the windows waiting for its publication are rejected.
-  void on_round_rejected(round_number round);
   /// A buffered contribution of `who` to fragment p in round r was refused after
   /// all (mesh.robust screened it out at the close): it leaves the round, so the
   /// round's publish does not credit it as merged. Nothing when it is not there.
@@ -137,13 +124,7 @@ class token_ledger {
     std::uint32_t fragment;
     std::uint64_t step, steps;
   };
-  /// The entry of `who`, made on first sight (retiring its learner's older incarnations);
-  /// null for an incarnation already folded (older than every one kept of its learner).
-  learner_steps* of(learner_ref who);
-  /// Freezes `l`'s steps below `step` (at most its reported ones): their buckets stay as they are.
-  void freeze_below(learner_steps& l, std::uint64_t step);
-  /// A new incarnation of `who.learner` appeared: the older ones are retired, the oldest folded.
-  void retire_older(learner_ref who);
+  learner_steps& of(learner_ref who);
   /// Fragment p's share of a step's time.
   double weight(std::uint32_t p) const {
     return static_cast<double>(fragment_floats_[p]) / static_cast<double>(floats_before_.back());
@@ -162,15 +143,7 @@ class token_ledger {
   std::vector<std::uint64_t> floats_before_;  // prefix sums, P + 1 entries
   std::uint64_t max_steps_;
   std::size_t max_open_rounds_;
-  std::uint64_t live_steps_;
   std::map<learner_ref, learner_steps> learners_;
-  /// Per learner: the totals of its folded incarnations (whole, and per fragment), and the newest of them.
-  struct folded_incarnations {
-    ledger_totals totals;
-    std::vector<ledger_totals> fragments;
-    incarnation newest{0};
-  };
-  std::map<learner_index, folded_incarnations> folded_;
   std::map<std::uint64_t, std::vector<arrival>> open_;
   std::map<std::uint64_t, std::vector<arrival>> awaiting_;  // merged rounds not yet published
   std::set<std::uint64_t> closed_;  // the last max_open_rounds closed rounds

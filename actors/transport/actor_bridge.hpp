@@ -13,7 +13,6 @@
 
 #include "core/clock.hpp"
 #include "core/config.hpp"
-#include "core/mesh_setup.hpp"
 #include "core/prometheus_text.hpp"
 #include "transport/transport.hpp"
 
@@ -58,23 +57,14 @@ inline transport::node_transport::peer_handler deliver_peer_events_to(caf::actor
   };
 }
 
-/// The mesh's size as a transport checks its senders and epochs against it.
-transport::mesh_bounds mesh_bounds_of(const mesh_setup& setup);
-
-/// Starts the node transport of `self` as `address` (incarnation `inc`) of the mesh
-/// `setup`, bound to `endpoint`, sharing `io` with the other transports of the process
+/// Starts the node transport of `self` as `address` (incarnation `inc`), bound
+/// to `endpoint`, sharing `io` with the other transports of the process
 /// (inproc:// needs one context); inbound messages and peer events go to
 /// `self`'s mailbox. On failure it logs why, ends the actor and returns null.
-/// It also gives the actor its exception handler (guard_actor). `clock` and `log`
-/// outlive the transport.
-std::unique_ptr<transport::node_transport> start_actor_wire(caf::scheduled_actor* self, const mesh_setup& setup,
+/// `clock` and `log` outlive the transport.
+std::unique_ptr<transport::node_transport> start_actor_wire(caf::scheduled_actor* self, const config& cfg,
                                                             transport::io_context io, node_address address,
                                                             incarnation inc, const std::string& endpoint,
                                                             const clock_source& clock, logger& log);
-
-/// A handler that throws is a bug, never a silent death: the actor's exception
-/// handler logs what was thrown and ends the actor with an error naming it, which
-/// its process reports as it exits (`node`) or its mesh as it ends (`run`).
-void guard_actor(caf::scheduled_actor* self, node_address address, logger& log);
 
 }  // namespace archipelago

@@ -20,17 +20,6 @@ const char* to_string(contribution_attack a) {
   return "?";
 }
 
-const char* to_string(forgery f) {
-  switch (f) {
-    case forgery::none: return "none";
-    case forgery::epoch: return "forge_epoch";
-    case forgery::sender: return "forge_sender";
-    case forgery::notice: return "forge_notice";
-    case forgery::endpoint: return "bad_endpoint";
-  }
-  return "?";
-}
-
 void encode_chaos_order(envelope_builder& b, node_address target, const chaos_order& order) {
   auto c = b.body().initChaosCommand();
   transport::set_address(c.initTarget(), target);
@@ -70,13 +59,6 @@ void encode_chaos_order(envelope_builder& b, node_address target, const chaos_or
       c.setKind(wire::ChaosKind::ATTACK);
       c.setAttack(static_cast<wire::AttackKind>(order.attack));
       c.setFactor(order.factor);
-      break;
-    case chaos_order::what::forge:
-      c.setKind(order.forge == forgery::epoch    ? wire::ChaosKind::FORGE_EPOCH
-                : order.forge == forgery::sender ? wire::ChaosKind::FORGE_SENDER
-                : order.forge == forgery::notice ? wire::ChaosKind::FORGE_NOTICE
-                                                 : wire::ChaosKind::BAD_ENDPOINT);
-      c.setDurationMs(static_cast<std::uint64_t>(order.duration_ns / 1'000'000));
       break;
   }
 }
@@ -141,18 +123,6 @@ expected<chaos_order> decode_chaos_order(const decoded_envelope& env) {
       if (!std::isfinite(o.factor) || std::fabs(o.factor) > 1e6)
         return make_error(errc::invalid_input, "ChaosCommand attack factor must be in [-1e6, 1e6]");
       break;
-    case wire::ChaosKind::FORGE_EPOCH:
-    case wire::ChaosKind::FORGE_SENDER:
-    case wire::ChaosKind::FORGE_NOTICE:
-    case wire::ChaosKind::BAD_ENDPOINT:
-      o.kind = chaos_order::what::forge;
-      o.forge = c.getKind() == wire::ChaosKind::FORGE_EPOCH    ? forgery::epoch
-                : c.getKind() == wire::ChaosKind::FORGE_SENDER ? forgery::sender
-                : c.getKind() == wire::ChaosKind::FORGE_NOTICE ? forgery::notice
-                                                               : forgery::endpoint;
-      if (c.getDurationMs() > 86'400'000) return make_error(errc::invalid_input, "ChaosCommand forgery longer than a day");
-      o.duration_ns = static_cast<nanos>(c.getDurationMs()) * 1'000'000;
-      break;
     default:  // crash and pause are the launcher's, never a node's own business
       return make_error(errc::invalid_input, "ChaosCommand of a kind a node does not carry out itself");
   }
@@ -190,10 +160,6 @@ std::optional<chaos_order> chaos_receiver::on_command(const decoded_envelope& en
       attack = order->attack;
       attack_factor = order->factor;
       break;
-    case chaos_order::what::forge:
-      if (self.kind != role::learner) return refuse("only a learner forges envelopes");
-      forge = order->duration_ns > 0 ? order->forge : forgery::none;
-      break;
     case chaos_order::what::heal:
       for (node_address peer : shaped) (void)wire.set_link(peer, wire.default_link());
       shaped.clear();
@@ -203,7 +169,6 @@ std::optional<chaos_order> chaos_receiver::on_command(const decoded_envelope& en
       storage_failing_until = 0;
       impersonate.reset();
       token_lie = 1;
-      forge = forgery::none;
       break;
     case chaos_order::what::impersonate:
       if (order->duration_ns > 0) impersonate = order->peer;

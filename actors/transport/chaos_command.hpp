@@ -25,24 +25,18 @@ namespace archipelago {
 enum class contribution_attack : std::uint8_t { none, scaled, sign_flip, random, stale, sideways };
 const char* to_string(contribution_attack a);
 
-/// What a forging learner forges (the chaos monkey's forge_* and bad_endpoint kinds; message_forger.hpp).
-enum class forgery : std::uint8_t { none, epoch, sender, notice, endpoint };
-const char* to_string(forgery f);
-
 struct chaos_order {
   /// impersonate, lie_tokens: attacker drills — a learner that forges
   /// envelopes claiming to be `peer` with its own key, or claims factor × its tokens;
   /// attack: a learner that poisons its contributions (`attack`, `factor`).
-  /// forge: a learner that forges envelopes of kind `forge` (duration > 0 on, 0 off).
-  enum class what : std::uint8_t { shape_link, slow_down, storage_fault, heal, impersonate, lie_tokens, attack, forge };
+  enum class what : std::uint8_t { shape_link, slow_down, storage_fault, heal, impersonate, lie_tokens, attack };
   what kind = what::heal;
   node_address peer;          // shape_link: the link from the receiver to this peer; impersonate: whom to claim to be
   link_profile link;          // shape_link
   double factor = 1;          // slow_down: step time × factor (1: normal); lie_tokens: claims × factor (1: honest);
                               // attack scaled: delta × factor; sideways: cosine with the honest delta
   contribution_attack attack = contribution_attack::none;  // attack
-  forgery forge = forgery::none;  // forge
-  nanos duration_ns = 0;      // storage_fault: writes fail this long; impersonate, forge: > 0 on, 0 off
+  nanos duration_ns = 0;      // storage_fault: writes fail this long; impersonate: > 0 on, 0 off
 };
 
 /// Encodes `order` for `target` into a ChaosCommand envelope.
@@ -62,7 +56,6 @@ struct chaos_receiver {
   std::uint64_t refused_sender = 0;    // of refused: not sent by the chaos monkey (its key binds role chaos)
   std::optional<node_address> impersonate;  // attacker drill (learners): forge envelopes claiming to be this node
   double token_lie = 1;                // attacker drill (learners): contributions claim tokens × this
-  forgery forge = forgery::none;       // attacker drill (learners): the envelopes it forges each step
 
   /// Handles a ChaosCommand envelope: shapes links through `port` (heal restores
   /// the node's default link), updates the fields above. Returns the order

@@ -56,9 +56,6 @@ const char* to_string(reject_reason reason) {
     case reject_reason::tensor_checksum: return "tensor_checksum";
     case reject_reason::impersonation: return "impersonation";
     case reject_reason::not_permitted: return "not_permitted";
-    case reject_reason::wrong_direction: return "wrong_direction";
-    case reject_reason::unknown_sender: return "unknown_sender";
-    case reject_reason::bad_epoch: return "bad_epoch";
     case reject_reason::count_: break;
   }
   return "unknown";

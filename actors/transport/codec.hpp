@@ -43,11 +43,8 @@ enum class reject_reason : std::uint8_t {
   tensor_length,      // a frame's length differs from its descriptor
   tensor_encoding,    // unknown encoding, bad block size, or size that does not fit
   tensor_checksum,    // checksum mismatch: corrupted in flight
-  impersonation,      // the header's sender is not the identity its connection proves (peer_identity.hpp)
+  impersonation,      // the header's sender is not the identity the connection's CURVE key is bound to
   not_permitted,      // the sender's role may not send this body (peer_identity.hpp)
-  wrong_direction,    // a body that never travels back on a connection this node opened (only Error does)
-  unknown_sender,     // the sender's index is beyond the mesh's (learners, shards, brokers)
-  bad_epoch,          // the header's broker epoch cannot exist in this mesh (mesh_setup.hpp: epoch_can_exist)
   count_              // number of reasons
 };
 const char* to_string(reject_reason reason);
@@ -140,8 +137,6 @@ class envelope_builder {
   envelope_builder(node_address sender, incarnation inc, std::uint64_t sequence, std::uint64_t round,
                    std::uint64_t broker_epoch = 0);
   wire::Envelope::Body::Builder body() { return root_.getBody(); }
-  /// The header as built; an attacker drill (message_forger) and the tests forge its fields.
-  wire::Header::Builder header() { return root_.getHeader(); }
   /// Adds an already encoded tensor frame; its length and checksum are computed here.
   void add_tensor(const std::string& name, tensor_encoding encoding, std::uint64_t element_count,
                   std::uint32_t block_size, shared_bytes bytes);

@@ -3,8 +3,6 @@
 #include <charconv>
 #include <utility>
 
-#include "core/mesh_setup.hpp"
-
 namespace archipelago::transport {
 
 namespace {
@@ -114,67 +112,6 @@ std::optional<refusal> check_sender(std::string_view key_name, node_address clai
     return refusal{true, "the key of " + id->name() + " claims to be " + claimed.to_string()};
   if (!role_may_send(claimed.kind, body))
     return refusal{false, std::string(to_string(claimed.kind)) + " may not send " + body_name(body)};
-  return std::nullopt;
-}
-
-std::optional<node_address> address_of_routing_id(std::string_view routing_id) {
-  if (routing_id.ends_with("+bulk")) routing_id.remove_suffix(5);
-  const std::size_t slash = routing_id.find('/');
-  if (slash == std::string_view::npos) return std::nullopt;
-  const auto index = parse_index(routing_id.substr(slash + 1));
-  if (!index) return std::nullopt;
-  for (role r : {role::learner, role::sync_broker, role::parameter_shard, role::chaos_monkey, role::admin})
-    if (routing_id.substr(0, slash) == to_string(r)) return node_address{r, *index};
-  return std::nullopt;
-}
-
-std::string routing_id_of(node_address node, bool bulk) { return node.to_string() + (bulk ? "+bulk" : ""); }
-
-std::optional<admission_refusal> admit_envelope(const connection_identity& from, const decoded_envelope& env,
-                                                const mesh_bounds& bounds, bool check_roles) {
-  const node_address claimed = env.sender();
-  const auto body = env.body();
-  switch (from.how) {
-    case connection_identity::kind::key:
-      if (auto no = check_sender(from.key_name, claimed, body); no && no->impersonation)
-        return admission_refusal{reject_reason::impersonation, no->message};
-      break;
-    case connection_identity::kind::dialled:
-      if (claimed != from.peer)
-        return admission_refusal{reject_reason::impersonation, "on the connection to " + from.peer.to_string() +
-                                                                   ", a message claims to be " + claimed.to_string()};
-      // This node's sockets carry its requests out; the peer's ROUTER answers on them only
-      // to refuse one (an Error). Anything else is the peer speaking where it may not.
-      if (body != wire::Envelope::Body::ERROR)
-        return admission_refusal{reject_reason::wrong_direction,
-                                 std::string(body_name(body)) + " from " + claimed.to_string() +
-                                     " on a connection this node opened (only an Error travels back on one)"};
-      break;
-    case connection_identity::kind::routing: {
-      const auto id = address_of_routing_id(from.routing_id);
-      if (!id || *id != claimed)
-        return admission_refusal{reject_reason::impersonation,
-                                 "the connection of " + (id ? id->to_string() : std::string("an unnamed client")) +
-                                     " claims to be " + claimed.to_string()};
-      break;
-    }
-  }
-  if (check_roles && !role_may_send(claimed.kind, body))
-    return admission_refusal{reject_reason::not_permitted,
-                             std::string(to_string(claimed.kind)) + " may not send " + body_name(body)};
-  const std::uint32_t size = claimed.kind == role::learner           ? bounds.learners
-                             : claimed.kind == role::parameter_shard ? bounds.shards
-                             : claimed.kind == role::sync_broker     ? bounds.brokers
-                                                                     : 0;
-  if (size != 0 && claimed.index >= size)
-    return admission_refusal{reject_reason::unknown_sender, claimed.to_string() + " is not in the mesh (" +
-                                                                std::to_string(size) + " " + to_string(claimed.kind) +
-                                                                "(s))"};
-  if (const std::uint64_t epoch = env.header().getBrokerEpoch(); bounds.brokers != 0 && !epoch_can_exist(epoch, bounds.brokers))
-    return admission_refusal{reject_reason::bad_epoch,
-                             "broker epoch " + std::to_string(epoch) + " (broker/" + std::to_string(leader_of_epoch(epoch)) +
-                                 ", incarnation " + std::to_string(epoch >> 8) + ") cannot exist in a mesh of " +
-                                 std::to_string(bounds.brokers) + " broker(s)"};
   return std::nullopt;
 }
 

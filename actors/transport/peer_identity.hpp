@@ -10,18 +10,10 @@
 //   chaos               the chaos monkey (any index)
 //   admin               an operator's tool (`archipelago set`, any index): Reconfigure to the broker
 // Any other name (or a key listed without one) binds no identity: every envelope
-// it carries is refused as an impersonation.
-//
-// One admission rule for every envelope, whichever socket it arrived on
-// (admit_envelope): the header's sender must be the identity the connection
-// proves — over CURVE the pinned key's (the ZAP handler's User-Id on this node's
-// ROUTER), on a socket this node opened (a DEALER) the peer it was opened to, and
-// in one process (inproc://, no CURVE) the sender's transport, whose routing id
-// names the actor that holds it (reject_reason::impersonation); on a socket this
-// node opened only an Error travels back (wrong_direction); the body must be one
-// the sender's role may send (role_may_send, not_permitted); the sender's index
-// must be one of the mesh's (unknown_sender); and the header's broker epoch must be
-// one that can exist in the mesh (bad_epoch).
+// it carries is refused as an impersonation. The transport takes the
+// authenticated key's name from the connection (the ZAP handler's User-Id) and
+// refuses an envelope whose header claims another sender (reject_reason::impersonation);
+// then the body must be one the sender's role may send (role_may_send, reject_reason::not_permitted).
 // Pure: no sockets, no clock.
 
 #include <cstdint>
@@ -32,7 +24,6 @@
 #include "core/error.hpp"
 #include "core/ids.hpp"
 #include "schemas/envelope.capnp.h"
-#include "transport/codec.hpp"
 
 namespace archipelago::transport {
 
@@ -81,37 +72,5 @@ struct refusal {
 /// client's key); `claimed`: the header's sender.
 std::optional<refusal> check_sender(std::string_view key_name, node_address claimed,
                                     wire::Envelope::Body::Which body);
-
-/// What a connection proves about who is at its other end.
-struct connection_identity {
-  enum class kind : std::uint8_t {
-    key,      // a CURVE client of this node's ROUTER: `key_name`, the allow-list's name of its key
-    dialled,  // a socket this node opened (a DEALER): `peer`, whom it was opened to (over CURVE, whose key it pinned)
-    routing,  // a client of this node's ROUTER without CURVE: `routing_id`, as the client's transport set it
-  };
-  kind how = kind::routing;
-  std::string key_name;
-  node_address peer;
-  std::string routing_id;
-};
-
-/// The sender a transport's routing id names ("learner/3", its bulk lane's "learner/3+bulk").
-std::optional<node_address> address_of_routing_id(std::string_view routing_id);
-/// The routing id of a node's control lane (bulk: its bulk lane's).
-std::string routing_id_of(node_address node, bool bulk = false);
-
-/// How many nodes of each role the mesh has; 0: not checked (a bare transport).
-struct mesh_bounds {
-  std::uint32_t learners = 0, shards = 0, brokers = 0;
-};
-
-/// Why an envelope is refused, or nullopt when it is admitted (the rule above).
-/// `check_roles`: the permissions table applies (every mesh node; bare transports skip it).
-struct admission_refusal {
-  reject_reason reason;
-  std::string message;
-};
-std::optional<admission_refusal> admit_envelope(const connection_identity& from, const decoded_envelope& env,
-                                                const mesh_bounds& bounds, bool check_roles);
 
 }  // namespace archipelago::transport

@@ -24,7 +24,7 @@
 #include "core/prng.hpp"
 #include "transport/bulk_pacer.hpp"
 #include "transport/bulk_window.hpp"
-#include "transport/endpoint.hpp"
+#include "transport/peer_identity.hpp"
 
 namespace archipelago::transport {
 
@@ -65,6 +65,8 @@ std::string with_resolved_host(const std::string& endpoint) {
   freeaddrinfo(found);
   return "tcp://" + std::string(ip) + endpoint.substr(colon);
 }
+
+std::string identity_of(node_address a) { return a.to_string(); }
 
 /// A message with tensor frames travels on the bulk lane, any other on the control lane.
 bool is_bulk(const encoded_message& m) { return !m.tensors.empty(); }
@@ -233,9 +235,8 @@ struct node_transport::impl {
     s->set(zmq::sockopt::linger, 0);
     s->set(zmq::sockopt::sndhwm, cfg.socket_hwm);
     s->set(zmq::sockopt::rcvhwm, cfg.socket_hwm);
-    // Two connections to the peer's ROUTER need two identities; without CURVE the
-    // peer holds this node's messages to the one they name (admit_envelope).
-    s->set(zmq::sockopt::routing_id, routing_id_of(cfg.self, bulk));
+    // Two connections to the peer's ROUTER need two identities.
+    s->set(zmq::sockopt::routing_id, identity_of(cfg.self) + (bulk ? "+bulk" : ""));
     if (bulk && cfg.bulk_sndbuf_bytes > 0) s->set(zmq::sockopt::sndbuf, cfg.bulk_sndbuf_bytes);
     s->set(zmq::sockopt::immediate, 1);  // do not queue for a peer that is not connected
     s->set(zmq::sockopt::reconnect_ivl, 100);
@@ -251,19 +252,9 @@ struct node_transport::impl {
   }
 
   void connect(peer& p) {
-    // add_peer checked the endpoint; should ZeroMQ still refuse it, the peer stays
-    // unreachable (its messages are dropped as for a dead one) and the I/O thread runs on.
-    try {
-      p.control.dealer = make_dealer(p.endpoint, p.server_key, false);
-      p.bulk.close();
-      p.bulk.dealer = make_dealer(p.endpoint, p.server_key, true);
-    } catch (const zmq::error_t& e) {
-      p.control.close();
-      p.bulk.close();
-      log.error("transport.connect", "archipelago transport %s: cannot connect to %s at '%s': %s",
-                cfg.self.to_string().c_str(), p.address.to_string().c_str(), p.endpoint.c_str(), e.what());
-      return;
-    }
+    p.control.dealer = make_dealer(p.endpoint, p.server_key, false);
+    p.bulk.close();
+    p.bulk.dealer = make_dealer(p.endpoint, p.server_key, true);
     if (cfg.bulk_sndbuf_bytes == 0 && cfg.bulk_queue_target_ns > 0 && p.endpoint.starts_with("tcp://")) {
       // Watch the bulk connection (before it connects: the event is not missed).
       const std::string name = "inproc://archipelago-bulk-" + std::to_string(reinterpret_cast<std::uintptr_t>(this)) +
@@ -513,10 +504,8 @@ struct node_transport::impl {
                                                    : zmq::send_flags::dontwait);
   }
 
-  /// Receives and handles every complete message waiting on `socket`: this node's
-  /// ROUTER (`dialled` null), or a socket it opened to `dialled`.
-  void receive_all(zmq::socket_t& socket, const node_address* dialled, nanos now) {
-    const bool has_identity = dialled == nullptr;
+  /// Receives and handles every complete message waiting on `socket`.
+  void receive_all(zmq::socket_t& socket, bool has_identity, nanos now) {
     for (int budget = 0; budget < 256; ++budget) {
       auto in = std::make_shared<inbound_message>();
       zmq::message_t part;
@@ -542,38 +531,36 @@ struct node_transport::impl {
         ++c.received_messages;
         c.received_bytes += bytes;
       });
-      handle(socket, has_identity ? &identity : nullptr, dialled, std::move(in), now);
+      handle(socket, has_identity ? &identity : nullptr, std::move(in), now);
     }
   }
 
-  /// What the connection a message came on proves of its sender (admit_envelope):
-  /// over CURVE, the ROUTER's messages carry the client key's allow-list name (the
-  /// ZAP handler's User-Id); without it, the client's routing id, which its transport
-  /// set from its own address; a DEALER's, the peer it was opened to.
-  std::optional<connection_identity> connection_of(const std::string* identity, const node_address* dialled,
-                                                   zmq::message_t& first) {
-    connection_identity c;
-    if (dialled) {
-      c.how = connection_identity::kind::dialled;
-      c.peer = *dialled;
-    } else if (curve_on) {
+  /// The sender a message claims against what its connection proves: over a CURVE
+  /// link, the ROUTER's messages carry the client key's allow-list name (the ZAP
+  /// handler's User-Id), and the header must claim the identity that name binds
+  /// (peer_identity.hpp). A DEALER's messages come from the server whose key it
+  /// pinned. Then, with check_roles, the body must be one the sender's role may send.
+  std::optional<std::pair<reject_reason, std::string>> admit(bool on_router, zmq::message_t& first,
+                                                             const decoded_envelope& env) {
+    if (on_router && curve_on) {
       const char* user = zmq_msg_gets(first.handle(), "User-Id");
-      if (user == nullptr) return std::nullopt;
-      c.how = connection_identity::kind::key;
-      c.key_name = user;
-    } else {
-      c.how = connection_identity::kind::routing;
-      c.routing_id = identity ? *identity : std::string();
+      if (user == nullptr)
+        return std::pair{reject_reason::impersonation, std::string("no authenticated key on a CURVE connection")};
+      if (auto no = check_sender(user, env.sender(), env.body()); no && no->impersonation)
+        return std::pair{reject_reason::impersonation, no->message};
     }
-    return c;
+    if (cfg.check_roles && !role_may_send(env.sender().kind, env.body()))
+      return std::pair{reject_reason::not_permitted, std::string(to_string(env.sender().kind)) + " may not send " +
+                                                         body_name(env.body())};
+    return std::nullopt;
   }
 
-  void handle(zmq::socket_t& socket, const std::string* identity, const node_address* dialled,
-              std::shared_ptr<inbound_message> in, nanos now) {
+  void handle(zmq::socket_t& socket, const std::string* identity, std::shared_ptr<inbound_message> in,
+              nanos now) {
     std::vector<frame_view> views;
     for (auto& f : in->frames) views.push_back({static_cast<const std::uint8_t*>(f.data()), f.size()});
     decode_result r = decode_envelope(views, cfg.limits);
-    const std::string from = identity ? *identity : "(the connection to " + dialled->to_string() + ")";
+    const std::string from = identity ? *identity : std::string("(reply socket)");
     if (!r.ok()) {
       count([&](auto& c) { ++c.rejected[static_cast<int>(r.reason())]; });
       log_reject(r.reason(), from, r.message());
@@ -584,12 +571,9 @@ struct node_transport::impl {
     in->envelope = r.take();
     const decoded_envelope& env = *in->envelope;
     const node_address sender = env.sender();
-    const auto connection = connection_of(identity, dialled, in->frames[0]);
-    auto refused = connection ? admit_envelope(*connection, env, cfg.bounds, cfg.check_roles)
-                              : admission_refusal{reject_reason::impersonation, "no authenticated key on a CURVE connection"};
-    if (refused) {
-      count([&](auto& c) { ++c.rejected[static_cast<int>(refused->reason)]; });
-      log_reject(refused->reason, from, refused->message);
+    if (auto refused = admit(identity != nullptr, in->frames[0], env)) {
+      count([&](auto& c) { ++c.rejected[static_cast<int>(refused->first)]; });
+      log_reject(refused->first, from, refused->second);
       return;
     }
     count([&](auto& c) {
@@ -606,9 +590,8 @@ struct node_transport::impl {
       case dedup_window::verdict::too_old: count([](auto& c) { ++c.too_old; }); return;
     }
     if (!bulk) heard_from(sender, now);  // liveness is the control lane's verdict alone
-    // A broker's message, heartbeats too, spreads the newest broker epoch
-    // (message_port::broker_epoch); another sender's header is only what it believes.
-    if (sender.kind == role::sync_broker) broker_epoch.raise(env.header().getBrokerEpoch());
+    // Any message, heartbeats too, spreads the newest broker epoch (message_port::broker_epoch).
+    broker_epoch.raise(env.header().getBrokerEpoch());
     if (env.body() == wire::Envelope::Body::HEARTBEAT) {
       count([](auto& c) { ++c.heartbeats_received; });
       if (auto it = peers.find(sender); it != peers.end()) heartbeat_from(it->second, env.root().getBody().getHeartbeat(), now);
@@ -791,11 +774,11 @@ struct node_transport::impl {
       if (items[1].revents & ZMQ_POLLIN)
         if (!drain_commands(now)) return drain_on_stop();
       if (zap && (items[zap_index].revents & ZMQ_POLLIN)) authenticate();
-      if (items[0].revents & ZMQ_POLLIN) receive_all(*router, nullptr, now);
+      if (items[0].revents & ZMQ_POLLIN) receive_all(*router, true, now);
       for (std::size_t i = 0; i < polled.size(); ++i) {
         auto [p, l] = polled[i];
         if (!l->dealer) continue;  // dropped by a message handled above
-        if (items[first_peer + i].revents & ZMQ_POLLIN) receive_all(*l->dealer, &p->address, now);
+        if (items[first_peer + i].revents & ZMQ_POLLIN) receive_all(*l->dealer, false, now);
         if (l->dealer && (items[first_peer + i].revents & ZMQ_POLLOUT)) flush(*p, *l);
       }
       for (std::size_t i = 0; i < monitored.size(); ++i)
@@ -817,7 +800,6 @@ expected<std::unique_ptr<node_transport>> node_transport::start(transport_config
   if (auto ok = validate(config.heartbeat); !ok) return ok.err();
   if (auto ok = validate(config.backoff); !ok) return ok.err();
   if (auto ok = validate(config.default_link); !ok) return ok.err();
-  if (auto ok = check_bind_endpoint(config.bind_endpoint); !ok) return ok.err();
   auto p = std::make_unique<impl>(std::move(config), clock, log, std::move(on_message), std::move(on_peer));
   p->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   p->timer_fd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
@@ -874,7 +856,7 @@ expected<std::unique_ptr<node_transport>> node_transport::start(transport_config
   p->io = std::thread([raw] {
     try {
       raw->run();
-    } catch (const std::exception& e) {  // a bug: said, never a silent stop
+    } catch (const zmq::error_t& e) {
       raw->log.error("transport.stopped", "archipelago transport %s: I/O thread stopped: %s",
                      raw->cfg.self.to_string().c_str(), e.what());
     }
@@ -971,11 +953,6 @@ std::vector<std::string> curve_key_names(node_address node) {
 
 status node_transport::add_peer(node_address peer, const std::string& endpoint,
                                 const std::string& server_public_z85) {
-  if (auto ok = check_endpoint(endpoint); !ok) {
-    impl_->log.error("transport.peer_endpoint", "archipelago %s: peer %s: %s", impl_->cfg.self.to_string().c_str(),
-                     peer.to_string().c_str(), ok.err().message.c_str());
-    return ok;
-  }
   std::string server_key = server_public_z85;
   if (impl_->cfg.curve.enabled && endpoint.starts_with("tcp://")) {
     const std::vector<std::string> names = curve_key_names(peer);

@@ -2,12 +2,9 @@
 // The node's transport: one I/O thread owns every ZeroMQ socket of the process.
 //
 //   - inbound: a ROUTER socket bound to the node's endpoint (tcp:// or inproc://,
-//     one code path); every message is validated by the codec, admitted by one
-//     rule whichever socket it came on (admit_envelope in peer_identity.hpp: the
-//     sender its connection proves, the direction, the role, the mesh's bounds),
-//     de-duplicated by (sender, incarnation, sequence), counted, and handed to the
-//     local handler with its frames kept alive (tensor bytes are read in place);
-//     only a broker's header raises the node's broker epoch;
+//     one code path); every message is validated by the codec, de-duplicated by
+//     (sender, incarnation, sequence), counted, and handed to the local handler
+//     with its frames kept alive (tensor bytes are read in place);
 //   - outbound: two lanes per peer, each a DEALER socket connected to the
 //     peer's endpoint: the control lane (heartbeats, Join, RoundOpen/Close,
 //     Progress: every message without tensor frames) and the bulk lane
@@ -47,7 +44,6 @@
 #include "transport/io_context.hpp"
 #include "transport/link_shaper.hpp"
 #include "transport/message_port.hpp"
-#include "transport/peer_identity.hpp"
 #include "transport/reliability.hpp"
 
 namespace zmq {
@@ -94,10 +90,6 @@ struct transport_config {
   /// (role_may_send in peer_identity.hpp). On in every mesh node (transport_config_from);
   /// off for bare transports (tests, bench wire) that send any body between any two.
   bool check_roles = false;
-  /// The mesh's size: a sender beyond it (unknown_sender) or a broker epoch that cannot
-  /// exist in it (bad_epoch) is refused. Zeros: not checked. A role's shell sets it from
-  /// its mesh_setup (start_actor_wire).
-  mesh_bounds bounds;
   /// The sequence numbers of the envelopes it builds; null: a counter of its own.
   /// A node with a second transport (the broker's admin endpoint, `run --admin`) gives
   /// both one counter, so that no peer's de-duplication sees a number twice.
@@ -180,9 +172,8 @@ class node_transport final : public message_port {
 
   /// Registers (or re-points) a peer: its messages go to `endpoint`. With CURVE
   /// on, `server_public_z85` is the peer's public key; empty: the allow-list's
-  /// key named after the peer (curve_key_names). A tcp:// peer without a key, or
-  /// an endpoint check_endpoint refuses, is invalid_input, also logged (the mesh's
-  /// actors do not check).
+  /// key named after the peer (curve_key_names). A tcp:// peer without a key is
+  /// invalid_input, also logged (the mesh's actors do not check).
   status add_peer(node_address peer, const std::string& endpoint, const std::string& server_public_z85);
   status add_peer(node_address peer, const std::string& endpoint) override { return add_peer(peer, endpoint, {}); }
   /// A builder with this node's header and the next sequence number.

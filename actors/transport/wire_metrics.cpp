@@ -57,11 +57,8 @@ void add_node_metrics(prometheus_text& page, node_address self, incarnation inc,
     l.emplace_back("reason", transport::to_string(static_cast<transport::reject_reason>(r)));
     page.counter("archipelago_wire_rejected_total",
                  "Inbound messages refused, by reason: malformed, oversized or corrupt; impersonation (the header "
-                 "claims another sender than its connection proves: the CURVE key's identity, the peer a socket "
-                 "this node opened was opened to, or the in-process sender); not_permitted (a body the sender's "
-                 "role may not send); wrong_direction (a body other than Error on a connection this node opened); "
-                 "unknown_sender (an index beyond the mesh's); bad_epoch (a broker epoch that cannot exist in this "
-                 "mesh).",
+                 "claims another sender than the connection's CURVE key is bound to); not_permitted (a body the "
+                 "sender's role may not send).",
                  static_cast<double>(wire.rejected[r]), l);
   }
   page.counter("archipelago_wire_duplicates_total", "Inbound messages dropped as duplicates or from an old incarnation.",

@@ -6,8 +6,6 @@
 
 #include <caf/all.hpp>
 #include <chrono>
-#include <sstream>
-#include <stdexcept>
 
 namespace {
 
@@ -91,30 +89,4 @@ TEST_CASE("transport delivers inbound messages to a CAF actor without copying th
         caf::after(std::chrono::seconds(5)) >> [] {});
     CHECK(got);
   }  // transports (and the actor handle in the handler) go before the actor system
-}
-
-TEST_CASE("a handler that throws ends its actor with an error naming it, logged, never silently") {
-  using namespace archipelago;
-  caf::actor_system_config cfg;
-  cfg.set("scheduler.max-threads", 2);
-  caf::actor_system sys{cfg};
-  manual_clock clock;
-  std::ostringstream lines;
-  logger log(log_options{}, clock, &lines);
-  auto thrower = sys.spawn([&log](caf::event_based_actor* self) -> caf::behavior {
-    guard_actor(self, {role::sync_broker, 0}, log);
-    return {[](int) -> int { throw std::out_of_range("vector::_M_range_check: __n (which is 6)"); }};
-  });
-  caf::scoped_actor self{sys};
-  self->monitor(thrower);
-  self->send(thrower, 1);
-  bool down = false;
-  self->receive([&](caf::down_msg& dm) {
-    down = true;
-    CHECK(dm.reason != caf::exit_reason::normal);
-    CHECK(sys.render(dm.reason).find("sync_broker/0 stopped by an exception: vector::_M_range_check") != std::string::npos);
-  }, caf::after(std::chrono::seconds(10)) >> [] {});
-  CHECK(down);
-  CHECK(lines.str().find("archipelago sync_broker/0: stopped by an exception in a message handler (a bug): "
-                         "vector::_M_range_check") != std::string::npos);
 }

@@ -17,9 +17,6 @@ PYTHONPATH=build/python. One case per argument:
            learner's held-out loss still falls, the ledger stays exact.
   rejoin   a PyTorch learner SIGKILLed mid-run restarts as a new incarnation, gets the
            global model and contributes again; the ledger stays exact.
-  threads  the binding's errors: a step of more tokens than its batch x context, a
-           non-finite float, a call while another thread is in one (RuntimeError naming
-           both), close() from another thread ending a wait at once; never a crash.
   mixed    the mixed mesh (tools/python/examples/mixed_mesh.py --only mixed): two native
            learners and two PyTorch learners of the native GPT (torch_gpt.py) train one
            model; its eval loss (`replay eval`) falls well below the initial model's, the
@@ -166,81 +163,6 @@ def case_layout():
             fail("the global model (the shards' init) was installed into the bound arrays")
         right.close()
     print(f"ok layout: {refusal}")
-
-
-def case_threads():
-    """The binding's bad input and threads: a step claiming more tokens than its batch x
-    context, a non-finite float, a call while another thread is in one, close() racing a
-    call that waits: each a clear error, never a crash or a silent loss."""
-    import threading
-    import archipelago
-    from archipelago.mesh import LocalMesh
-    import numpy as np
-    folder = tempfile.mkdtemp(prefix="archipelago-pythreads-")
-    config = mesh_files(folder, [("w1", [8, 16]), ("w2", [16, 4]), ("b", [4])])
-    batch_tokens = archipelago.training(config, 0)["batch"] * 16  # batch x context (context 16)
-
-    def refused(call, error, words):
-        try:
-            call()
-        except error as e:
-            if words not in str(e):
-                fail(f"the error names what was wrong ({words!r})", str(e))
-            return str(e)
-        fail(f"refused with {error.__name__}: {words}")
-
-    with LocalMesh(BINARY, config, shards=1, logs=folder) as mesh:
-        time.sleep(0.5)
-        mesh.check_alive()
-        learner = archipelago.Learner(config, 0, mesh.broker, mesh.shards, {"wire.curve": False})
-        arrays = {"w1": np.zeros((8, 16), np.float32), "w2": np.zeros((16, 4), np.float32), "b": np.zeros(4, np.float32)}
-        learner.bind(arrays)
-        refused(lambda: learner.wait_ready(float("nan")), ValueError, "timeout_s must be a finite number")
-        refused(lambda: learner.wait_ready(-1), ValueError, "timeout_s must be a finite number")
-        learner.wait_ready(60)
-        too_many = refused(lambda: learner.after_step(batch_tokens + 1), ValueError, f"batch x context is {batch_tokens}")
-        refused(lambda: learner.after_step(0), ValueError, "tokens in one step")
-        refused(lambda: learner.after_step(batch_tokens, step_s=float("nan")), ValueError, "step_s must be")
-        refused(lambda: learner.after_step(batch_tokens, step_s=float("inf")), ValueError, "step_s must be")
-        learner.after_step(batch_tokens, step_s=0.01)
-        if learner.status()["steps"] != 1:
-            fail("only the good step was taken", json.dumps(learner.status()))
-        learner.close()
-        refused(lambda: learner.after_step(batch_tokens), RuntimeError, "closed")
-
-        # A learner whose shards never answer waits in wait_ready(); meanwhile another
-        # thread's call is refused, and close() from it ends the wait at once.
-        stuck = archipelago.Learner(config, 1, mesh.broker, [f"tcp://127.0.0.1:{mesh_free_port()}"],
-                                    {"wire.curve": False})
-        outcome = {}
-
-        def wait():
-            try:
-                outcome["ready"] = stuck.wait_ready(60)
-            except RuntimeError as e:
-                outcome["error"] = str(e)
-
-        waiter = threading.Thread(target=wait)
-        waiter.start()
-        time.sleep(0.5)
-        busy = refused(lambda: stuck.poll(), RuntimeError, "another thread is in wait_ready()")
-        started = time.time()
-        stuck.close(flush=False)
-        closed_in = time.time() - started
-        waiter.join(10)
-        if waiter.is_alive() or closed_in > 5:
-            fail(f"close() ended the wait of another thread at once (it took {closed_in:.1f} s)")
-        if outcome.get("ready"):
-            fail("the wait ended unready", json.dumps(outcome))
-        refused(lambda: stuck.poll(), RuntimeError, "closed")
-    print(f"ok threads: {too_many}; {busy}; close() ended another thread's wait in {closed_in:.2f} s")
-
-
-def mesh_free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def case_rejoin():
@@ -451,4 +373,4 @@ def case_stop():
 if __name__ == "__main__":
     {"train": case_train, "layout": case_layout, "nan": case_nan, "rejoin": case_rejoin,
      "mixed": case_mixed, "port": case_port, "drill": case_drill, "moe": case_moe,
-     "stop": case_stop, "threads": case_threads}[sys.argv[1]]()
+     "stop": case_stop}[sys.argv[1]]()

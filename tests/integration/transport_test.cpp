@@ -1,7 +1,6 @@
 // Two real transports in one process, over tcp loopback and inproc: delivery of
 // tensors, heartbeats and liveness, reconnect after the peer restarts, shaping
-// and duplicate suppression; the admission rule in both socket directions and
-// endpoints refused before they are dialled. Every wait is bounded.
+// and duplicate suppression. Every wait is bounded.
 
 #include <doctest/doctest.h>
 
@@ -11,7 +10,6 @@
 #include <mutex>
 #include <thread>
 #include <vector>
-#include <zmq.hpp>
 
 #include "../test_log.hpp"
 #include "inbox.hpp"
@@ -381,89 +379,4 @@ TEST_CASE("transport: CURVE finds a server's key on the allow-list by the peer's
   REQUIRE(at_learner.wait_for([&] { return !at_learner.messages.empty(); }));
   CHECK(at_broker.messages[0]->envelope->sender() == learner);
   CHECK(at_learner.messages[0]->envelope->sender() == broker);
-}
-
-TEST_CASE("transport: on a socket it opened, a node takes only an Error, and only from the peer it dialled") {
-  steady_clock_source clock;
-  inbox received;
-  auto config = fast_config(broker, "tcp://127.0.0.1:0");
-  config.check_roles = true;
-  auto t = node_transport::start(config, clock, archipelago::test_logging::test_log(), received.handler());
-  REQUIRE(t);
-  // The peer it dials is a bare ROUTER: whoever holds that endpoint answers on the
-  // connection with whatever it likes (over CURVE too: it holds the peer's key).
-  zmq::context_t context;
-  zmq::socket_t server(context, zmq::socket_type::router);
-  server.set(zmq::sockopt::router_mandatory, 1);
-  server.set(zmq::sockopt::linger, 0);
-  server.bind("tcp://127.0.0.1:*");
-  REQUIRE((*t)->add_peer(learner, server.get(zmq::sockopt::last_endpoint)));
-  const std::string dealer = broker.to_string();  // the transport's control lane names itself so
-  auto send_back = [&](const node_address& claimed, auto fill) {
-    envelope_builder b(claimed, incarnation{1}, 1, 3, 0);
-    fill(b);
-    const encoded_message m = b.finish();
-    for (auto until = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < until;
-         std::this_thread::sleep_for(10ms)) {
-      try {  // until its connection is up (router_mandatory: unroutable raises)
-        zmq::message_t id(dealer.data(), dealer.size()),
-            body(m.envelope.begin(), m.envelope.size() * sizeof(capnp::word));
-        if (server.send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait) &&
-            server.send(body, zmq::send_flags::dontwait))
-          return;
-      } catch (const zmq::error_t&) {
-      }
-    }
-    FAIL("the transport never connected to the test's ROUTER");
-  };
-  const auto counters_before = (*t)->counters();
-  send_back(broker, [](envelope_builder& b) { b.body().initRoundClose().setFragment(0); });  // it claims the node itself
-  send_back(learner, [](envelope_builder& b) { b.body().initRoundOpen().setFragment(0); });  // the peer, the wrong way
-  send_back(learner, [](envelope_builder& b) { b.body().initContribution().setFragment(0); });
-  send_back({role::learner, 2}, [](envelope_builder& b) { b.body().initError().setCode(wire::ErrorCode::MESH_MISMATCH); });
-  send_back(learner, [](envelope_builder& b) { b.body().initError().setCode(wire::ErrorCode::VERSION_MISMATCH); });
-  REQUIRE(received.wait_for([&] { return !received.messages.empty(); }));
-  REQUIRE(received.wait_for([&] { return (*t)->counters().rejected_total() >= counters_before.rejected_total() + 4; }));
-  std::this_thread::sleep_for(100ms);
-  std::lock_guard lock(received.mutex);
-  REQUIRE(received.messages.size() == 1);  // the peer's own Error, and nothing else
-  CHECK(received.messages[0]->envelope->sender() == learner);
-  CHECK(received.messages[0]->envelope->body() == wire::Envelope::Body::ERROR);
-}
-
-TEST_CASE("transport: in one process, an envelope's sender is the transport that sent it") {
-  steady_clock_source clock;
-  inbox at_a, at_b;
-  auto context = make_io_context();
-  auto config_a = fast_config(broker, "inproc://forged-a"), config_b = fast_config(learner, "inproc://forged-b");
-  config_a.context = config_b.context = context;
-  auto [a, b] = connected_pair(config_a, config_b, clock, at_a, at_b);
-  // Learner 1's transport carries a header claiming another learner, then a true one.
-  envelope_builder forged({role::learner, 0}, incarnation{1}, 1, 0, 0);
-  forged.body().initProgress().setStep(1'000'000);
-  REQUIRE(b->send(broker, forged.finish()));
-  auto honest = b->make_envelope();
-  honest.body().initProgress().setStep(1);
-  REQUIRE(b->send(broker, honest.finish()));
-  REQUIRE(at_a.wait_for([&] { return !at_a.messages.empty(); }));
-  std::this_thread::sleep_for(100ms);
-  std::lock_guard lock(at_a.mutex);
-  REQUIRE(at_a.messages.size() == 1);
-  CHECK(at_a.messages[0]->envelope->sender() == learner);
-  CHECK(a->counters().rejected_total() == 1);
-}
-
-TEST_CASE("transport: an endpoint no node can be reached at is refused, and the node goes on") {
-  steady_clock_source clock;
-  inbox at_a, at_b;
-  auto context = make_io_context();
-  auto config_a = fast_config(broker, "inproc://endpoint-a"), config_b = fast_config(learner, "inproc://endpoint-b");
-  config_a.context = config_b.context = context;
-  auto [a, b] = connected_pair(config_a, config_b, clock, at_a, at_b);
-  for (const char* bad : {"x", "tcp://127.0.0.1:99999", "tcp://*:1", "ipc:///tmp/x", "tcp://a;b:1", ""})
-    CHECK_FALSE(a->add_peer({role::learner, 7}, bad));
-  auto m = b->make_envelope();
-  m.body().initProgress().setStep(1);
-  REQUIRE(b->send(broker, m.finish()));
-  CHECK(at_a.wait_for([&] { return !at_a.messages.empty(); }));
 }

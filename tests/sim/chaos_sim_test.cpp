@@ -80,11 +80,9 @@ sim_config drill_config(const fault_plan_spec& plan, std::uint64_t seed) {
   c.drain_ns = 1 * sec;
   c.commit_delay_ns = 2 * ms;
   c.standbys = plan.standbys;
-  // As the mesh's broker does (broker_settings): claims bounded by Progress and batch × context,
-  // Progress by time at mesh.max_step_rate's default.
+  // As the mesh's broker does (broker_settings): claims bounded by Progress and batch × context.
   c.broker.bound_claims = true;
   c.broker.tokens_per_step_max = {c.tokens_per_step};
-  c.broker.max_step_rate = 1000;
   return c;
 }
 
@@ -416,10 +414,6 @@ void check_faults_took_effect(const sim_result& r, const std::vector<planned_fau
       case fault_kind::attack_random:
       case fault_kind::attack_stale:
       case fault_kind::attack_sideways: break;
-      case fault_kind::forge_epoch:  // the forging attackers: their own test
-      case fault_kind::forge_sender:
-      case fault_kind::forge_notice:
-      case fault_kind::bad_endpoint: break;
       case fault_kind::broker_crash:  // the closes it sent before still publish at once (default link: no delay)
         ++broker_crashes;
         CHECK(versions_between(version_event::what::published, 0, true, f.at_ns + 10 * ms, f.at_ns + c.restart_ns) == 0);
@@ -887,58 +881,6 @@ TEST_CASE("sim: attacker lie_tokens.toml is cut by the broker and rejected by th
   CHECK(attacker_rejected > 0);
   CHECK(r.ledger.balanced());
   CHECK(r.final_loss < r.initial_loss);
-}
-
-// Forging attackers (deploy/drills/attacks/forge_*.toml, bad_endpoint.toml): learner 1
-// forges well-formed envelopes each step for 20 s. The simulation runs the transport's
-// admission rule (in one process: the connection proves the sending node) and the
-// real wire layers. Every forgery is refused and counted under its reason — or, for a
-// forged epoch that can exist in a learner's header, changes nothing — and the mesh
-// goes on as if none had been sent: no leader deposed, no global downtime, an exact
-// ledger, the loss of the fault-free run.
-TEST_CASE("sim: forging attackers are refused, counted, and change nothing") {
-  for (const std::string kind : {"forge_epoch", "forge_sender", "forge_notice", "bad_endpoint"}) {
-    fault_plan_spec plan = load_plan("attacks/" + kind + ".toml");
-    if (const std::uint64_t seed = seed_override()) plan.seed = seed;
-    INFO("plan attacks/" << kind << ".toml, seed " << plan.seed);
-    sim_config c = drill_config(plan, plan.seed);
-    c.timeline = expand_fault_plan(plan, drill_learners);
-    const sim_result r = run_mesh(c);
-    sim_config clean_config = c;
-    clean_config.timeline.clear();
-    const sim_result clean = run_mesh(clean_config);
-    std::uint64_t refused = 0;
-    for (const auto& [reason, n] : r.admission_refused) refused += n;
-    for (const auto& [reason, n] : r.refused) refused += n;
-    std::ostringstream reasons;
-    for (const auto& [reason, n] : r.admission_refused) reasons << " " << reason << " " << n;
-    for (const auto& [reason, n] : r.refused) reasons << " " << reason << " " << n;
-    MESSAGE(kind << ": " << r.forged << " envelopes forged; refused:" << reasons.str() << "; final loss " << r.final_loss
-                 << " (fault-free " << clean.final_loss << ")");
-    REQUIRE(r.forged > 0);
-    const auto count = [](const std::map<std::string, std::uint64_t>& m, const char* reason) {
-      const auto it = m.find(reason);
-      return it == m.end() ? std::uint64_t{0} : it->second;
-    };
-    if (kind == "forge_epoch") {
-      // Two of its six epochs cannot exist: refused; the other four move nothing.
-      const std::uint64_t bad = count(r.admission_refused, "bad_epoch");
-      CHECK(bad * 3 + 3 * 6 >= r.forged);
-      CHECK(bad * 3 <= r.forged + 3 * 6);
-      CHECK(refused == bad);
-      CHECK(r.step_downs.empty());
-      CHECK(r.leaders.size() == 1);
-    } else {
-      const char* reason = kind == "forge_sender" ? "impersonation" : kind == "forge_notice" ? "notice_not_owner" : "bad_endpoint";
-      CHECK(refused == r.forged);  // each one, once
-      CHECK(count(r.admission_refused, reason) + count(r.refused, reason) == r.forged);
-    }
-    check_downtime(r, c);
-    check_versions(r);
-    check_ledger(r, c);
-    check_closed_rounds_published(r, c);
-    CHECK(std::abs(r.final_loss - clean.final_loss) <= loss_tolerance * clean.final_loss);
-  }
 }
 
 // -- attackers (deploy/drills/attacks/, mesh.robust) --------------------------------

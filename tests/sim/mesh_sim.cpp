@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <functional>
 #include <memory>
 #include <queue>
@@ -21,7 +20,6 @@
 #include "transport/bulk_pacer.hpp"
 #include "transport/codec.hpp"
 #include "transport/message_port.hpp"
-#include "transport/peer_identity.hpp"
 #include "transport/reliability.hpp"
 #include "transport/settings_wire.hpp"
 
@@ -66,11 +64,10 @@ mesh_setup sim_setup(const sim_config& c) {
   s.layout = make_layout(sim_shape);
   s.plan = *make_fragment_plan(s.layout, c.fragments);
   s.shard_of_fragment = round_robin_shards(c.fragments, static_cast<std::uint32_t>(c.shards));
-  // Endpoints as a one-process mesh's (the wire layers check every one they are given).
-  s.broker_endpoint = "inproc://sim-broker";
-  for (int b = 1; b <= c.standbys; ++b) s.standby_endpoints.push_back("inproc://sim-broker-" + std::to_string(b));
-  for (int i = 0; i < c.shards; ++i) s.shard_endpoints.push_back("inproc://sim-shard-" + std::to_string(i));
-  for (int i = 0; i < c.learners; ++i) s.learner_endpoints.push_back("inproc://sim-learner-" + std::to_string(i));
+  s.broker_endpoint = "sim://broker";
+  for (int b = 1; b <= c.standbys; ++b) s.standby_endpoints.push_back("sim://broker-" + std::to_string(b));
+  for (int i = 0; i < c.shards; ++i) s.shard_endpoints.push_back("sim://shard-" + std::to_string(i));
+  for (int i = 0; i < c.learners; ++i) s.learner_endpoints.push_back("sim://learner-" + std::to_string(i));
   return s;
 }
 
@@ -611,10 +608,8 @@ void mesh::peer_event(int node, int peer, bool alive) {
 
 /// What the receiving transport does with an arriving message: a dead process
 /// gets nothing; a stopped one holds it; a corrupted one fails the codec's
-/// checksum; one the transport's admission rule refuses (admit_envelope: here the
-/// connection proves the sending node, as in one process) is counted and dropped;
-/// one of an older incarnation of its sender is dropped; any other goes to the
-/// node's wire layer, and a control-lane one (no tensors) counts as a sign of life.
+/// checksum; one of an older incarnation of its sender is dropped; any other
+/// goes to the node's wire layer, and a control-lane one (no tensors) counts as a sign of life.
 void mesh::deliver(int to, const delivery& d) {
   if (!running(to)) return;
   if (stopped(to)) {
@@ -638,14 +633,6 @@ void mesh::deliver(int to, const delivery& d) {
       return;
     }
     env = decoded.take();
-    transport::connection_identity from;
-    from.routing_id = transport::routing_id_of(address_of(d.from));
-    const transport::mesh_bounds bounds{static_cast<std::uint32_t>(cfg_.learners), static_cast<std::uint32_t>(cfg_.shards),
-                                        setup_.brokers()};
-    if (auto refused = transport::admit_envelope(from, *env, bounds, true)) {
-      ++result_.admission_refused[transport::to_string(refused->reason)];
-      return;
-    }
   } else if (d.corrupt) {
     ++result_.messages_corrupted;
     return;
@@ -1181,11 +1168,7 @@ void mesh::sample_loss() {
 void mesh::collect(sim_result& r) const {
   r.final_theta = global_theta();
   r.final_loss = loss(r.final_theta);
-  for (const broker_process& proc : brokers_) {
-    r.broker_tapes.push_back(proc.store.tape);
-    if (proc.seat)
-      for (const auto& [reason, n] : proc.seat->counters().refused) r.refused[reason] += n;
-  }
+  for (const broker_process& proc : brokers_) r.broker_tapes.push_back(proc.store.tape);
   r.lease_campaigns_won = lease_service_.campaigns_won();
   r.history = earlier_history_;  // the brokers before a restart, then the last one
   if (const broker_wire* lead = leader()) {
@@ -1200,15 +1183,12 @@ void mesh::collect(sim_result& r) const {
   for (const shard_process& proc : shards_) {
     r.shards.push_back(proc.wire->core().ledger());
     r.fenced_at_shards += proc.wire->broker_messages_fenced();
-    for (const auto& [reason, n] : proc.wire->status().counts.refused) r.refused[reason] += n;
     r.shard_deferred_rounds += proc.wire->deferred_rounds();
     r.shard_deferred_dropped += proc.wire->deferred_dropped();
   }
   for (std::size_t i = 0; i < learners_.size(); ++i) {
     const learner& l = learners_[i];
     const node_counters counts = l.wire->status().counts;
-    for (const auto& [reason, n] : counts.refused) r.refused[reason] += n;
-    r.forged += l.wire->forged();
     r.contributions_sent[i] = l.contributions_before + counts.contributions;
     r.learner_wait_ns += static_cast<nanos>(l.wait_ns_before + counts.wait_ns);
     r.learner_incarnations.push_back(l.inc.value);

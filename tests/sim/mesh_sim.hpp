@@ -28,7 +28,6 @@
 
 #include <cstdint>
 #include <map>
-#include <string>
 #include <utility>
 #include <tuple>
 #include <vector>
@@ -226,12 +225,6 @@ struct sim_result {
   /// Round closes of a broker whose epoch a newer one had already replaced that a shard
   /// took all the same (must be 0: fencing), and the broker messages shards refused.
   std::uint64_t closes_merged_by_deposed = 0, fenced_at_shards = 0;
-  /// Messages the receiving transport's admission rule refused (admit_envelope), by reason.
-  std::map<std::string, std::uint64_t> admission_refused;
-  /// What the roles refused for who sent it or what it claims (node_counters::refused), summed over
-  /// the brokers' seats, the shards and the learners' last incarnations, by reason.
-  std::map<std::string, std::uint64_t> refused;
-  std::uint64_t forged = 0;  // envelopes the learners forged (chaos forge_* and impersonate faults)
   std::vector<shard_ledger> shards;
   /// The shards' (their last incarnations') rounds closed while their fragment's last
   /// version was not durable yet (held, merged once it was), and those dropped unmerged (the bound).

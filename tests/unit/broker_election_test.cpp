@@ -97,33 +97,21 @@ TEST_CASE("election: a second standby waits a heartbeat longer, and a deposed on
   CHECK(b.leading());
 }
 
-TEST_CASE("follower: nodes follow the newest epoch a broker tells, refuse impossible ones, fence a deposed broker") {
-  broker_follower f(3);
+TEST_CASE("follower: nodes follow the newest epoch from anyone and fence a deposed broker") {
+  broker_follower f;
   CHECK(f.leader() == broker_address);
-  CHECK(f.join_targets().size() == 3u);  // no epoch yet: Join goes to every broker
+  CHECK(f.join_targets(3).size() == 3u);  // no epoch yet: Join goes to every broker
   const std::uint64_t old_epoch = broker_epoch_of(10, 0), new_epoch = broker_epoch_of(11, 1);
   CHECK(f.on_message(broker_at(0), old_epoch) == broker_follower::news::first);
   CHECK(f.on_message(broker_at(0), old_epoch) == broker_follower::news::same);
-  // A shard's (or a learner's) header is only what its sender believes: it moves nothing.
-  CHECK(f.on_message({role::parameter_shard, 0}, new_epoch) == broker_follower::news::same);
-  CHECK(f.on_message({role::learner, 0}, broker_epoch_of(99, 2)) == broker_follower::news::same);
-  CHECK(f.leader() == broker_at(0));
-  // The takeover, from the broker that leads in it.
-  CHECK(f.on_message(broker_at(1), new_epoch) == broker_follower::news::changed);
+  // A shard heard of the takeover first: the news spreads through its header.
+  CHECK(f.on_message({role::parameter_shard, 0}, new_epoch) == broker_follower::news::changed);
   CHECK(f.leader() == broker_at(1));
-  CHECK(f.is_leader(broker_at(1)));
-  CHECK_FALSE(f.is_leader({role::parameter_shard, 1}));
-  CHECK(f.join_targets() == std::vector<node_address>{broker_at(1)});
-  CHECK(f.join_targets(true).size() == 3u);  // the leader silent: every broker (a successor may not know us)
+  CHECK(f.join_targets(3) == std::vector<node_address>{broker_at(1)});
+  CHECK(f.join_targets(3, true).size() == 3u);  // the leader silent: every broker (a successor may not know us)
   // The old primary, back from a partition, is refused; so is a standby speaking in the leader's epoch.
   CHECK(f.on_message(broker_at(0), old_epoch) == broker_follower::news::fenced);
   CHECK(f.on_message(broker_at(2), new_epoch) == broker_follower::news::fenced);
   CHECK(f.on_message(broker_at(1), new_epoch) == broker_follower::news::same);
   CHECK(f.fenced() == 2u);
-  // An epoch no broker of this mesh can lead in, or a broker beyond it: refused, nothing moves.
-  CHECK(f.on_message(broker_at(1), broker_epoch_of(12, 7)) == broker_follower::news::refused);
-  CHECK(f.on_message(broker_at(0), ~std::uint64_t{0} - 0xff) == broker_follower::news::refused);
-  CHECK(f.on_message(broker_at(5), broker_epoch_of(12, 0)) == broker_follower::news::refused);
-  CHECK(f.epoch() == new_epoch);
-  CHECK(f.refused() == 3u);
 }

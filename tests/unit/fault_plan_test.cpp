@@ -134,8 +134,7 @@ TEST_CASE("fault plan: an unknown fault, target, negative duration or malformed 
   const std::string head = "duration = \"60s\"\n[[fault]]\n";  // the fault's keys start on line 3
   CHECK(error_of(head + "at = \"1s\"\nkind = \"explode\"\ntarget = \"learner/0\"\nfor = \"1s\"\n") ==
         "plan.toml:4: unknown fault kind 'explode' (crash, pause, slow, partition, link, shard_crash, broker_crash, "
-        "storage_errors, broker_host_lost, impersonate, lie_tokens, attack_scaled, attack_sign_flip, attack_random, attack_stale, "
-        "attack_sideways, forge_epoch, forge_sender, forge_notice, bad_endpoint)");
+        "storage_errors, broker_host_lost, impersonate, lie_tokens, attack_scaled, attack_sign_flip, attack_random, attack_stale, attack_sideways)");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"crash\"\ntarget = \"learner/9\"\nfor = \"1s\"\n") ==
         "plan.toml:5: unknown target 'learner/9': the mesh has 4 learners");
   CHECK(error_of(head + "at = \"1s\"\nkind = \"shard_crash\"\ntarget = \"shard/2\"\nfor = \"1s\"\n") ==
@@ -371,21 +370,4 @@ TEST_CASE("fault plan: the attacker kinds target a learner, attack_scaled and at
   CHECK(plan->schedule[0].factor == doctest::Approx(0.1));
   CHECK(error_of(head + "at = \"1s\"\nkind = \"attack_sideways\"\ntarget = \"learner/3\"\nfor = \"1s\"\n"
                         "factor = 1.0\n") == "plan.toml:7: factor (the cosine with the honest delta) must be in [0, 1)");
-}
-
-TEST_CASE("fault plan: the forging attacker kinds target a learner and carry no factor") {
-  for (const char* kind : {"forge_epoch", "forge_sender", "forge_notice", "bad_endpoint"}) {
-    CAPTURE(kind);
-    const std::string text = std::string("seed = 1\nduration = \"30s\"\nliveness = \"5s\"\n[[fault]]\nat = \"1s\"\nkind = \"") +
-                             kind + "\"\ntarget = \"learner/1\"\nfor = \"5s\"\n";
-    auto plan = parse_fault_plan(text, "plan.toml", 4, 2);
-    REQUIRE_MESSAGE(plan, plan.err().message);
-    REQUIRE(plan->schedule.size() == 1);
-    CHECK(is_forgery(plan->schedule[0].kind));
-    CHECK(to_string(plan->schedule[0].kind) == std::string(kind));
-    CHECK_FALSE(parse_fault_plan(std::string("seed = 1\nduration = \"30s\"\nliveness = \"5s\"\n[[fault]]\nat = \"1s\"\n"
-                                             "kind = \"") + kind + "\"\ntarget = \"shard/0\"\nfor = \"5s\"\n",
-                                 "plan.toml", 4, 2));
-    CHECK_FALSE(parse_fault_plan(text + "factor = 2.0\n", "plan.toml", 4, 2));
-  }
 }

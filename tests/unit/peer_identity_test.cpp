@@ -3,10 +3,8 @@
 
 #include <doctest/doctest.h>
 
-#include <string>
 #include <vector>
 
-#include "core/mesh_setup.hpp"
 #include "core/prng.hpp"
 #include "parameter_shard/shard_core.hpp"
 #include "sync_broker/broker_core.hpp"
@@ -183,67 +181,4 @@ TEST_CASE("claims: the shard rejects a contribution that claims more than its bo
         std::string::npos);
   CHECK(shard.ledger().rejected == 1);
   CHECK(shard.ledger().rejected_tokens == 300'000);
-}
-
-namespace {
-
-std::vector<frame_view> frames_of(const encoded_message& m) {
-  return {{reinterpret_cast<const std::uint8_t*>(m.envelope.begin()), m.envelope.size() * sizeof(capnp::word)}};
-}
-
-}  // namespace
-
-TEST_CASE("peer identity: one admission rule, whichever socket an envelope arrived on") {
-  const mesh_bounds mesh{3, 2, 2};  // learners 0-2, shards 0-1, brokers 0-1
-  auto admit = [&](const connection_identity& c, node_address claimed, auto fill, std::uint64_t epoch = 0) {
-    envelope_builder b(claimed, incarnation{1}, 1, 0, epoch);
-    fill(b);
-    const encoded_message m = b.finish();
-    auto env = decode_envelope(frames_of(m));
-    REQUIRE(env);
-    auto refused = admit_envelope(c, env.value(), mesh, true);
-    return refused ? refused->reason : reject_reason::count_;
-  };
-  auto progress = [](envelope_builder& b) { b.body().initProgress(); };
-  auto round_close = [](envelope_builder& b) { b.body().initRoundClose(); };
-  auto error = [](envelope_builder& b) { b.body().initError(); };
-  const node_address learner2{role::learner, 2}, broker0{role::sync_broker, 0};
-  constexpr auto admitted = reject_reason::count_;
-
-  // Over CURVE on the listening socket: the key's identity.
-  connection_identity key{connection_identity::kind::key, "learner-2", {}, {}};
-  CHECK(admit(key, learner2, progress) == admitted);
-  CHECK(admit(key, broker0, round_close) == reject_reason::impersonation);
-  CHECK(admit(key, learner2, round_close) == reject_reason::not_permitted);
-  // On a socket this node opened to learner/2: learner/2 only, and an Error only.
-  connection_identity dialled{connection_identity::kind::dialled, {}, learner2, {}};
-  CHECK(admit(dialled, learner2, error) == admitted);
-  CHECK(admit(dialled, learner2, progress) == reject_reason::wrong_direction);
-  CHECK(admit(dialled, broker0, round_close) == reject_reason::impersonation);
-  CHECK(admit(dialled, broker0, error) == reject_reason::impersonation);
-  // In one process (and tcp:// without CURVE): the routing id the sender's transport set.
-  connection_identity routing{connection_identity::kind::routing, {}, {}, routing_id_of(learner2, true)};
-  CHECK(admit(routing, learner2, progress) == admitted);
-  CHECK(admit(routing, broker0, round_close) == reject_reason::impersonation);
-  routing.routing_id = std::string("\0\x12\x34\x56\x78", 5);  // ZeroMQ's own for a client that set none
-  CHECK(admit(routing, learner2, progress) == reject_reason::impersonation);
-  // The mesh's bounds: an index beyond it, an epoch that cannot exist in it.
-  key.key_name = "learner";  // a key shared by every learner: any index it claims must be the mesh's
-  CHECK(admit(key, {role::learner, 3}, progress) == reject_reason::unknown_sender);
-  CHECK(admit(key, learner2, progress, broker_epoch_of(1'700'000'000'000, 1)) == admitted);
-  CHECK(admit(key, learner2, progress, broker_epoch_of(1'700'000'000'000, 2)) == reject_reason::bad_epoch);
-  CHECK(admit(key, learner2, progress, ~std::uint64_t{0} - 0xff) == reject_reason::bad_epoch);
-  // The routing ids a transport sets parse back to the node that set them.
-  CHECK(address_of_routing_id("parameter_shard/1+bulk") == node_address{role::parameter_shard, 1});
-  CHECK_FALSE(address_of_routing_id("learner/01"));
-  CHECK_FALSE(address_of_routing_id("nobody/1"));
-}
-
-TEST_CASE("peer identity: an epoch exists only for a broker of the mesh, below the incarnation bound") {
-  CHECK(epoch_can_exist(0, 1));
-  CHECK(epoch_can_exist(broker_epoch_of(1'700'000'000'000, 0), 1));
-  CHECK_FALSE(epoch_can_exist(broker_epoch_of(1'700'000'000'000, 1), 1));
-  CHECK(epoch_can_exist(broker_epoch_of(max_epoch_incarnation, 1), 2));
-  CHECK_FALSE(epoch_can_exist(broker_epoch_of(max_epoch_incarnation + 1, 1), 2));
-  CHECK_FALSE(epoch_can_exist(~std::uint64_t{0}, 256));
 }

@@ -303,36 +303,3 @@ TEST_CASE("uptime: gaps longer than the stall bound are down time") {
   CHECK(uptime_from_publications({10, 70, 80, 90}, 0, 100, 10) == doctest::Approx(0.5));
   CHECK(uptime_from_publications({}, 0, 100, 10) == doctest::Approx(0.1));  // nothing published
 }
-
-TEST_CASE("token ledger: memory per learner is bounded — old steps frozen, old incarnations retired and folded") {
-  token_ledger l({600, 400}, std::uint64_t{1} << 22, 4096, /*live_steps=*/64);
-  // One long incarnation: its steps beyond the live window are frozen, its totals stay exact.
-  for (std::uint64_t s = 1; s <= 1000; ++s) l.on_progress(a, s, s * 10, 1000);
-  CHECK(l.totals().processed == 10'000);
-  CHECK(l.tail_of(a, 10'000).tokens.size() <= 64 + 4);
-  // An outcome into the live window still moves its steps; into the frozen part, nothing.
-  merge(l, 1, f0, a, 1000, 20);
-  CHECK(l.totals().merged == 20 * 10 * 600 / 1000);
-  merge(l, 2, f1, a, 100, 50);
-  CHECK(l.per_fragment()[1].merged == 0);
-  check_balanced(l);
-  // A learner restarting without end: the newest incarnations_per_learner kept, the older ones folded
-  // into one record (incarnation 0) that still holds their tokens.
-  for (std::uint64_t inc = 1; inc <= 100; ++inc) l.on_progress({{1}, incarnation{inc}}, 3, 30, 1000);
-  std::size_t kept = 0;
-  std::uint64_t of_learner_1 = 0;
-  for (const auto& [who, totals] : l.per_learner())
-    if (who.learner.value == 1) {
-      ++kept;
-      of_learner_1 += totals.processed;
-    }
-  CHECK(kept == token_ledger::incarnations_per_learner + 1);
-  CHECK(of_learner_1 == 100 * 30);
-  CHECK(l.per_learner().count({{1}, incarnation{0}}) == 1);
-  // A folded incarnation's late word changes nothing (and makes no record of its own).
-  l.on_progress({{1}, incarnation{5}}, 9, 90, 1000);
-  l.on_outcome({{1}, incarnation{5}}, f0, 3, 3, ledger_bucket::merged);
-  CHECK(l.totals().processed == 10'000 + 100 * 30);
-  CHECK(l.per_learner().count({{1}, incarnation{5}}) == 0);
-  check_balanced(l);
-}

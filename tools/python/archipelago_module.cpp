@@ -8,12 +8,6 @@
 // between steps, as in the native learner, never while the user's optimizer
 // writes the parameters.
 //
-// One thread at a time: a call made while another thread is inside one raises
-// (RuntimeError, naming both), except close(), which any thread may call at any
-// time — it wakes a call that waits for the mesh, waits for it to return, then
-// closes; every call after it raises. So close() racing after_step() never
-// reaches a transport that is gone.
-//
 // The parameters live in one flat buffer laid out by the mesh's layout. The
 // user either adopts views of it (array(name): numpy arrays over the buffer,
 // which a PyTorch model can wrap with torch.from_numpy, no copy) or binds
@@ -24,9 +18,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <atomic>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <cstring>
@@ -43,7 +35,6 @@
 #include "learner/learner_wire.hpp"
 #include "learner/model/trainer.hpp"
 #include "node/metrics_server.hpp"
-#include "transport/endpoint.hpp"
 #include "transport/transport.hpp"
 #include "transport/wire_metrics.hpp"
 
@@ -73,14 +64,6 @@ py::array float_view(float* data, const std::vector<int>& dims, py::handle owner
     stride *= shape[i];
   }
   return py::array(py::dtype::of<float>(), shape, strides, data, owner);
-}
-
-/// A float argument of `call`: finite and within [min, max], or ValueError naming it.
-double checked_seconds(const char* call, const char* name, double value, double min, double max) {
-  if (!std::isfinite(value) || value < min || value > max)
-    throw py::value_error(std::string(call) + ": " + name + " must be a finite number of seconds in [" +
-                          std::to_string(min) + ", " + std::to_string(max) + "], got " + std::to_string(value));
-  return value;
 }
 
 std::vector<int> dims_of(const tensor_spec& t) {
@@ -116,20 +99,6 @@ class py_learner {
     }
     setup_.shard_endpoints = std::move(shards);
     setup_.learner_endpoints.assign(index + 1, listen);
-    for (const std::string& e : setup_.standby_endpoints)
-      if (auto ok = transport::check_endpoint(e); !ok) raise(make_error(errc::invalid_input, "broker: " + ok.err().message));
-    for (const std::string& e : setup_.shard_endpoints)
-      if (auto ok = transport::check_endpoint(e); !ok) raise(make_error(errc::invalid_input, "shards: " + ok.err().message));
-    if (auto ok = transport::check_endpoint(setup_.broker_endpoint); !ok)
-      raise(make_error(errc::invalid_input, "broker: " + ok.err().message));
-    // What the broker lets one step claim (its batch × context): a step claiming more
-    // would have every contribution rejected, so it is refused here, loudly.
-    tokens_max_ = static_cast<std::uint64_t>(learner_profile_of(cfg, static_cast<int>(index)).batch) *
-                  static_cast<std::uint64_t>(setup_.shape.context);
-    if (tokens_per_step > tokens_max_)
-      raise(make_error(errc::invalid_input, "tokens_per_step " + std::to_string(tokens_per_step) + " exceeds this "
-                                                "learner's batch x context, " + std::to_string(tokens_max_) +
-                                                " (mesh.learner_batch or data.batch, model.context)"));
     index_ = index;
     inc_ = incarnation{static_cast<std::uint64_t>(wall_clock_ns() / 1'000'000)};
     params_.assign(setup_.layout.total_floats, 0.f);
@@ -137,8 +106,6 @@ class py_learner {
     const node_address me{role::learner, index};
     auto tc = transport::transport_config_from(setup_.cfg, me, inc_, listen);
     if (!tc) raise(tc.err());
-    tc->bounds = {static_cast<std::uint32_t>(setup_.cfg.mesh.learners),
-                  static_cast<std::uint32_t>(setup_.shard_endpoints.size()), setup_.brokers()};
     auto wire = transport::node_transport::start(
         std::move(*tc), clock_, log_,
         [this](std::shared_ptr<const transport::inbound_message> m) { push({std::move(m), {}, false}); },
@@ -168,13 +135,11 @@ class py_learner {
 
   /// Blocks until every fragment is installed (the first step may run) or `timeout_s`.
   bool wait_ready(double timeout_s) {
-    const auto call = enter("wait_ready");
-    checked_seconds("wait_ready", "timeout_s", timeout_s, 0, 86400 * 365);
     check_refused();
     {
       py::gil_scoped_release unlocked;
       const nanos deadline = clock_.now() + static_cast<nanos>(timeout_s * 1e9);
-      while (!stepping_ && !refused_ && !closing_ && clock_.now() < deadline) pump(deadline);
+      while (!stepping_ && !refused_ && clock_.now() < deadline) pump(deadline);
     }
     check_refused();
     copy_out();
@@ -185,14 +150,8 @@ class py_learner {
   /// ready go out, messages that arrived meanwhile are handled, and a synchronous
   /// policy waits here for the fragment it needs.
   void after_step(std::uint64_t tokens, double step_s) {
-    const auto call = enter("after_step");
     check_refused();
     if (!stepping_) throw py::value_error("after_step before wait_ready(): the learner has not installed the model yet");
-    if (tokens == 0 || tokens > tokens_max_)
-      throw py::value_error("after_step: " + std::to_string(tokens) + " tokens in one step; this learner's batch x "
-                            "context is " + std::to_string(tokens_max_) + " (mesh.learner_batch or data.batch, "
-                            "model.context), and the broker rejects every contribution that claims more");
-    if (step_s != -1.0) checked_seconds("after_step", "step_s", step_s, 0, 86400);
     copy_in();
     {
       py::gil_scoped_release unlocked;
@@ -210,7 +169,7 @@ class py_learner {
       }
       const nanos bound = static_cast<nanos>(setup_.cfg.mesh.round_timeout_s * 1e9);
       nanos wait_deadline = clock_.now() + bound;
-      while (waiting && !refused_ && !closing_) {
+      while (waiting && !refused_) {
         pump(wait_deadline);
         std::lock_guard lock(wire_mu_);
         waiting = learner_->waiting();
@@ -227,7 +186,6 @@ class py_learner {
 
   /// Handles what arrived without stepping (e.g. while the user's loop evaluates).
   void poll() {
-    const auto call = enter("poll");
     check_refused();
     {
       py::gil_scoped_release unlocked;
@@ -243,11 +201,6 @@ class py_learner {
   /// transport drains its control lanes (bounded) and stops.
   void close(const std::string& reason, bool flush) {
     py::gil_scoped_release unlocked;
-    // Wakes a call another thread is in (its waits end on closing_), then waits for it.
-    closing_ = true;
-    inbox_cv_.notify_all();
-    std::lock_guard call(call_mu_);
-    busy_ = "close";
     if (flush && wire_ && stepping_ && !refused_) {
       bool flushing;
       {
@@ -266,7 +219,6 @@ class py_learner {
 
   /// Copy mode: the user's arrays, in layout order; each must match its tensor.
   void bind(const py::dict& arrays) {
-    const auto call = enter("bind");
     std::vector<py::array_t<float>> bound(setup_.layout.tensors.size());
     std::size_t i = 0;
     for (const auto& t : setup_.layout.tensors) {
@@ -359,17 +311,6 @@ class py_learner {
     bool alive = false;
   };
   static constexpr std::size_t inbox_capacity = 4096;
-
-  /// The caller's hold on this learner for one call; another thread's call meanwhile
-  /// raises. close() is the exception: it waits (close()).
-  std::unique_lock<std::mutex> enter(const char* call) {
-    std::unique_lock lock(call_mu_, std::try_to_lock);
-    if (!lock.owns_lock())
-      throw std::runtime_error(std::string("archipelago learner: ") + call + "() called while another thread is in " +
-                               busy_.load() + "(): a learner takes one call at a time (close() may come from any thread)");
-    busy_ = call;
-    return lock;
-  }
   static constexpr std::uint64_t not_copied = std::numeric_limits<std::uint64_t>::max();
 
   static log_options log_options_for(const std::string& level) {
@@ -488,10 +429,6 @@ class py_learner {
   std::vector<float> params_;
   std::vector<std::uint64_t> versions_;  // per fragment, as last copied out
   std::vector<py::array_t<float>> bound_;  // copy mode: the user's arrays, in layout order
-  std::mutex call_mu_;  // one public call at a time (enter); close() waits for it
-  std::atomic<const char*> busy_{"nothing"};  // the call holding call_mu_, for the error of another
-  std::atomic<bool> closing_{false};  // close() was called: waits end, the call returns
-  std::uint64_t tokens_max_ = 0;      // the broker's bound on one step's tokens: batch x context
   std::mutex wire_mu_;  // the wire layer: the caller's thread and the metrics server's
   std::mutex inbox_mu_;
   std::condition_variable inbox_cv_;
